@@ -1,0 +1,251 @@
+"""Typed configuration: the checkpoint's model config and the engine's options, validated in one place.
+
+Every bad value raises `ConfigError` naming the field, so a Triton model load or a CLI run fails with a
+message a user can act on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class ConfigError(ValueError):
+    """A bad checkpoint config or engine option."""
+
+
+class KVLayout(str, enum.Enum):
+    LAST_EXITED = "last_exited"  # one KV plane per loop depth; exits fill the deeper planes
+    SHARED = "shared"  # one plane per token: the KV of the token's last (exit) loop
+
+
+class ExitMode(str, enum.Enum):
+    OURO = "ouro"  # the trained gate, decision applied at once
+    OURO_DELAYED = "ouro_delayed"  # the gate's decision after loop r applies after loop r+1
+    RANDOM_LOOKAHEAD = "random_lookahead"  # seeded untrained gate meaning "one more loop, then exit"
+    TRACE = "trace"  # replay per-request depth lists (benchmarks, tests)
+    FIXED = "fixed"  # always max_loops
+
+
+def _enum(cls, value: Any, name: str):
+    try:
+        return cls(value.lower() if isinstance(value, str) else value)
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)
+        raise ConfigError(f"{name}={value!r} is not supported; choose one of: {choices}") from None
+
+
+# Config keys of HF Ouro checkpoints that we implement with a fixed meaning; a value other than the one
+# given here changes the model math, so it is rejected instead of silently ignored.
+_FIXED_KEYS = {
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "rope_scaling": None,
+    "sliding_window": None,
+}
+
+
+@dataclass(frozen=True)
+class OuroConfig:
+    """The model math an Ouro checkpoint's `config.json` fixes (DESIGN section 1)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    total_ut_steps: int
+    early_exit_threshold: float
+    torch_dtype: str = "bfloat16"
+    bos_token_id: Optional[int] = None
+    eos_token_id: tuple[int, ...] = ()
+
+    @property
+    def num_loops(self) -> int:
+        return self.total_ut_steps
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def kv_bytes_per_token_plane(self, dtype_bytes: int) -> int:
+        return self.num_hidden_layers * 2 * self.kv_size * dtype_bytes
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OuroConfig":
+        if d.get("model_type") != "ouro":
+            raise ConfigError(f"config.json: model_type must be 'ouro', got {d.get('model_type')!r}")
+        for key, allowed in _FIXED_KEYS.items():
+            if key in d and d[key] != allowed and not (allowed is None and d[key] in (None, 0)):
+                raise ConfigError(f"config.json: {key}={d[key]!r} is not supported (only {allowed!r})")
+        if d.get("use_sliding_window") is None and d.get("sliding_window") not in (None, 0):
+            raise ConfigError(f"config.json: sliding_window={d['sliding_window']!r} is not supported")
+        required = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "max_position_embeddings", "rms_norm_eps"]
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ConfigError(f"config.json: missing required field(s): {', '.join(missing)}")
+        heads = int(d["num_attention_heads"])
+        kv_heads = int(d.get("num_key_value_heads") or heads)
+        head_dim = int(d.get("head_dim") or d["hidden_size"] // heads)
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        cfg = cls(
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]),
+            num_hidden_layers=int(d["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=int(d["max_position_embeddings"]),
+            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rms_norm_eps=float(d["rms_norm_eps"]),
+            total_ut_steps=int(d.get("total_ut_steps", 4)),
+            early_exit_threshold=float(d.get("early_exit_threshold", 1.0)),
+            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=eos_ids,
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "max_position_embeddings", "total_ut_steps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"config.json: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ConfigError(f"config.json: head_dim must be even for RoPE, got {self.head_dim}")
+        if not 0.0 <= self.early_exit_threshold <= 1.0:
+            raise ConfigError(
+                f"config.json: early_exit_threshold must be in [0, 1], got {self.early_exit_threshold}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["eos_token_id"] = list(self.eos_token_id)
+        d.update(model_type="ouro", architectures=["OuroForCausalLM"], hidden_act="silu",
+                 tie_word_embeddings=False, rope_scaling=None, attention_bias=False)
+        return d
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
+MODEL_PATH_ENV = "OURO_MODEL_PATH"
+
+
+@dataclass
+class EngineConfig:
+    """Engine options. Construct, then `validate()` (the engine does) to get clear errors.
+
+    `model` may be None: then $OURO_MODEL_PATH, else the toy checkpoint (created on first use).
+    """
+
+    model: Optional[str] = None
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    kv_layout: str = KVLayout.LAST_EXITED.value
+    block_size: int = 16
+    num_blocks: Optional[int] = None  # explicit KV size; None: automatic (CUDA) or from kv_cache_bytes
+    kv_cache_bytes: Optional[int] = None
+    gpu_memory_utilization: float = 0.90
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: Optional[int] = None  # None: min(max_position_embeddings, 8192)
+    prefill_chunk_size: Optional[int] = None  # None: max_num_batched_tokens
+    exit_mode: str = ExitMode.OURO.value
+    exit_threshold: Optional[float] = None  # None: the checkpoint's early_exit_threshold
+    attention_backend: str = "auto"
+    eos_token_ids: Optional[list[int]] = None  # None: generation_config.json / config.json
+    seed: int = 0  # seeds random_lookahead's gate and unseeded sampling
+    cpu_kv_cache_bytes: int = 256 << 20  # KV budget on CPU when num_blocks/kv_cache_bytes are unset
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_model_path(self) -> Optional[str]:
+        return self.model or os.environ.get(MODEL_PATH_ENV) or None
+
+    def validate(self) -> "EngineConfig":
+        self.kv_layout = _enum(KVLayout, self.kv_layout, "kv_layout").value
+        self.exit_mode = _enum(ExitMode, self.exit_mode, "exit_mode").value
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is not supported; choose one of: {', '.join(DTYPES)}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend={self.attention_backend!r} is not supported; "
+                              f"choose one of: {', '.join(ATTENTION_BACKENDS)}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device={self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
+        positive = ["block_size", "max_num_seqs", "max_num_batched_tokens"]
+        for name in positive + ["num_blocks", "kv_cache_bytes", "max_model_len", "prefill_chunk_size"]:
+            value = getattr(self, name)
+            if value is None and name not in positive:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= 1.0:
+            raise ConfigError(f"exit_threshold must be in [0, 1], got {self.exit_threshold}")
+        if self.prefill_chunk_size and self.prefill_chunk_size > self.max_num_batched_tokens:
+            raise ConfigError(f"prefill_chunk_size ({self.prefill_chunk_size}) cannot exceed "
+                              f"max_num_batched_tokens ({self.max_num_batched_tokens})")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                              f"max_num_seqs ({self.max_num_seqs}): every running sequence needs a row")
+        return self
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+
+    @classmethod
+    def from_strings(cls, values: dict[str, str]) -> "EngineConfig":
+        """Build from string options (Triton `parameters`, CLI); unknown keys are an error."""
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in values.items():
+            if key not in types or key == "extra":
+                raise ConfigError(f"unknown engine option {key!r}; known options: {', '.join(cls.field_names())}")
+            kwargs[key] = _parse(key, str(raw).strip(), str(types[key]))
+        return cls(**kwargs).validate()
+
+
+def _parse(key: str, raw: str, type_name: str) -> Any:
+    if raw == "" or raw.lower() in ("none", "null"):
+        if "Optional" in type_name:
+            return None
+        raise ConfigError(f"engine option {key} needs a value")
+    try:
+        if "list[int]" in type_name:
+            return [int(x) for x in raw.replace(",", " ").split()]
+        if "int" in type_name:
+            return int(raw)
+        if "float" in type_name:
+            return float(raw)
+        if "bool" in type_name:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+    except ValueError:
+        raise ConfigError(f"engine option {key}={raw!r} is not a valid {type_name.replace('Optional', '')}") from None
+    return raw

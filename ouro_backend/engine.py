@@ -1,0 +1,242 @@
+"""The step-level engine (what the Triton model drives from its thread) and the offline `LLM` API."""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from typing import Optional, Sequence as Seq, Union
+
+import torch
+
+from .checkpoint import load_config, load_weights, read_eos_ids
+from .config import ConfigError, EngineConfig, KVLayout
+from .attention import get_backend
+from .exit_policy import ExitPolicy
+from .kv_cache import KVCache
+from .model import OuroModel
+from .outputs import RequestOutput
+from .runner import Emitted, ModelRunner
+from .sampling_params import RequestError, SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, StopChecker
+from .tokenizer import load_tokenizer
+
+log = logging.getLogger("ouro_backend")
+Prompt = Union[str, list[int]]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} but CUDA is not available here")
+    return device
+
+
+class LLMEngine:
+    def __init__(self, config: Optional[EngineConfig] = None, **kwargs):
+        cfg = (config or EngineConfig(**kwargs)).validate()
+        self.config = cfg
+        path = cfg.resolved_model_path()
+        if path is None:
+            from .toy import ensure_toy_checkpoint
+
+            path = ensure_toy_checkpoint()
+        self.model_path = path
+        self.model_config = mcfg = load_config(path)
+        self.device = resolve_device(cfg.device)
+        dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
+        self.dtype = _DTYPES[dtype_name]
+        self.max_model_len = cfg.max_model_len or min(mcfg.max_position_embeddings, 8192)
+        if self.max_model_len > mcfg.max_position_embeddings:
+            raise ConfigError(f"max_model_len ({self.max_model_len}) exceeds the model's "
+                              f"max_position_embeddings ({mcfg.max_position_embeddings})")
+        self.tokenizer = load_tokenizer(path)
+        self.eos_ids = set(cfg.eos_token_ids if cfg.eos_token_ids is not None else read_eos_ids(path, mcfg))
+        self.exit_threshold = mcfg.early_exit_threshold if cfg.exit_threshold is None else cfg.exit_threshold
+        t0 = time.monotonic()
+        weights = load_weights(path, mcfg, self.dtype, self.device)
+        self.model = OuroModel(mcfg, weights, get_backend(cfg.attention_backend, self.device), self.max_model_len)
+        del weights
+        log.info("loaded %s (%s, %s) in %.1fs", path, dtype_name, self.device, time.monotonic() - t0)
+        num_blocks = self._num_kv_blocks()
+        self.kv = KVCache(mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads,
+                          mcfg.head_dim, mcfg.total_ut_steps, KVLayout(cfg.kv_layout), self.dtype, self.device)
+        log.info("KV cache: %d blocks of %d tokens (%s layout, %.2f GiB)", num_blocks, cfg.block_size,
+                 cfg.kv_layout, self.kv.kv.numel() * self.kv.kv.element_size() / 2**30)
+        self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
+        self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps, self.exit_threshold)
+        self.runner = ModelRunner(self.model, self.kv, self.policy)
+        self._lock = threading.Lock()
+        self._inbox: list[Sequence] = []
+        self._aborts: list[str] = []
+        self._ids: set[str] = set()
+        self._seed_counter = itertools.count()
+        self.counters = dict(num_finished=0, num_aborted=0, prompt_tokens=0, generation_tokens=0, steps=0)
+
+    # ---- sizing ----
+    def _block_bytes(self) -> int:
+        m = self.model_config
+        return m.num_hidden_layers * 2 * self.config.block_size * m.kv_size * torch.tensor([], dtype=self.dtype).element_size()
+
+    def _num_kv_blocks(self) -> int:
+        cfg = self.config
+        if cfg.num_blocks:
+            return cfg.num_blocks
+        budget = cfg.kv_cache_bytes
+        if budget is None and self.device.type == "cuda":
+            from .memory import profile_kv_budget
+
+            budget = profile_kv_budget(self)
+        if budget is None:
+            budget = cfg.cpu_kv_cache_bytes
+        blocks = budget // self._block_bytes()
+        if blocks < 1:
+            raise ConfigError(f"the KV budget ({budget} bytes) holds no block of {self._block_bytes()} bytes")
+        return int(blocks)
+
+    # ---- requests ----
+    def add_request(self, request_id: str, prompt: Prompt, params: Optional[SamplingParams] = None) -> None:
+        """Validate and queue a request; raises RequestError for bad input. Thread-safe."""
+        params = params or SamplingParams()
+        params.validate(num_loops=self.model_config.total_ut_steps)
+        ids = self._prompt_ids(prompt)
+        if len(ids) >= self.max_model_len:
+            raise RequestError(f"prompt has {len(ids)} tokens; the context limit is {self.max_model_len}")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                               f"context limit of {self.max_model_len} tokens")
+        need = self.kv.blocks_needed(len(ids), len(ids) + params.max_tokens)
+        if need > self.kv.num_blocks:
+            raise RequestError(f"request needs {need} KV blocks but the cache only has {self.kv.num_blocks}; "
+                               f"lower max_tokens or give the engine more KV memory")
+        gen = None
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else hash((self.config.seed, next(self._seed_counter)))
+            gen = torch.Generator(self.device).manual_seed(seed & (2**63 - 1))
+        seq = Sequence(request_id, ids, params, gen, StopChecker(list(params.stop)))
+        with self._lock:
+            if request_id in self._ids:
+                raise RequestError(f"request id {request_id!r} is already in use")
+            self._ids.add(request_id)
+            self._inbox.append(seq)
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("prompt is empty")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+            if not ids:
+                raise RequestError("prompt tokenizes to no tokens")
+            return ids
+        ids = list(prompt)
+        if not ids:
+            raise RequestError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        return ids
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort at any time; the next step() reports it finished ('abort') with its KV freed. Thread-safe."""
+        with self._lock:
+            self._aborts.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        with self._lock:
+            pending = bool(self._inbox)
+        return pending or self.scheduler.has_unfinished()
+
+    # ---- the loop ----
+    def step(self) -> list[RequestOutput]:
+        """One recurrent round. Returns an output for every request that produced tokens or finished."""
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for seq in inbox:
+            self.scheduler.add(seq)
+        changed: dict[str, Sequence] = {}
+        for rid in aborts:
+            seq = self.scheduler.find(rid)
+            if seq is not None:
+                self.scheduler.finish(seq, "abort")
+                self.counters["num_aborted"] += 1
+                changed[rid] = seq
+        batch = self.scheduler.schedule()
+        if batch:
+            self.counters["steps"] += 1
+            for e in self.runner.run(batch):
+                self._append(e)
+                changed[e.seq.request_id] = e.seq
+        outputs = []
+        for seq in changed.values():
+            out = seq.make_output(self.tokenizer, with_text=self.want_text)
+            if out.new_token_ids or seq.finished:
+                outputs.append(out)
+            if seq.finished:
+                with self._lock:
+                    self._ids.discard(seq.request_id)
+        return outputs
+
+    want_text = True  # the Triton engine model turns this off: post-processing detokenizes
+
+    def _append(self, e: Emitted) -> None:
+        seq, p = e.seq, e.seq.params
+        if len(seq.output_ids) == 0:
+            self.counters["prompt_tokens"] += len(seq.prompt_ids)
+        seq.append_token(e.token, e.depth, e.logprob)
+        self.counters["generation_tokens"] += 1
+        n = len(seq.output_ids)
+        reason = None
+        if n >= p.min_tokens:
+            if (e.token in self.eos_ids and not p.ignore_eos) or e.token in p.stop_token_ids:
+                reason = "stop"
+            elif seq.stop.update(self.tokenizer, seq.output_ids):
+                seq.trim_chars = len(seq.stop.text) - seq.stop.cut
+                reason = "stop"
+        if reason is None and (n >= p.max_tokens or seq.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason:
+            self.scheduler.finish(seq, reason)
+            self.counters["num_finished"] += 1
+
+    def stats(self) -> dict:
+        kv = self.kv
+        used = kv.num_blocks - kv.allocator.num_free
+        return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+                    kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.allocator.num_free,
+                    kv_usage=used / kv.num_blocks, rows_run=self.runner.rows_run,
+                    tokens_run=self.runner.tokens_run, **self.counters)
+
+
+class LLM:
+    """Offline generation: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+    def __init__(self, model: Optional[str] = None, *, config: Optional[EngineConfig] = None, **kwargs):
+        self.engine = LLMEngine(config or EngineConfig(model=model, **kwargs))
+        self._counter = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Union[Prompt, Seq[Prompt]],
+                 params: Union[SamplingParams, Seq[SamplingParams], None] = None) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise RequestError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
+        ids = [f"offline-{next(self._counter)}" for _ in prompts]
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            self.engine.add_request(rid, prompt, p)
+        done: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[rid] for rid in ids]

@@ -1,0 +1,87 @@
+"""Shared helpers for the Triton kernels: dispatch (GPU / interpreter / torch fallback) and exact
+dtype rounding that behaves the same on the GPU and under ``TRITON_INTERPRET=1``.
+
+Why the rounding helpers exist: Triton's CPU interpreter (3.x) converts fp32 -> bf16 by *truncation*
+(and computes ``tl.dot`` on bf16 operands on their raw uint16 storage). On the GPU a ``.to(tl.bfloat16)``
+is round-to-nearest-even, like torch. To test the exact rounding semantics on the CPU the kernels take an
+``INTERP`` constexpr: when set, bf16 rounding is done with integer bit arithmetic (RNE, exact for all
+finite values) and dots run on fp32 copies of the operands. On the GPU (``INTERP=False``) the native casts
+and bf16 tensor-core dots are used; the code paths differ only in those two places.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # the class a @triton.jit decorator returns when TRITON_INTERPRET=1 was set at import time
+    from triton.runtime.interpreter import InterpretedFunction as _InterpretedFunction
+except Exception:  # pragma: no cover - very old / very new Triton
+    _InterpretedFunction = None
+
+
+def kernel_is_interpreted(kernel) -> bool:
+    """True when ``kernel`` (a @triton.jit object) runs in the CPU interpreter."""
+    return _InterpretedFunction is not None and isinstance(kernel, _InterpretedFunction)
+
+
+def use_triton(kernel, *tensors: torch.Tensor) -> bool:
+    """Run the Triton kernel (CUDA tensors, or any tensors under the interpreter); otherwise the caller
+    falls back to its torch reference (CPU tensors without TRITON_INTERPRET)."""
+    if kernel_is_interpreted(kernel):
+        return True
+    return all(t.is_cuda for t in tensors)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else triton.next_power_of_2(int(n))
+
+
+_SM_COUNT: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached); 1 elsewhere."""
+    if device.type != "cuda":
+        return 1
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def interpreter_env() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def round_f32(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 ``x`` -> fp32 tensor holding ``x`` rounded (RNE) to DTYPE (identity for fp32)."""
+    if DTYPE == tl.float32:
+        y = x
+    elif DTYPE == tl.bfloat16:
+        if INTERP:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = bits + (((bits >> 16) & 1) + 0x7FFF)
+            bits = (bits >> 16) << 16
+            y = bits.to(tl.float32, bitcast=True)
+        else:
+            y = x.to(tl.bfloat16).to(tl.float32)
+    else:
+        y = x.to(DTYPE).to(tl.float32)
+    return y
+
+
+@triton.jit
+def cast_rne(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 ``x`` -> DTYPE with round-to-nearest-even (also under the interpreter)."""
+    if DTYPE == tl.float32:
+        y = x
+    elif INTERP:
+        # the value is exactly representable after round_f32, so the interpreter's truncating cast is exact
+        y = round_f32(x, DTYPE, INTERP).to(DTYPE)
+    else:
+        y = x.to(DTYPE)
+    return y

@@ -1,0 +1,427 @@
+"""Paged-KV attention kernels (Triton) with plain-torch references.
+
+Layout contract (see DESIGN.md sections 2 and 4):
+
+* KV cache, per layer: ``k_cache``, ``v_cache`` of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``
+  (any strides; normally contiguous views ``kv[l, 0]`` / ``kv[l, 1]`` of one
+  ``[num_layers, 2, num_blocks, block_size, kvh, hd]`` tensor).
+* A batch has R rows. Row r has ``n_r = cu_seqlens_q[r+1] - cu_seqlens_q[r]`` query tokens, flattened into
+  ``q: [N, num_heads, head_dim]``. ``seq_lens[r]`` is the KV length of row r *including* this step's tokens;
+  query i of row r sits at position ``seq_lens[r] - n_r + i`` and attends causally to positions ``0..pos``.
+* ``block_tables[r, p // block_size]`` is the physical block of position p of row r.
+* ``slot_mapping[n] = block * block_size + offset`` is where token n's new K/V goes; ``-1`` = pad, skipped.
+* GQA: head h reads kv head ``h // (num_heads // num_kv_heads)``.
+* All address arithmetic is int64.
+
+Functions: ``write_kv``, ``paged_attention``, ``copy_kv_slots`` (+ ``*_ref`` torch references).
+On CPU tensors without ``TRITON_INTERPRET=1`` the public functions fall back to their references.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, sm_count, use_triton
+
+_LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------------------------------
+# write_kv
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_kn, stride_kh, stride_kd,
+    stride_vn, stride_vh, stride_vd,
+    stride_kcb, stride_kcs, stride_kch, stride_kcd,
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    if slot < 0:
+        return
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    h = tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+    d = tl.arange(0, BLOCK_D).to(tl.int64)[None, :]
+    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    k = tl.load(k_ptr + n * stride_kn + h * stride_kh + d * stride_kd, mask=mask)
+    v = tl.load(v_ptr + n * stride_vn + h * stride_vh + d * stride_vd, mask=mask)
+    kc_dtype: tl.constexpr = kc_ptr.dtype.element_ty
+    vc_dtype: tl.constexpr = vc_ptr.dtype.element_ty
+    if k.dtype != kc_dtype:
+        k = cast_rne(k.to(tl.float32), kc_dtype, INTERP)
+    if v.dtype != vc_dtype:
+        v = cast_rne(v.to(tl.float32), vc_dtype, INTERP)
+    tl.store(kc_ptr + blk * stride_kcb + off * stride_kcs + h * stride_kch + d * stride_kcd, k, mask=mask)
+    tl.store(vc_ptr + blk * stride_vcb + off * stride_vcs + h * stride_vch + d * stride_vcd, v, mask=mask)
+
+
+def write_kv_ref(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """Torch reference of :func:`write_kv`."""
+    bs = k_cache.shape[1]
+    slots = slot_mapping.to(torch.int64)
+    valid = slots >= 0
+    s = slots[valid]
+    k_cache[s // bs, s % bs] = k[valid].to(k_cache.dtype)
+    v_cache[s // bs, s % bs] = v[valid].to(v_cache.dtype)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter this step's K/V (``[N, kvh, hd]``, any strides) into the paged caches at
+    ``slot_mapping`` (int64 ``[N]``; ``-1`` = pad row, nothing written)."""
+    N, kvh, hd = k.shape
+    assert v.shape == k.shape, (v.shape, k.shape)
+    assert k_cache.dim() == 4 and k_cache.shape[2:] == (kvh, hd), (k_cache.shape, k.shape)
+    assert v_cache.shape == k_cache.shape
+    assert slot_mapping.shape == (N,)
+    if N == 0:
+        return
+    if not use_triton(_write_kv_kernel, k, k_cache):
+        return write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+    bd = next_pow2(hd)
+    bh = next_pow2(kvh)
+    _write_kv_kernel[(N,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
+        BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=kvh, HEAD_DIM=hd, BLOCK_H=bh, BLOCK_D=bd,
+        INTERP=kernel_is_interpreted(_write_kv_kernel),
+        num_warps=4 if bh * bd >= 1024 else 1,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# copy_kv_slots (LAST_EXITED exit fill)
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _copy_kv_slots_kernel(
+    kv_ptr, src_ptr, dst_ptr,
+    stride_l, stride_kv, stride_b, stride_s, stride_h, stride_d,
+    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64)
+    lk = tl.program_id(1).to(tl.int64)  # layer * 2 + (0: K, 1: V)
+    src = tl.load(src_ptr + i).to(tl.int64)
+    dst = tl.load(dst_ptr + i).to(tl.int64)
+    if (src < 0) | (dst < 0):
+        return
+    base = (lk // 2) * stride_l + (lk % 2) * stride_kv
+    src_off = base + (src // BLOCK_SIZE) * stride_b + (src % BLOCK_SIZE) * stride_s
+    dst_off = base + (dst // BLOCK_SIZE) * stride_b + (dst % BLOCK_SIZE) * stride_s
+    h = tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+    d = tl.arange(0, BLOCK_D).to(tl.int64)[None, :]
+    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    inner = h * stride_h + d * stride_d
+    x = tl.load(kv_ptr + src_off + inner, mask=mask)
+    tl.store(kv_ptr + dst_off + inner, x, mask=mask)
+
+
+def copy_kv_slots_ref(kv_all_layers, src_slots, dst_slots) -> None:
+    """Torch reference of :func:`copy_kv_slots`."""
+    bs = kv_all_layers.shape[3]
+    src = src_slots.to(torch.int64)
+    dst = dst_slots.to(torch.int64)
+    valid = (src >= 0) & (dst >= 0)
+    src, dst = src[valid], dst[valid]
+    vals = kv_all_layers[:, :, src // bs, src % bs].clone()
+    kv_all_layers[:, :, dst // bs, dst % bs] = vals
+
+
+def copy_kv_slots(kv_all_layers: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    """For every layer and both K and V of ``kv_all_layers [L, 2, num_blocks, block_size, kvh, hd]``,
+    copy slot ``src_slots[i]`` to slot ``dst_slots[i]`` (int64 ``[M]``; a pair with a negative entry is
+    skipped). One launch. The destination slots must be distinct and disjoint from the source slots
+    (true for the exit fill: one position copied from plane e into planes e+1..T)."""
+    assert kv_all_layers.dim() == 6 and kv_all_layers.shape[1] == 2, kv_all_layers.shape
+    assert src_slots.shape == dst_slots.shape and src_slots.dim() == 1
+    M = src_slots.shape[0]
+    if M == 0:
+        return
+    if not use_triton(_copy_kv_slots_kernel, kv_all_layers):
+        return copy_kv_slots_ref(kv_all_layers, src_slots, dst_slots)
+    L, _, _, bs, kvh, hd = kv_all_layers.shape
+    bh, bd = next_pow2(kvh), next_pow2(hd)
+    _copy_kv_slots_kernel[(M, 2 * L)](
+        kv_all_layers, src_slots, dst_slots, *kv_all_layers.stride(),
+        BLOCK_SIZE=bs, NUM_KV_HEADS=kvh, HEAD_DIM=hd, BLOCK_H=bh, BLOCK_D=bd,
+        num_warps=4 if bh * bd >= 1024 else 1,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# paged attention
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr, kc_ptr, vc_ptr, out_ptr, o_part_ptr, lse_part_ptr,
+    cu_q_ptr, seq_lens_ptr, bt_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    num_tokens,
+    stride_qn, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_on, stride_oh, stride_od,
+    stride_bt,
+    NUM_HEADS: tl.constexpr, QUERIES_PER_KV: tl.constexpr, G_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+):
+    # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R). One program = BLOCK_Q query tokens of one row x the
+    # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
+    pid0 = tl.program_id(0)
+    kvh = tl.program_id(1)
+    row = tl.program_id(2)
+    q_tile = pid0 // NUM_SPLITS
+    split = pid0 % NUM_SPLITS
+
+    q_start = tl.load(cu_q_ptr + row)
+    n_q = tl.load(cu_q_ptr + row + 1) - q_start
+    if q_tile * BLOCK_Q >= n_q:
+        return
+    seq_len = tl.load(seq_lens_ptr + row)
+    ctx = seq_len - n_q  # position of the row's first query token
+
+    offs_m = tl.arange(0, BLOCK_M)
+    q_local = offs_m // G_PAD
+    g = offs_m % G_PAD
+    q_idx = q_tile * BLOCK_Q + q_local
+    row_valid = (q_local < BLOCK_Q) & (q_idx < n_q) & (g < QUERIES_PER_KV)
+    head = (kvh * QUERIES_PER_KV + g).to(tl.int64)
+    tok = (q_start + q_idx).to(tl.int64)
+    q_pos = ctx + q_idx
+
+    offs_d = tl.arange(0, HD_PAD)
+    d_mask = offs_d < HEAD_DIM
+    offs_d64 = offs_d.to(tl.int64)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d64[None, :] * stride_qd,
+        mask=row_valid[:, None] & d_mask[None, :], other=0.0,
+    )
+    if INTERP:
+        q = q.to(tl.float32)
+
+    # keys this tile needs: [0, kv_end); this split takes [kv_lo, kv_hi)
+    last_q = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, n_q) - 1
+    kv_end = ctx + last_q + 1
+    chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_lo = split * chunk
+    kv_hi = tl.minimum(kv_lo + chunk, kv_end)
+
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows stay NaN-free
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
+    bt_row = bt_ptr + row.to(tl.int64) * stride_bt
+    kvh64 = kvh.to(tl.int64)
+    v_dtype: tl.constexpr = vc_ptr.dtype.element_ty
+
+    for start in range(kv_lo, kv_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < kv_hi
+        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        in_blk = (offs_n % BLOCK_SIZE).to(tl.int64)
+        k_off = blk * stride_kb + in_blk * stride_ks + kvh64 * stride_kh
+        v_off = blk * stride_vb + in_blk * stride_vs + kvh64 * stride_vh
+        kv_mask_t = d_mask[:, None] & n_mask[None, :]
+        k = tl.load(kc_ptr + k_off[None, :] + offs_d64[:, None] * stride_kd, mask=kv_mask_t, other=0.0)
+        v = tl.load(vc_ptr + v_off[:, None] + offs_d64[None, :] * stride_vd,
+                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        if INTERP:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if INTERP:
+            pv = tl.dot(round_f32(p, v_dtype, INTERP), v.to(tl.float32), input_precision=DOT_PREC)
+        else:
+            pv = tl.dot(p.to(v_dtype), v, input_precision=DOT_PREC)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:
+        out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+        tl.store(
+            out_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d64[None, :] * stride_od,
+            cast_rne(o, out_dtype, INTERP), mask=row_valid[:, None] & d_mask[None, :],
+        )
+    else:
+        # partials: o_part [S, N, H, HEAD_DIM] fp32 (normalised), lse_part [S, N, H] fp32 (log2 units)
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        base = (split.to(tl.int64) * num_tokens + tok) * NUM_HEADS + head
+        tl.store(o_part_ptr + base[:, None] * HEAD_DIM + offs_d64[None, :], o,
+                 mask=row_valid[:, None] & d_mask[None, :])
+        tl.store(lse_part_ptr + base, lse, mask=row_valid)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    o_part_ptr, lse_part_ptr, out_ptr, num_tokens,
+    stride_on, stride_oh, stride_od,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, INTERP: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, S_PAD)
+    s_mask = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, HD_PAD)
+    d_mask = offs_d < HEAD_DIM
+    base = (offs_s.to(tl.int64) * num_tokens + n) * NUM_HEADS + h
+    lse = tl.load(lse_part_ptr + base, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)  # finite: split 0 always holds key 0, which every query sees
+    w = tl.exp2(lse - m)
+    o = tl.load(o_part_ptr + base[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    res = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+    tl.store(out_ptr + n * stride_on + h * stride_oh + offs_d.to(tl.int64) * stride_od,
+             cast_rne(res, out_dtype, INTERP), mask=d_mask)
+
+
+def paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
+                        max_seqlen_q=None, out=None) -> torch.Tensor:
+    """Torch reference of :func:`paged_attention` (fp32 math, one row at a time)."""
+    N, H, hd = q.shape
+    bs, kvh = k_cache.shape[1], k_cache.shape[2]
+    G = H // kvh
+    res = torch.empty(N, H, hd, dtype=q.dtype, device=q.device) if out is None else out
+    cu = cu_seqlens_q.tolist()
+    sl = seq_lens.tolist()
+    for r in range(len(sl)):
+        s, e = cu[r], cu[r + 1]
+        n = e - s
+        if n == 0:
+            continue
+        L = sl[r]
+        pos = torch.arange(L, device=q.device)
+        blocks = block_tables[r].to(torch.int64)[pos // bs]
+        k = k_cache[blocks, pos % bs].float().repeat_interleave(G, dim=1)  # [L, H, hd]
+        v = v_cache[blocks, pos % bs].float().repeat_interleave(G, dim=1)
+        qq = q[s:e].float()
+        scores = torch.einsum("qhd,khd->hqk", qq, k) * scale
+        qpos = L - n + torch.arange(n, device=q.device)
+        scores = scores.masked_fill(~(pos[None, :] <= qpos[:, None]), float("-inf"))
+        p = torch.softmax(scores, dim=-1)
+        res[s:e] = torch.einsum("hqk,khd->qhd", p, v).to(res.dtype)
+    return res
+
+
+def _attn_config(max_seqlen_q: int, G: int, hd: int, block_m, block_n, num_warps, num_stages):
+    g_pad = next_pow2(G)
+    hd_pad = max(16, next_pow2(hd))
+    decode = max_seqlen_q == 1
+    if block_m is None:
+        if decode:
+            block_m = 16
+        else:
+            block_m = max(16, min(128, next_pow2(max_seqlen_q * g_pad)))
+    block_m = max(block_m, g_pad, 16)
+    block_q = 1 if decode else max(1, block_m // g_pad)
+    if block_n is None:
+        block_n = 64 if hd_pad <= 128 else 32
+    block_n = max(16, block_n)
+    if num_warps is None:
+        num_warps = 8 if block_m >= 128 else 4
+    if num_stages is None:
+        num_stages = 3 if decode else 2
+    return g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages
+
+
+def auto_num_splits(num_rows: int, num_kv_heads: int, max_seqlen_q: int, device: torch.device) -> int:
+    """Split-K factor chosen from shapes only (CUDA-graph safe): split decode KV when the grid would not
+    fill the GPU."""
+    if max_seqlen_q != 1 or device.type != "cuda":
+        return 1
+    programs = num_rows * num_kv_heads
+    sms = sm_count(device)
+    if programs * 2 > sms:
+        return 1
+    return max(1, min(8, sms // max(programs, 1)))
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                    scale: float, max_seqlen_q: int, out: Optional[torch.Tensor] = None, *,
+                    num_splits: Optional[int] = None, block_m: Optional[int] = None,
+                    block_n: Optional[int] = None, num_warps: Optional[int] = None,
+                    num_stages: Optional[int] = None) -> torch.Tensor:
+    """Causal flash attention of ``q [N, H, hd]`` over paged KV; returns ``[N, H, hd]`` in q.dtype
+    (written into ``out`` when given; any strides for q and out).
+
+    ``max_seqlen_q`` (host int) must be >= every row's query count; the grid is
+    ``(cdiv(max_seqlen_q, BLOCK_Q) * num_splits, num_kv_heads, R)`` and tiles past a row's end exit at
+    once, so nothing depends on device data (CUDA-graph capturable). ``num_splits > 1`` is split-K
+    (flash-decoding): each split handles a slice of the KV range, a second kernel merges them by LSE.
+    Default: chosen from the shapes (only for ``max_seqlen_q == 1`` on CUDA). fp32 accumulation; for
+    fp32 inputs the dots are IEEE fp32 (no TF32).
+    """
+    N, H, hd = q.shape
+    assert k_cache.dim() == 4 and v_cache.shape == k_cache.shape, (k_cache.shape, v_cache.shape)
+    nb, bs, kvh, hd_k = k_cache.shape
+    assert hd_k == hd and H % kvh == 0, (q.shape, k_cache.shape)
+    R = seq_lens.shape[0]
+    assert cu_seqlens_q.shape == (R + 1,) and block_tables.dim() == 2 and block_tables.shape[0] == R
+    if out is None:
+        out = torch.empty(N, H, hd, dtype=q.dtype, device=q.device)
+    else:
+        assert out.shape == (N, H, hd), (out.shape, q.shape)
+    if N == 0 or R == 0 or max_seqlen_q <= 0:
+        return out
+    if not use_triton(_paged_attn_kernel, q, k_cache):
+        return paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
+                                   max_seqlen_q, out=out)
+    G = H // kvh
+    g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(max_seqlen_q, G, hd, block_m, block_n,
+                                                          num_warps, num_stages)
+    if num_splits is None:
+        num_splits = auto_num_splits(R, kvh, max_seqlen_q, q.device)
+    num_splits = max(1, int(num_splits))
+    interp = kernel_is_interpreted(_paged_attn_kernel)
+    if num_splits > 1:
+        o_part = torch.empty(num_splits, N, H, hd, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(num_splits, N, H, dtype=torch.float32, device=q.device)
+    else:
+        o_part = lse_part = out  # unused
+    dot_prec = "ieee" if q.dtype == torch.float32 or k_cache.dtype == torch.float32 else "tf32"
+    q_tiles = triton.cdiv(max_seqlen_q, block_q)
+    _paged_attn_kernel[(q_tiles * num_splits, kvh, R)](
+        q, k_cache, v_cache, out, o_part, lse_part,
+        cu_seqlens_q, seq_lens, block_tables,
+        float(scale) * _LOG2E, N,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), block_tables.stride(0),
+        NUM_HEADS=H, QUERIES_PER_KV=G, G_PAD=g_pad, HEAD_DIM=hd, HD_PAD=hd_pad, BLOCK_SIZE=bs,
+        BLOCK_Q=block_q, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=num_splits, DOT_PREC=dot_prec,
+        INTERP=interp, num_warps=nw, num_stages=ns,
+    )
+    if num_splits > 1:
+        _combine_splits_kernel[(N, H)](
+            o_part, lse_part, out, N, *out.stride(),
+            NUM_HEADS=H, HEAD_DIM=hd, HD_PAD=next_pow2(hd), NUM_SPLITS=num_splits,
+            S_PAD=next_pow2(num_splits), INTERP=interp, num_warps=1 if hd <= 64 else 2,
+        )
+    return out
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

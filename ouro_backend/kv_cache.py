@@ -1,0 +1,101 @@
+"""Depth-aware paged KV cache (DESIGN section 2).
+
+All planes share one pool of physical blocks; a request owns one block table per plane. A row of the
+recurrent batch reads and writes exactly one plane, so depth awareness reduces to choosing the table:
+
+* LAST_EXITED: T planes per request; loop d reads/writes plane d. When a token exits after loop e < T,
+  its KV at plane e is copied into planes e+1..T (that position only), so deeper queries see it.
+* SHARED: the prompt is prefilled with T planes (loop d among the prompt, as above); once prefill is
+  done only the last plane is kept and every decode loop reads/writes it, overwriting the token's KV
+  loop after loop, so earlier tokens are seen at their exit loop.
+
+Blocks are reserved for the whole request (prompt + max_tokens) at admission, so a running request can
+never run out of KV and nothing needs preempting; a request that finishes early frees its tail.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from .config import KVLayout
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"KV cache: asked for {n} blocks, {len(self._free)} free")
+        return [self._free.popleft() for _ in range(n)]
+
+    def free(self, blocks: list[int]) -> None:
+        self._free.extend(blocks)
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+                 num_loops: int, layout: KVLayout, dtype: torch.dtype, device: torch.device):
+        self.layout = KVLayout(layout)
+        self.block_size = block_size
+        self.num_loops = num_loops
+        self.allocator = BlockAllocator(num_blocks)
+        # [layers, K/V, blocks, block_size, kv_heads, head_dim]: a layer's K (or V) is one contiguous pool.
+        self.kv = torch.zeros(num_layers, 2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def blocks_needed(self, prompt_len: int, total_len: int) -> int:
+        """Blocks a request of `total_len` tokens (prompt + max_tokens) reserves at admission."""
+        if self.layout is KVLayout.LAST_EXITED:
+            return self.num_loops * self.blocks_for(total_len)
+        return (self.num_loops - 1) * self.blocks_for(prompt_len) + self.blocks_for(total_len)
+
+    def can_allocate(self, prompt_len: int, total_len: int) -> bool:
+        return self.blocks_needed(prompt_len, total_len) <= self.allocator.num_free
+
+    def allocate(self, prompt_len: int, total_len: int) -> list[list[int]]:
+        """One block table per plane (T of them; SHARED's first T-1 cover only the prompt)."""
+        tables = []
+        for plane in range(self.num_loops):
+            last = plane == self.num_loops - 1
+            n = self.blocks_for(total_len if last or self.layout is KVLayout.LAST_EXITED else prompt_len)
+            tables.append(self.allocator.allocate(n))
+        return tables
+
+    def release_prefill_planes(self, tables: list[list[int]]) -> None:
+        """SHARED: the prompt keeps only its final plane once prefill is complete."""
+        if self.layout is KVLayout.SHARED:
+            for plane in range(self.num_loops - 1):
+                self.allocator.free(tables[plane])
+                tables[plane] = []
+
+    def free(self, tables: list[list[int]]) -> None:
+        for t in tables:
+            self.allocator.free(t)
+            t.clear()
+
+    def slot(self, table: list[int], pos: int) -> int:
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def decode_plane(self, loop: int) -> int:
+        """Plane (0-based) a decode row at `loop` (1-based) reads and writes."""
+        return loop - 1 if self.layout is KVLayout.LAST_EXITED else self.num_loops - 1
+
+    def exit_fill_slots(self, tables: list[list[int]], pos: int, exit_loop: int) -> list[tuple[int, int]]:
+        """LAST_EXITED: (src, dst) slot pairs that copy position pos from plane exit_loop to the deeper ones."""
+        if self.layout is not KVLayout.LAST_EXITED or exit_loop >= self.num_loops:
+            return []
+        src = self.slot(tables[exit_loop - 1], pos)
+        return [(src, self.slot(tables[p], pos)) for p in range(exit_loop, self.num_loops)]

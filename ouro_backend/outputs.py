@@ -1,0 +1,38 @@
+"""What the engine hands back: one `RequestOutput` per request that made progress in a step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    # Everything generated so far (the whole stream), and the loop depth that produced each token.
+    token_ids: list[int]
+    exit_depths: list[int]
+    logprobs: list[float]
+    text: str  # on the final output: detokenized, special tokens skipped, cut at a matched stop string
+    finished: bool = False
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
+    # The part of the stream that is new since the previous output for this request. Tokens that might
+    # still turn into a stop string are held back until that is decided.
+    new_token_ids: list[int] = field(default_factory=list)
+    new_exit_depths: list[int] = field(default_factory=list)
+    new_text: str = ""
+    # Up to 5 token ids just before new_token_ids (prompt ids at the start of a stream), so a stateless
+    # detokenizer can produce new_text as decode(prefix + new) - decode(prefix).
+    prefix_token_ids: list[int] = field(default_factory=list)
+    # Characters to drop from the end of decode(prefix + new) - decode(prefix): non-zero only on the final
+    # output when a stop string matched inside the last tokens.
+    trim_chars: int = 0
+    error: Optional[str] = None
+    # Timing (time.monotonic()): arrival, first token, finish.
+    arrival_time: float = 0.0
+    first_token_time: Optional[float] = None
+    finish_time: Optional[float] = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

@@ -1,0 +1,76 @@
+"""Per-request generation options, validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+
+class RequestError(ValueError):
+    """A bad request (prompt or sampling value). The engine and other requests are unaffected."""
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 0  # 0 or -1: off
+    top_p: float = 1.0
+    seed: Optional[int] = None  # per-request stream: same tokens alone or in any batch
+    ignore_eos: bool = False
+    stop: Sequence[str] = field(default_factory=list)  # stop strings; the text never reaches the caller
+    stop_token_ids: Sequence[int] = field(default_factory=list)
+    # Ouro's loop controls (DESIGN section 1). max_loops None: the model's total_ut_steps.
+    min_loops: int = 1
+    max_loops: Optional[int] = None
+    exit_threshold: Optional[float] = None  # None: the engine's exit_threshold
+    exit_trace: Optional[Sequence[int]] = None  # depths for exit_mode=trace, one per decode step (cycled)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        self.validate()
+
+    def validate(self, num_loops: Optional[int] = None) -> None:
+        def check(ok: bool, msg: str) -> None:
+            if not ok:
+                raise RequestError(msg)
+
+        check(_is_int(self.max_tokens) and self.max_tokens > 0, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+              f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        check(_is_num(self.temperature) and self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
+        check(_is_int(self.top_k) and self.top_k >= -1, f"top_k must be -1, 0 (off) or positive, got {self.top_k!r}")
+        check(_is_num(self.top_p) and 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
+        check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
+              f"seed must be an integer in [0, 2^64), got {self.seed!r}")
+        check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative integers")
+        check(_is_int(self.min_loops) and self.min_loops >= 1, f"min_loops must be >= 1, got {self.min_loops!r}")
+        check(self.max_loops is None or (_is_int(self.max_loops) and self.max_loops >= 1),
+              f"max_loops must be >= 1, got {self.max_loops!r}")
+        if self.max_loops is not None:
+            check(self.min_loops <= self.max_loops,
+                  f"min_loops ({self.min_loops}) must not exceed max_loops ({self.max_loops})")
+        check(self.exit_threshold is None or (_is_num(self.exit_threshold) and 0.0 <= self.exit_threshold <= 1.0),
+              f"exit_threshold must be in [0, 1], got {self.exit_threshold!r}")
+        if self.exit_trace is not None:
+            self.exit_trace = list(self.exit_trace)
+            check(len(self.exit_trace) > 0 and all(_is_int(d) and d >= 1 for d in self.exit_trace),
+                  "exit_trace must be a non-empty list of loop depths >= 1")
+        if num_loops is not None:
+            check(self.min_loops <= num_loops, f"min_loops ({self.min_loops}) exceeds the model's {num_loops} loops")
+            check(self.max_loops is None or self.max_loops <= num_loops,
+                  f"max_loops ({self.max_loops}) exceeds the model's {num_loops} loops")
+            if self.exit_trace is not None:
+                check(max(self.exit_trace) <= num_loops, f"exit_trace depths must be <= {num_loops}")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x

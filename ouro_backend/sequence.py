@@ -1,0 +1,162 @@
+"""A request's state inside the engine, and the unit of recurrent work it has in flight."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .exit_policy import ExitBounds, ExitState
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+PREFIX_WINDOW = 5  # ids sent before each delta so a stateless detokenizer can decode it
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class WorkItem:
+    """Tokens [start, start+n) of one sequence travelling through the loops together.
+
+    A prefill chunk runs all T loops; a decode item is one token that loops until its exit rule fires.
+    `hidden` is the input of `loop` (None before loop 1: the prelude embeds the token ids).
+    """
+
+    start: int
+    n: int
+    is_prefill: bool
+    loop: int = 1
+    hidden: Optional[torch.Tensor] = None
+    exit_state: ExitState = field(default_factory=ExitState)
+    bounds: Optional[ExitBounds] = None
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 generator: Optional[torch.Generator], stop_checker: "StopChecker"):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.generator = generator
+        self.status = Status.WAITING
+        self.output_ids: list[int] = []
+        self.exit_depths: list[int] = []
+        self.logprobs: list[float] = []
+        self.block_tables: list[list[int]] = []
+        self.num_prefilled = 0  # prompt tokens that have completed all loops
+        self.item: Optional[WorkItem] = None
+        self.finish_reason: Optional[str] = None
+        self.stop = stop_checker
+        self.num_emitted = 0  # output tokens already handed out in a RequestOutput
+        self.trim_chars = 0
+        self.arrival_time = time.monotonic()
+        self.first_token_time: Optional[float] = None
+        self.finish_time: Optional[float] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_prefilled < len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def finish(self, reason: str) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.finish_time = time.monotonic()
+        self.item = None
+
+    def append_token(self, token: int, depth: int, logprob: float) -> None:
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        self.output_ids.append(token)
+        self.exit_depths.append(depth)
+        self.logprobs.append(logprob)
+
+    def make_output(self, tokenizer, with_text: bool) -> RequestOutput:
+        """The stream so far, and the delta since the last output (holding back possible stop text)."""
+        end = len(self.output_ids) if self.finished else min(len(self.output_ids), self.stop.safe_tokens())
+        start = self.num_emitted
+        self.num_emitted = max(start, end)
+        all_ids = self.all_ids
+        first_new = len(self.prompt_ids) + start
+        prefix = all_ids[max(0, first_new - PREFIX_WINDOW): first_new]
+        new_ids = self.output_ids[start:end]
+        new_text = text = ""
+        if with_text:
+            if self.finished:
+                text = self.stop.text_for_output(tokenizer, self.output_ids)
+            if new_ids:
+                full = tokenizer.decode(prefix + new_ids)
+                base = tokenizer.decode(prefix)
+                new_text = full[len(base):]
+                if self.finished and self.trim_chars:
+                    new_text = new_text[: len(new_text) - self.trim_chars]
+                elif new_text.endswith("\ufffd") and not self.finished:
+                    # An incomplete UTF-8 character: the next delta will carry it whole.
+                    self.num_emitted = start
+                    new_ids, new_text = [], ""
+        return RequestOutput(
+            request_id=self.request_id, prompt_token_ids=self.prompt_ids, token_ids=list(self.output_ids),
+            exit_depths=list(self.exit_depths), logprobs=list(self.logprobs), text=text,
+            finished=self.finished, finish_reason=self.finish_reason, new_token_ids=new_ids,
+            new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
+            prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
+            arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time)
+
+
+class StopChecker:
+    """Stop strings on the generated text: find matches and hold back text that may start one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.max_len = max((len(s) for s in stops), default=0)
+        self.text = ""
+        self.token_ends: list[int] = []  # text length after each output token
+        self.cut: Optional[int] = None  # match position in text
+
+    def update(self, tokenizer, output_ids: list[int]) -> bool:
+        """Call after each new token; True when a stop string matched."""
+        if not self.stops:
+            return False
+        prev = len(self.text)
+        self.text = tokenizer.decode(output_ids)
+        if self.text.endswith("\ufffd"):
+            self.text = self.text.rstrip("\ufffd")
+        self.token_ends.append(len(self.text))
+        start = max(0, prev - self.max_len + 1)
+        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if hits:
+            self.cut = min(hits)
+        return self.cut is not None
+
+    def safe_tokens(self) -> int:
+        """How many output tokens can be emitted without risking text of a stop string."""
+        if not self.stops:
+            return 1 << 62
+        limit = len(self.text) - (self.max_len - 1)
+        n = 0
+        while n < len(self.token_ends) and self.token_ends[n] <= limit:
+            n += 1
+        return n
+
+    def text_for_output(self, tokenizer, output_ids: list[int]) -> str:
+        if self.cut is not None:
+            return self.text[: self.cut]
+        return tokenizer.decode(output_ids) if not self.stops else self.text

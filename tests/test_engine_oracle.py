@@ -1,0 +1,124 @@
+"""The engine against the dense fp32 oracle: prefill logits, greedy decode, early exit, both KV layouts."""
+import numpy as np
+import pytest
+import torch
+
+from ouro_backend import LLMEngine, SamplingParams
+from ouro_backend.config import EngineConfig
+
+LAYOUTS = ["last_exited", "shared"]
+PROMPTS = [[5, 17, 300, 42, 9, 77, 120, 8, 64, 3, 250, 11, 90],  # 13 tokens
+           [400, 23, 7],
+           [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
+
+
+def make_engine(toy_path, **kw) -> LLMEngine:
+    kw.setdefault("num_blocks", 512)
+    kw.setdefault("max_num_seqs", 8)
+    eng = LLMEngine(EngineConfig(model=toy_path, device="cpu", dtype="float32", block_size=4, **kw))
+    eng.runner.record_logits = True
+    eng.recorded = {}
+    run = eng.runner.run
+
+    def recording_run(batch):
+        emitted = run(batch)
+        for e in emitted:
+            eng.recorded.setdefault(e.seq.request_id, []).append(e.logits)
+        return emitted
+
+    eng.runner.run = recording_run
+    return eng
+
+
+def run_all(eng, prompts, params):
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, params if isinstance(params, SamplingParams) else params[i])
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+    assert eng.kv.allocator.num_free == eng.kv.num_blocks, "KV blocks leaked"
+    return [outs[str(i)] for i in range(len(prompts))]
+
+
+def ouro_exit(threshold, min_loops=1, max_loops=4):
+    """The ouro exit rule computed independently from the oracle's gate values (fp32)."""
+    def fn(gates):
+        remaining = np.float32(1.0)
+        for r, lam in enumerate(gates, start=1):
+            remaining = np.float32(remaining * (np.float32(1.0) - np.float32(lam)))
+            if r >= max_loops or (threshold < 1 and r >= min_loops and np.float32(1.0) - remaining >= threshold):
+                return r
+        return len(gates)
+    return fn
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("chunk", [None, 1, 3, 5])
+def test_prefill_logits_match_oracle(toy_path, oracle, layout, chunk):
+    eng = make_engine(toy_path, kv_layout=layout, prefill_chunk_size=chunk, max_num_batched_tokens=64,
+                      max_num_seqs=8)
+    run_all(eng, PROMPTS, SamplingParams(max_tokens=1, temperature=0.0))
+    for i, prompt in enumerate(PROMPTS):
+        ref = oracle.forward(prompt, len(prompt), [4] * len(prompt), layout).logits[-1]
+        got = eng.recorded[str(i)][0]
+        assert torch.allclose(got, ref, atol=1e-4, rtol=0), (layout, chunk, (got - ref).abs().max())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_greedy_full_depth_matches_oracle(toy_path, oracle, layout):
+    eng = make_engine(toy_path, kv_layout=layout, prefill_chunk_size=4, max_num_batched_tokens=16)
+    outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    for prompt, out in zip(PROMPTS, outs):
+        tokens, depths = oracle.generate(prompt, 6, layout=layout)
+        assert out.token_ids == tokens
+        assert out.exit_depths == depths == [4] * 6
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("threshold", [0.5, 0.8])
+def test_early_exit_mixed_depths_match_oracle(toy_path, oracle, layout, threshold):
+    eng = make_engine(toy_path, kv_layout=layout, max_num_batched_tokens=32)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
+    outs = run_all(eng, PROMPTS, params)
+    all_depths = set()
+    for i, (prompt, out) in enumerate(zip(PROMPTS, outs)):
+        tokens, depths = oracle.generate(prompt, 8, exit_fn=ouro_exit(threshold), layout=layout)
+        assert out.token_ids == tokens, (layout, threshold, i)
+        assert out.exit_depths == depths
+        all_depths |= set(depths[1:])
+        # Logits of every step against a fresh oracle pass with the engine's own depths.
+        seq = prompt + out.token_ids
+        loops = [4] * len(prompt) + out.exit_depths[1:] + [4]
+        ref = oracle.forward(seq[:-1], len(prompt), loops[:len(seq) - 1], layout)
+        for k, got in enumerate(eng.recorded[str(i)]):
+            assert torch.allclose(got, ref.logits[len(prompt) - 1 + k], atol=1e-4, rtol=0)
+    assert len(all_depths) > 1, "the test needs rows at different depths in one batch"
+
+
+def test_layouts_differ_under_early_exit(toy_path, oracle):
+    """The two KV rules are really different computations (otherwise the tests above prove little)."""
+    prompt = PROMPTS[0]
+    a = oracle.generate(prompt, 8, exit_fn=ouro_exit(0.5), layout="last_exited")
+    b = oracle.generate(prompt, 8, exit_fn=ouro_exit(0.5), layout="shared")
+    seq = prompt + a[0]
+    loops = [4] * len(prompt) + a[1][1:] + [4]
+    la = oracle.forward(seq[:-1], len(prompt), loops[:len(seq) - 1], "last_exited").logits[-1]
+    lb = oracle.forward(seq[:-1], len(prompt), loops[:len(seq) - 1], "shared").logits[-1]
+    assert (la - lb).abs().max() > 1e-3
+    assert a[1] != [4] * 8 and b[1] != [4] * 8
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_shared_results_independent_of_chunk_size(toy_path, chunk):
+    base = make_engine(toy_path, kv_layout="shared")
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, exit_threshold=0.5)
+    ref = run_all(base, PROMPTS, params)
+    eng = make_engine(toy_path, kv_layout="shared", prefill_chunk_size=chunk, max_num_batched_tokens=16)
+    got = run_all(eng, PROMPTS, params)
+    for r, g in zip(ref, got):
+        assert r.token_ids == g.token_ids and r.exit_depths == g.exit_depths
+    for i in range(len(PROMPTS)):
+        for a, b in zip(base.recorded[str(i)], eng.recorded[str(i)]):
+            assert torch.allclose(a, b, atol=1e-4, rtol=0)
