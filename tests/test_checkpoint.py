@@ -34,7 +34,7 @@ def edit_config(d: Path, **changes) -> None:
 
 def test_expected_shapes_toy_and_1p4b():
     s = expected_shapes(toy_config("toy"))
-    assert len(s) == 1 + 2 * 11 + 5
+    assert len(s) == 1 + 2 * 11 + 4
     assert s["model.layers.1.self_attn.q_proj.weight"] == (64, 64)
     assert s["model.layers.1.self_attn.k_proj.weight"] == (32, 64)  # GQA: 2 kv heads * 16
     assert s["model.layers.0.self_attn.o_proj.weight"] == (64, 64)
@@ -42,8 +42,8 @@ def test_expected_shapes_toy_and_1p4b():
     assert s["model.layers.0.post_attention_layernorm_2.weight"] == (64,)
     assert s["model.early_exit_gate.weight"] == (1, 64) and s["model.early_exit_gate.bias"] == (1,)
     big = expected_shapes(toy_config("ouro-1.4b"))
-    assert sum(torch.Size(v).numel() for v in big.values()) == 1_434_396_673  # embed+head+24 layers+gate
-    assert len(expected_shapes(toy_config("ouro-2.6b"))) == 1 + 48 * 11 + 5
+    assert sum(torch.Size(v).numel() for v in big.values()) == 1_434_652_673  # embed+head+24 layers+gate
+    assert len(expected_shapes(toy_config("ouro-2.6b"))) == 1 + 48 * 11 + 4
 
 
 def test_toy_round_trip(toy):
@@ -164,6 +164,13 @@ def test_unexpected_tensor_and_ignored_buffers(copy):
         load_weights(copy, cfg, torch.float32)
 
 
+def test_corrupt_weights(copy):
+    data = (copy / "model.safetensors").read_bytes()
+    (copy / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="cannot read .*model.safetensors"):
+        load_weights(copy, load_config(copy), torch.float32)
+
+
 def test_no_weights(copy):
     (copy / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model.safetensors"):
@@ -192,7 +199,7 @@ def test_ensure_toy_checkpoint(tmp_path, monkeypatch):
     assert results == [str(path)] * 3
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["toy"]  # no temp dirs left behind
     cfg = load_config(path)
-    assert cfg == toy_config("toy") and len(load_weights(path, cfg, torch.float32)) == 28
+    assert cfg == toy_config("toy") and len(load_weights(path, cfg, torch.float32)) == 27
     mtime = (path / "model.safetensors").stat().st_mtime_ns
     assert ensure_toy_checkpoint() == str(path)
     assert (path / "model.safetensors").stat().st_mtime_ns == mtime  # cached, not rebuilt
@@ -200,3 +207,8 @@ def test_ensure_toy_checkpoint(tmp_path, monkeypatch):
     assert ensure_toy_checkpoint() == str(path)
     assert (path / "TOY_VERSION").read_text().strip() != "0"
     assert ensure_toy_checkpoint(tmp_path / "explicit") == str(tmp_path / "explicit")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="not a toy checkpoint"):  # never deletes a user's directory
+        ensure_toy_checkpoint(tmp_path / "real")
+    assert (tmp_path / "real" / "config.json").read_text() == "{}"

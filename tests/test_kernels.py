@@ -1,0 +1,402 @@
+"""Triton kernels vs their torch references (ouro_backend.kernels).
+
+Without a GPU the kernels run in Triton's CPU interpreter. Triton decides "interpreted or compiled" when a
+@triton.jit decorator runs (it reads TRITON_INTERPRET then), so this module imports its own interpreted
+copy of ``ouro_backend.kernels`` with TRITON_INTERPRET=1 set just for that import (and for these tests,
+through a fixture), then restores the environment and ``sys.modules``: other test modules keep the normal
+import, whose kernels fall back to the torch references on CPU instead of crawling through the
+interpreter. Shapes are tiny; the whole file runs in well under a minute on 2 cores.
+"""
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = "cuda" if HAS_CUDA else "cpu"
+
+
+def _import_interpreted_kernels():
+    prefix = "ouro_backend.kernels"
+    saved = {k: v for k, v in sys.modules.items() if k == prefix or k.startswith(prefix + ".")}
+    pkg = importlib.import_module("ouro_backend")
+    had_attr = hasattr(pkg, "kernels")
+    saved_attr = getattr(pkg, "kernels", None)
+    saved_env = os.environ.get("TRITON_INTERPRET")
+    for k in saved:
+        del sys.modules[k]
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        mod = importlib.import_module(prefix)
+    finally:
+        if saved_env is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved_env
+        for k in [k for k in sys.modules if k == prefix or k.startswith(prefix + ".")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        if had_attr:
+            pkg.kernels = saved_attr
+        elif hasattr(pkg, "kernels"):
+            delattr(pkg, "kernels")
+    return mod
+
+
+if HAS_CUDA:
+    import ouro_backend.kernels as K
+else:
+    K = _import_interpreted_kernels()
+
+from ouro_backend.kernels._common import kernel_is_interpreted  # noqa: E402  (class check only)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpret_env():
+    if HAS_CUDA:
+        yield
+        return
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if old is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _ulp_diff_bf16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in bf16 ulps (same-sign finite values)."""
+    ai = a.to(torch.bfloat16).view(torch.int16).to(torch.int32)
+    bi = b.to(torch.bfloat16).view(torch.int16).to(torch.int32)
+    return (ai - bi).abs()
+
+
+def _assert_bitwise_or_1ulp(got: torch.Tensor, ref: torch.Tensor, min_exact=0.98):
+    assert torch.isfinite(got).all(), "output has NaN/inf (not fully written?)"
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+        return
+    ulps = _ulp_diff_bf16(got, ref)
+    assert ulps.max().item() <= 1, f"max ulp diff {ulps.max().item()}"
+    exact = (ulps == 0).float().mean().item()
+    assert exact >= min_exact, f"only {exact:.3f} bitwise equal"
+
+
+def test_kernels_really_run_triton():
+    """Guards against comparing the torch fallback with itself."""
+    if HAS_CUDA:
+        return
+    for fn in (K.paged_attention, K.write_kv, K.copy_kv_slots, K.rms_norm, K.sandwich_norm, K.rope_,
+               K.rope_and_write_kv, K.silu_mul):
+        kernels = [v for k, v in fn.__globals__.items() if k.startswith("_") and k.endswith("_kernel")]
+        assert kernels and all(kernel_is_interpreted(k) for k in kernels), fn.__name__
+
+
+# ---------------------------------------------------------------------------------------------------
+# paged KV helpers
+# ---------------------------------------------------------------------------------------------------
+
+
+def _block_tables(rows_blocks, num_blocks, max_blocks, gen):
+    """Random, non-contiguous, disjoint physical blocks per row; unused entries -> 0."""
+    perm = torch.randperm(num_blocks, generator=gen)
+    bt = torch.zeros(len(rows_blocks), max_blocks, dtype=torch.int32)
+    c = 0
+    for r, nb in enumerate(rows_blocks):
+        bt[r, :nb] = perm[c:c + nb].to(torch.int32)
+        c += nb
+    return bt
+
+
+def _slots(bt, r, positions, bs):
+    return torch.tensor([int(bt[r, p // bs]) * bs + p % bs for p in positions], dtype=torch.int64)
+
+
+def _make_batch(ns, seq_lens, H, kvh, hd, bs, dtype, gen, extra_blocks=3):
+    """NaN-poisoned caches with every position < seq_len written (through the torch reference), a q that
+    is a strided view into a fused qkv buffer, cu_seqlens, seq_lens and block tables."""
+    R = len(ns)
+    rows_blocks = [-(-L // bs) for L in seq_lens]
+    nb = sum(rows_blocks) + extra_blocks
+    max_blocks = max(rows_blocks) + 1
+    bt = _block_tables(rows_blocks, nb, max_blocks, gen)
+    kc = torch.full((nb, bs, kvh, hd), float("nan"), dtype=dtype)
+    vc = torch.full((nb, bs, kvh, hd), float("nan"), dtype=dtype)
+    for r in range(R):
+        L = seq_lens[r]
+        if L == 0:
+            continue
+        s = _slots(bt, r, range(L), bs)
+        K.write_kv_ref(torch.randn(L, kvh, hd, generator=gen).to(dtype),
+                       torch.randn(L, kvh, hd, generator=gen).to(dtype), kc, vc, s)
+    N = sum(ns)
+    qkv = torch.randn(N, (H + 2 * kvh) * hd, generator=gen).to(dtype)
+    q = qkv[:, : H * hd].view(N, H, hd)  # token stride (H + 2 kvh) * hd
+    cu = torch.zeros(R + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(ns), 0).to(torch.int32)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    return (q.to(DEV), kc.to(DEV), vc.to(DEV), cu.to(DEV), sl.to(DEV), bt.to(DEV))
+
+
+# ---------------------------------------------------------------------------------------------------
+# paged attention
+# ---------------------------------------------------------------------------------------------------
+
+ATTN_CASES = [
+    # (H, kvh, hd, dtype, num_splits, block_m, block_n)
+    (4, 2, 16, torch.float32, 1, None, None),
+    (4, 2, 16, torch.float32, 3, 16, 16),   # split-K over a varlen batch
+    (4, 1, 32, torch.float32, 1, 16, 16),   # G = 4 -> BLOCK_Q = 4: several q tiles per row
+    (6, 2, 24, torch.float32, 2, None, 16),  # G = 3 (padded to 4), head_dim 24 (padded to 32)
+    (2, 2, 16, torch.float32, 1, 16, 16),   # MHA
+    (4, 2, 16, torch.bfloat16, 1, None, 16),
+    (4, 1, 32, torch.bfloat16, 3, 16, 16),
+]
+
+
+@pytest.mark.parametrize("H,kvh,hd,dtype,splits,block_m,block_n", ATTN_CASES)
+def test_paged_attention_varlen(H, kvh, hd, dtype, splits, block_m, block_n):
+    gen = torch.Generator().manual_seed(1000 + H * 31 + kvh * 7 + hd + splits)
+    bs = 4
+    # rows: decode with context, fresh 3-token prompt, 7-token chunk after a 5-token prefix, empty row
+    ns = [1, 3, 7, 0]
+    seq_lens = [9, 3, 12, 5]
+    q, kc, vc, cu, sl, bt = _make_batch(ns, seq_lens, H, kvh, hd, bs, dtype, gen)
+    out = torch.full(q.shape, float("nan"), dtype=dtype, device=DEV)
+    max_q = 9  # > the real max (7): padding as under a captured CUDA graph
+    res = K.paged_attention(q, kc, vc, cu, sl, bt, hd ** -0.5, max_q, out=out, num_splits=splits,
+                            block_m=block_m, block_n=block_n)
+    assert res.data_ptr() == out.data_ptr()
+    ref = K.paged_attention_ref(q, kc, vc, cu, sl, bt, hd ** -0.5, max_q)
+    assert torch.isfinite(out).all(), "NaN in output: unwritten rows or a read of an unwritten KV slot"
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
+    else:
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_paged_attention_decode(splits):
+    gen = torch.Generator().manual_seed(7 + splits)
+    H, kvh, hd, bs = 4, 2, 16, 4
+    ns = [1, 1, 1]
+    seq_lens = [1, 37, 20]  # one KV position only; several BLOCK_N=16 tiles; splits beyond the context
+    q, kc, vc, cu, sl, bt = _make_batch(ns, seq_lens, H, kvh, hd, bs, torch.float32, gen)
+    ref = K.paged_attention_ref(q, kc, vc, cu, sl, bt, 0.3, 1)
+    out = K.paged_attention(q, kc, vc, cu, sl, bt, 0.3, 1, num_splits=splits, block_n=16)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
+
+
+def test_paged_attention_matches_dense_causal_sdpa():
+    """The reference itself against torch SDPA on a contiguous cache (one prompt row, GQA)."""
+    gen = torch.Generator().manual_seed(3)
+    H, kvh, hd, bs, L = 4, 2, 16, 4, 10
+    q, kc, vc, cu, sl, bt = _make_batch([L], [L], H, kvh, hd, bs, torch.float32, gen)
+    pos = torch.arange(L)
+    blocks = bt[0].long().cpu()[pos // bs]
+    k = kc.cpu()[blocks, pos % bs].repeat_interleave(H // kvh, 1)
+    v = vc.cpu()[blocks, pos % bs].repeat_interleave(H // kvh, 1)
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q.cpu().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True).transpose(0, 1)
+    out = K.paged_attention(q, kc, vc, cu, sl, bt, hd ** -0.5, L)
+    torch.testing.assert_close(out.cpu(), dense, rtol=1e-5, atol=2e-5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# KV writes and copies
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv(dtype):
+    gen = torch.Generator().manual_seed(11)
+    N, H, kvh, hd, bs, nb = 5, 4, 2, 16, 4, 6
+    qkv = torch.randn(N, (H + 2 * kvh) * hd, generator=gen).to(dtype).to(DEV)
+    k = qkv[:, H * hd:(H + kvh) * hd].view(N, kvh, hd)  # strided views into a fused qkv output
+    v = qkv[:, (H + kvh) * hd:].view(N, kvh, hd)
+    slots = torch.tensor([13, 2, -1, 22, 7], dtype=torch.int64, device=DEV)
+    kc = torch.full((nb, bs, kvh, hd), float("nan"), dtype=dtype, device=DEV)
+    vc = kc.clone()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    K.write_kv(k, v, kc, vc, slots)
+    K.write_kv_ref(k, v, kc_ref, vc_ref, slots)
+    assert torch.equal(kc.isnan(), kc_ref.isnan()) and torch.equal(vc.isnan(), vc_ref.isnan())
+    assert torch.equal(kc.nan_to_num(), kc_ref.nan_to_num()) and torch.equal(vc.nan_to_num(), vc_ref.nan_to_num())
+    assert (~kc.isnan()).sum().item() == 4 * kvh * hd  # 4 real tokens; the pad row wrote nothing
+    assert torch.equal(kc[22 // bs, 22 % bs], k[3])
+
+
+def test_copy_kv_slots():
+    gen = torch.Generator().manual_seed(5)
+    L, nb, bs, kvh, hd = 3, 5, 4, 2, 16
+    kv = torch.randn(L, 2, nb, bs, kvh, hd, generator=gen).to(DEV)
+    src = torch.tensor([1, 6, -1, 17], dtype=torch.int64, device=DEV)
+    dst = torch.tensor([9, 10, 3, 19], dtype=torch.int64, device=DEV)
+    ref = kv.clone()
+    K.copy_kv_slots_ref(ref, src, dst)
+    before = kv.clone()
+    K.copy_kv_slots(kv, src, dst)
+    assert torch.equal(kv, ref)
+    assert torch.equal(kv[:, :, 10 // bs, 10 % bs], before[:, :, 6 // bs, 6 % bs])
+    assert torch.equal(kv[:, :, 3 // bs, 3 % bs], before[:, :, 3 // bs, 3 % bs])  # -1 pair skipped
+    assert (kv != before).any()
+
+
+# ---------------------------------------------------------------------------------------------------
+# norms
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float16])
+def test_rms_norm(dtype):
+    gen = torch.Generator().manual_seed(21)
+    N, D, eps = 33, 48, 1e-6  # D not a power of two
+    big = (torch.randn(N, D + 16, generator=gen) * 3).to(dtype).to(DEV)
+    x = big[:, :D]  # row stride D + 16
+    w = (1 + 0.3 * torch.randn(D, generator=gen)).to(dtype).to(DEV)
+    out = torch.full((N, D), float("nan"), dtype=dtype, device=DEV)
+    y = K.rms_norm(x, w, eps, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    _assert_bitwise_or_1ulp(y.float() if dtype == torch.float16 else y,
+                            K.rms_norm_ref(x, w, eps).float() if dtype == torch.float16 else K.rms_norm_ref(x, w, eps))
+    if dtype == torch.float16:
+        assert (y != K.rms_norm_ref(x, w, eps)).float().mean().item() < 0.02
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_sandwich_norm(dtype, inplace):
+    gen = torch.Generator().manual_seed(22)
+    N, D, eps = 17, 40, 1e-6
+    x = (torch.randn(N, D, generator=gen) * 2).to(dtype).to(DEV)
+    res = (torch.randn(N, D, generator=gen) * 5).to(dtype).to(DEV)
+    w1 = (1 + 0.3 * torch.randn(D, generator=gen)).to(dtype).to(DEV)
+    w2 = (1 + 0.3 * torch.randn(D, generator=gen)).to(dtype).to(DEV)
+    nr_ref, y_ref = K.sandwich_norm_ref(x, res, w1, w2, eps)
+    res_in = res.clone()
+    out = torch.full((N, D), float("nan"), dtype=dtype, device=DEV)
+    if inplace:
+        nr, y = K.sandwich_norm(x, res_in, w1, w2, eps, residual_out=res_in, out=out)
+        assert nr.data_ptr() == res_in.data_ptr()
+    else:
+        nr, y = K.sandwich_norm(x, res_in, w1, w2, eps, out=out)
+        assert torch.equal(res_in, res)
+    _assert_bitwise_or_1ulp(nr, nr_ref)
+    _assert_bitwise_or_1ulp(y, y_ref)
+
+
+# ---------------------------------------------------------------------------------------------------
+# RoPE
+# ---------------------------------------------------------------------------------------------------
+
+
+def _hf_rope(x, positions, hd, theta):
+    """HF apply_rotary_pos_emb, written out independently of the module under test."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    freqs = (inv_freq[None, :, None] @ positions.float()[None, None, :]).transpose(1, 2)[0]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope(dtype):
+    gen = torch.Generator().manual_seed(31)
+    N, H, kvh, hd, theta, max_pos = 6, 4, 2, 32, 1e6, 4000
+    cache = K.build_cos_sin_cache(max_pos, hd, theta, device=DEV)
+    positions = torch.tensor([0, 1, 7, 3999, 1234, 5], dtype=torch.int64, device=DEV)
+    qkv = torch.randn(N, (H + 2 * kvh) * hd, generator=gen).to(dtype).to(DEV)
+    q = qkv[:, : H * hd].view(N, H, hd)
+    k = qkv[:, H * hd:(H + kvh) * hd].view(N, kvh, hd)
+    q0, k0, v0 = q.clone(), k.clone(), qkv[:, (H + kvh) * hd:].clone()
+    K.rope_(q, k, positions.to(torch.int32), cache)
+    q_ref, k_ref = q0.clone(), k0.clone()
+    K.rope_ref(q_ref, k_ref, positions, cache)
+    assert torch.equal(qkv[:, (H + kvh) * hd:], v0)  # v untouched
+    _assert_bitwise_or_1ulp(q, q_ref, min_exact=1.0 if not HAS_CUDA else 0.99)
+    _assert_bitwise_or_1ulp(k, k_ref, min_exact=1.0 if not HAS_CUDA else 0.99)
+    # the reference is HF's formula
+    hf_q = _hf_rope(q0.cpu(), positions.cpu(), hd, theta)
+    if dtype == torch.float32:
+        torch.testing.assert_close(q_ref.cpu(), hf_q, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(q_ref.cpu(), hf_q)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_and_write_kv(dtype):
+    gen = torch.Generator().manual_seed(41)
+    N, H, kvh, hd, bs, nb = 4, 4, 2, 16, 4, 5
+    cache = K.build_cos_sin_cache(64, hd, 10000.0, device=DEV)
+    positions = torch.tensor([3, 0, 9, 17], dtype=torch.int64, device=DEV)
+    slots = torch.tensor([6, -1, 15, 0], dtype=torch.int64, device=DEV)
+    qkv = torch.randn(N, (H + 2 * kvh) * hd, generator=gen).to(dtype).to(DEV)
+    q = qkv[:, : H * hd].view(N, H, hd)
+    k = qkv[:, H * hd:(H + kvh) * hd].view(N, kvh, hd)
+    v = qkv[:, (H + kvh) * hd:].view(N, kvh, hd)
+    q_ref, k0 = q.clone(), k.clone()
+    kc = torch.full((nb, bs, kvh, hd), float("nan"), dtype=dtype, device=DEV)
+    vc = kc.clone()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    K.rope_and_write_kv(q, k, v, positions, cache, kc, vc, slots)
+    K.rope_and_write_kv_ref(q_ref, k0.clone(), v, positions, cache, kc_ref, vc_ref, slots)
+    assert torch.equal(k, k0)
+    _assert_bitwise_or_1ulp(q, q_ref, min_exact=1.0 if not HAS_CUDA else 0.99)
+    assert torch.equal(kc.isnan(), kc_ref.isnan()) and torch.equal(vc.isnan(), vc_ref.isnan())
+    written = ~kc_ref.isnan()
+    assert written.sum().item() == 3 * kvh * hd
+    _assert_bitwise_or_1ulp(kc[written], kc_ref[written], min_exact=1.0 if not HAS_CUDA else 0.99)
+    assert torch.equal(vc.nan_to_num(), vc_ref.nan_to_num())
+
+
+# ---------------------------------------------------------------------------------------------------
+# SiLU * up
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype):
+    gen = torch.Generator().manual_seed(51)
+    N, I = 9, 40
+    big = (torch.randn(N, 2 * I + 8, generator=gen) * 3).to(dtype).to(DEV)
+    gu = big[:, : 2 * I]  # row stride 2I + 8
+    out = torch.full((N, I), float("nan"), dtype=dtype, device=DEV)
+    y = K.silu_mul(gu, out=out)
+    ref = K.silu_mul_ref(gu)
+    assert torch.isfinite(y).all()
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
+    else:
+        ulps = _ulp_diff_bf16(y, ref)
+        assert ulps.max().item() <= 2 and (ulps == 0).float().mean().item() >= 0.97
+
+
+# ---------------------------------------------------------------------------------------------------
+# CPU fallback (normal import, no interpreter): the public functions route to the references
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_cpu_fallback_plumbing():
+    if HAS_CUDA:
+        pytest.skip("CUDA present: no CPU fallback in play")
+    import ouro_backend.kernels as KN
+
+    if kernel_is_interpreted(sys.modules["ouro_backend.kernels.attention"]._paged_attn_kernel):
+        pytest.skip("TRITON_INTERPRET was set for the whole process")
+    gen = torch.Generator().manual_seed(61)
+    q, kc, vc, cu, sl, bt = _make_batch([1, 3], [4, 3], 4, 2, 16, 4, torch.float32, gen)
+    out = torch.full(q.shape, float("nan"))
+    KN.paged_attention(q, kc, vc, cu, sl, bt, 0.25, 3, out=out)
+    torch.testing.assert_close(out, K.paged_attention(q, kc, vc, cu, sl, bt, 0.25, 3), rtol=1e-5, atol=2e-5)
+    x = torch.randn(3, 8, generator=gen)
+    w = torch.rand(8, generator=gen)
+    torch.testing.assert_close(KN.rms_norm(x, w, 1e-6), K.rms_norm(x, w, 1e-6))
+    torch.testing.assert_close(KN.silu_mul(torch.cat([x, x], 1)), K.silu_mul(torch.cat([x, x], 1)))

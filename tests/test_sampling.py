@@ -1,0 +1,85 @@
+"""Sampling: seeds independent of batch mates, top-k/top-p, stop conditions, logprobs."""
+import math
+
+import torch
+
+from ouro_backend import SamplingParams
+from ouro_backend.sampler import apply_top_k_top_p
+from test_engine_oracle import PROMPTS, make_engine, run_all
+
+
+def test_seed_reproducible_alone_and_in_busy_batch(toy_path):
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=1234, ignore_eos=True, exit_threshold=0.5)
+    alone = run_all(make_engine(toy_path), [PROMPTS[0]], params)[0]
+    busy_params = [SamplingParams(max_tokens=n, temperature=0.8, top_p=0.9, ignore_eos=True) for n in (5, 30, 9)]
+    eng = make_engine(toy_path)
+    outs = run_all(eng, [PROMPTS[1], PROMPTS[2], PROMPTS[0], PROMPTS[0]], busy_params + [params])
+    assert outs[-1].token_ids == alone.token_ids
+    assert outs[-1].exit_depths == alone.exit_depths
+    other = run_all(make_engine(toy_path), [PROMPTS[0]],
+                    SamplingParams(max_tokens=12, temperature=1.0, seed=99, ignore_eos=True, exit_threshold=0.5))[0]
+    assert other.token_ids != alone.token_ids
+
+
+def test_top_k_1_equals_greedy(toy_path):
+    greedy = run_all(make_engine(toy_path), PROMPTS, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    topk = run_all(make_engine(toy_path), PROMPTS,
+                   SamplingParams(max_tokens=10, temperature=1.3, top_k=1, seed=5, ignore_eos=True))
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in topk]
+
+
+def test_top_k_top_p_filters():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.isinf(apply_top_k_top_p(logits, 2, 1.0)[2:]).all()
+    kept = ~torch.isinf(apply_top_k_top_p(logits, 0, 0.7))
+    assert kept.tolist() == [True, True, False, False]  # 0.5 < 0.7 so the second token is needed
+    kept = ~torch.isinf(apply_top_k_top_p(logits, 0, 0.5))
+    assert kept.tolist() == [True, False, False, False]
+
+
+def test_logprobs_are_model_logprobs(toy_path, oracle):
+    eng = make_engine(toy_path)
+    out = run_all(eng, [PROMPTS[0]], SamplingParams(max_tokens=3, temperature=0.7, seed=3, ignore_eos=True))[0]
+    for tok, lp, logits in zip(out.token_ids, out.logprobs, eng.recorded["0"]):
+        assert math.isclose(lp, float(torch.log_softmax(logits, -1)[tok]), abs_tol=1e-5)
+        assert lp <= 0
+
+
+def test_stop_token_eos_min_tokens(toy_path):
+    eng = make_engine(toy_path)
+    ref = run_all(eng, [PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0]
+    target = ref.token_ids[5]
+    first = ref.token_ids.index(target)
+    out = run_all(make_engine(toy_path), [PROMPTS[0]],
+                  SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[target]))[0]
+    assert out.finish_reason == "stop" and out.token_ids == ref.token_ids[: first + 1]
+    out = run_all(make_engine(toy_path), [PROMPTS[0]],
+                  SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[target], min_tokens=first + 2))[0]
+    assert len(out.token_ids) > first + 1
+    # The same token as EOS: stops unless ignore_eos.
+    eng = make_engine(toy_path, eos_token_ids=[target])
+    assert run_all(eng, [PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0.0))[0].finish_reason == "stop"
+    eng = make_engine(toy_path, eos_token_ids=[target])
+    out = run_all(eng, [PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 12
+
+
+def test_stop_string_never_reaches_caller(toy_path):
+    eng = make_engine(toy_path)
+    prompt = "The quick brown fox"
+    ref = run_all(eng, [prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0]
+    text = eng.tokenizer.decode(ref.token_ids)
+    visible = text.replace("\ufffd", "")
+    stop = visible[len(visible) // 2: len(visible) // 2 + 2]
+    assert stop and stop in text
+    eng = make_engine(toy_path)
+    eng.add_request("s", prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]))
+    deltas, final = [], None
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            deltas.append(o.new_text)
+            final = o
+    cut = text.index(stop)
+    assert final.finish_reason == "stop"
+    assert final.text == text[:cut]
+    assert "".join(deltas) == text[:cut]  # streamed deltas never showed any of the stop string
