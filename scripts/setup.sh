@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One-time setup on a fresh machine: a venv in .venv with the engine, the test tools and the Triton server
+# wheel (nvidia-pytriton ships tritonserver 2.51 = container 24.10); perf_analyzer needs libb64 from Debian.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null
+# torch==2.13.0 is the CPU build on local disk here; a plain 'torch' would pull a multi-GB CUDA build.
+python -m pip install -q "torch==2.13.0" 2>/dev/null || python -m pip install -q torch
+python -m pip install -q -e ".[test]"
+if ! ldconfig -p 2>/dev/null | grep -q libb64.so.0d; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -q libb64-0d >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q libb64-0d >/dev/null)) \
+      || echo "setup: could not install libb64-0d; perf_analyzer tests will be skipped"
+  fi
+fi
+echo "setup: done ($(python -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)'))"
