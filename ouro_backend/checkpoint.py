@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import ConfigError, OuroConfig
@@ -127,13 +127,13 @@ def load_weights(model_dir: PathLike, cfg: OuroConfig, dtype: torch.dtype,
                     weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
         except CheckpointError:
             raise
-        except Exception as e:  # corrupt header, truncated file, ...
+        except (OSError, SafetensorError) as e:  # corrupt header, truncated file (not e.g. a CUDA OOM)
             raise CheckpointError(f"cannot read {path}: {e}") from None
     missing = [n for n in expected if n not in weights]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise CheckpointError(f"{d}: missing tensor(s) {', '.join(missing[:5])}{more}")
-    return weights
+    return {name: weights[name] for name in expected}  # checkpoint order, whatever the file order
 
 
 def _tokenizer_text(tok: Any) -> str:

@@ -46,7 +46,6 @@ _FIXED_KEYS = {
     "tie_word_embeddings": False,
     "use_sliding_window": False,
     "rope_scaling": None,
-    "sliding_window": None,
 }
 
 
@@ -92,7 +91,9 @@ class OuroConfig:
         for key, allowed in _FIXED_KEYS.items():
             if key in d and d[key] != allowed and not (allowed is None and d[key] in (None, 0)):
                 raise ConfigError(f"config.json: {key}={d[key]!r} is not supported (only {allowed!r})")
-        if d.get("use_sliding_window") is None and d.get("sliding_window") not in (None, 0):
+        # Qwen-style configs carry a window size even when `use_sliding_window` is false: only a window that
+        # is in force (or one without that switch) changes the attention.
+        if d.get("use_sliding_window") is not False and d.get("sliding_window") not in (None, 0):
             raise ConfigError(f"config.json: sliding_window={d['sliding_window']!r} is not supported")
         required = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads", "max_position_embeddings", "rms_norm_eps"]

@@ -20,7 +20,7 @@ from typing import Iterator, Mapping, Optional
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .checkpoint import expected_shapes, save_checkpoint
+from .checkpoint import CheckpointError, expected_shapes, save_checkpoint
 from .config import OuroConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in Ouro
@@ -181,7 +181,7 @@ def write_checkpoint(out: str | os.PathLike, shape: str = "toy", seed: int = 0, 
     elem = torch.empty(0, dtype=getattr(torch, cfg.torch_dtype)).element_size()
     sizes = [math.prod(s) * elem for s in expected_shapes(cfg).values()]
     if shards is None:  # about 2 GB per file for the large shapes, like HF exports
-        shards = max(1, round(sum(sizes) / 2e9))
+        shards = max(1, math.ceil(sum(sizes) / 2e9))
     if verbose:
         print(f"writing {shape} ({sum(sizes) / 1e9:.2f} GB, {cfg.torch_dtype}, {shards} shard(s)) to {out}",
               file=sys.stderr, flush=True)
@@ -207,6 +207,8 @@ def ensure_toy_checkpoint(path: Optional[str | os.PathLike] = None) -> str:
     marker = final / "TOY_VERSION"
     if marker.is_file() and marker.read_text().strip() == TOY_VERSION:
         return str(final)
+    if final.is_dir() and not marker.is_file() and any(final.iterdir()):
+        raise CheckpointError(f"{final} exists and is not a toy checkpoint (no TOY_VERSION): not replacing it")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:

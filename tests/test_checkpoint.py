@@ -212,3 +212,9 @@ def test_ensure_toy_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="not a toy checkpoint"):  # never deletes a user's directory
         ensure_toy_checkpoint(tmp_path / "real")
     assert (tmp_path / "real" / "config.json").read_text() == "{}"
+
+
+def test_inactive_sliding_window_is_accepted(copy):
+    """Qwen-style configs name a window size with use_sliding_window false: that is plain full attention."""
+    edit_config(copy, use_sliding_window=False, sliding_window=4096)
+    assert load_config(copy).num_hidden_layers > 0
