@@ -38,6 +38,7 @@ class TorchBackend:
     """Plain PyTorch ops. Exact reference semantics; loops over rows for attention."""
 
     name = "torch"
+    graph_safe = False  # attention reads host copies of the metadata
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,6 +63,11 @@ class TorchBackend:
             x1, x2 = t[..., :half].clone(), t[..., half:].clone()
             t[..., :half] = x1 * cos - x2 * sin
             t[..., half:] = x2 * cos + x1 * sin
+
+    def rope_and_write_kv(self, q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping) -> None:
+        """RoPE on q (in place) and k, then k and v into the cache (k itself may be modified)."""
+        self.rope_(q, k, positions, cos_sin)
+        self.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     @staticmethod
     def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

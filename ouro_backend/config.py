@@ -178,6 +178,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     eos_token_ids: Optional[list[int]] = None  # None: generation_config.json / config.json
     seed: int = 0  # seeds random_lookahead's gate and unseeded sampling
+    cuda_graphs: bool = True  # capture the recurrent core per row/token bucket (CUDA + triton backend)
+    cuda_graph_max_tokens: int = 1024  # larger rounds (long prompt chunks) are compute-bound: run eagerly
     cpu_kv_cache_bytes: int = 256 << 20  # KV budget on CPU when num_blocks/kv_cache_bytes are unset
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -195,6 +197,7 @@ class EngineConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device={self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         positive = ["block_size", "max_num_seqs", "max_num_batched_tokens"]
+        positive.append("cuda_graph_max_tokens")
         for name in positive + ["num_blocks", "kv_cache_bytes", "max_model_len", "prefill_chunk_size"]:
             value = getattr(self, name)
             if value is None and name not in positive:

@@ -70,6 +70,14 @@ class LLMEngine:
         self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
         self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps, self.exit_threshold)
         self.runner = ModelRunner(self.model, self.kv, self.policy)
+        if cfg.cuda_graphs and self.device.type == "cuda" and getattr(self.model.backend, "graph_safe", False):
+            t0 = time.monotonic()
+            r = self.runner
+            r.capture_graphs(cfg.max_num_seqs, self.max_model_len,
+                             min(cfg.cuda_graph_max_tokens, cfg.max_num_batched_tokens))
+            log.info("captured CUDA graphs in %.1fs (%.0f MiB): decode rounds of %s rows, rounds with prompt "
+                     "chunks of up to %s tokens", time.monotonic() - t0, r.graph_memory / 2**20,
+                     sorted(r.decode_graphs), sorted(r.mixed_graphs))
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []
@@ -182,7 +190,9 @@ class LLMEngine:
                     self._ids.discard(seq.request_id)
         return outputs
 
-    want_text = True  # the Triton engine model turns this off: post-processing detokenizes
+    # Per-output text deltas for in-process streaming; the Triton model leaves this off (post-processing
+    # detokenizes). The final output always carries the whole text.
+    want_text = False
 
     def _append(self, e: Emitted) -> None:
         seq, p = e.seq, e.seq.params

@@ -78,9 +78,8 @@ class OuroModel:
             q = qkv[:, : cfg.q_size].view(n, cfg.num_attention_heads, cfg.head_dim)
             k = qkv[:, cfg.q_size: cfg.q_size + cfg.kv_size].view(n, cfg.num_key_value_heads, cfg.head_dim)
             v = qkv[:, cfg.q_size + cfg.kv_size:].view(n, cfg.num_key_value_heads, cfg.head_dim)
-            ops.rope_(q, k, positions, self.cos_sin)
             k_cache, v_cache = kv_cache[i, 0], kv_cache[i, 1]
-            ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            ops.rope_and_write_kv(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta, self.scale)
             o = attn.view(n, cfg.q_size) @ layer.o.t()
             h, x = ops.sandwich_norm(o, h, layer.ln_in2, layer.ln_post, eps)

@@ -23,13 +23,13 @@ class OracleResult:
     logits: list[torch.Tensor] = field(default_factory=list)  # [token]: logits at the token's exit loop
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rope(x: torch.Tensor, pos: torch.Tensor, cfg: OuroConfig) -> torch.Tensor:
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
+def rope_ref(x: torch.Tensor, pos: torch.Tensor, cfg: OuroConfig) -> torch.Tensor:
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=x.device).float() / cfg.head_dim))
     freqs = pos.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], -1)
     cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
@@ -63,7 +63,7 @@ class DenseOracle:
             for d in range(loops[i]):
                 for l in range(L):
                     h = self._layer(h, i, d, l, kv, num_prompt, loops, layout)
-                h = _rms(h, w["model.norm.weight"], cfg.rms_norm_eps)
+                h = rms_norm_ref(h, w["model.norm.weight"], cfg.rms_norm_eps)
                 hid.append(h[0])
                 gate = torch.sigmoid(h.float() @ w["model.early_exit_gate.weight"].float().t()
                                      + w["model.early_exit_gate.bias"].float())
@@ -77,12 +77,12 @@ class DenseOracle:
         cfg, p = self.cfg, f"model.layers.{l}."
         w = self.w
         eps, hd = cfg.rms_norm_eps, cfg.head_dim
-        x = _rms(h, w[p + "input_layernorm.weight"], eps)
+        x = rms_norm_ref(h, w[p + "input_layernorm.weight"], eps)
         q = (x @ w[p + "self_attn.q_proj.weight"].t()).view(1, cfg.num_attention_heads, hd)
         k = (x @ w[p + "self_attn.k_proj.weight"].t()).view(1, cfg.num_key_value_heads, hd)
         v = (x @ w[p + "self_attn.v_proj.weight"].t()).view(1, cfg.num_key_value_heads, hd)
         pos = torch.tensor([i])
-        q, k = _rope(q, pos, cfg), _rope(k, pos, cfg)
+        q, k = rope_ref(q, pos, cfg), rope_ref(k, pos, cfg)
         kv[i][d][l] = (k[0], v[0])
         keys, values = [], []
         for j in range(i + 1):
@@ -93,11 +93,11 @@ class DenseOracle:
         V = torch.stack(values).float().repeat_interleave(cfg.num_attention_heads // cfg.num_key_value_heads, 1)
         att = (torch.einsum("hd,khd->hk", q[0].float(), K) * hd ** -0.5).softmax(-1)
         o = torch.einsum("hk,khd->hd", att, V).to(h.dtype).reshape(1, -1) @ w[p + "self_attn.o_proj.weight"].t()
-        h = h + _rms(o, w[p + "input_layernorm_2.weight"], eps)
-        x = _rms(h, w[p + "post_attention_layernorm.weight"], eps)
+        h = h + rms_norm_ref(o, w[p + "input_layernorm_2.weight"], eps)
+        x = rms_norm_ref(h, w[p + "post_attention_layernorm.weight"], eps)
         m = (F.silu(x @ w[p + "mlp.gate_proj.weight"].t()) * (x @ w[p + "mlp.up_proj.weight"].t())) \
             @ w[p + "mlp.down_proj.weight"].t()
-        return h + _rms(m, w[p + "post_attention_layernorm_2.weight"], eps)
+        return h + rms_norm_ref(m, w[p + "post_attention_layernorm_2.weight"], eps)
 
     @staticmethod
     def _version(j: int, d: int, i: int, num_prompt: int, loops: list[int], layout: KVLayout) -> int:

@@ -27,6 +27,15 @@ class Emitted:
     logits: Optional[torch.Tensor] = None  # only when the runner records logits (tests, debugging)
 
 
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    out: torch.Tensor  # [tokens, H] loop output
+    gate: torch.Tensor  # [tokens] gate values
+    tokens: int
+    rows: int
+
+
 class ModelRunner:
     def __init__(self, model: OuroModel, kv: KVCache, policy: ExitPolicy):
         self.model = model
@@ -37,67 +46,163 @@ class ModelRunner:
         self.rows_run = 0
         self.tokens_run = 0
         self.record_logits = False
+        self.decode_graphs: dict[int, _Graph] = {}  # rows -> graph of decode rounds (one token a row)
+        self.mixed_graphs: dict[int, _Graph] = {}  # tokens -> graph of rounds with prompt chunks
+        self.graph_memory = 0
+        self.graph_rounds = self.eager_rounds = 0
+        self.last_round: dict[str, int] = {}
+
+    def _to_dev(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        """A host list on the device, through pinned memory: no device sync on the way."""
+        t = torch.tensor(data, dtype=dtype)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _plane(self, seq: Sequence) -> int:
         item = seq.item
         return item.loop - 1 if item.is_prefill else self.kv.decode_plane(item.loop)
 
-    def _prepare(self, batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        kv, dev = self.kv, self.device
-        cu, lens, positions, slots, tables, parts = [0], [], [], [], [], []
-        embed_ids, embed_at = [], []
+    def _metadata(self, batch: list[Sequence]) -> tuple[list[int], list[int], list[int], list[int], list[list[int]]]:
+        """Host metadata of a round: positions, slots, cu_seqlens_q, seq_lens, block tables (unpadded)."""
+        bs = self.kv.block_size
+        positions, slots, cu, lens, tables = [], [], [0], [], []
         for seq in batch:
             item = seq.item
             table = seq.block_tables[self._plane(seq)]
-            pos = range(item.start, item.start + item.n)
-            positions.extend(pos)
-            slots.extend(kv.slot(table, p) for p in pos)
-            cu.append(cu[-1] + item.n)
-            lens.append(item.start + item.n)
-            tables.append(table)
-            if item.hidden is None:
-                embed_at.append(len(parts))
-                embed_ids.extend(seq.all_ids[item.start: item.start + item.n])
-                parts.append(item.n)
+            end = item.start + item.n
+            positions.extend(range(item.start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(item.start, end))
+            cu.append(end - item.start + cu[-1])
+            lens.append(end)
+            tables.append(table[: -(-end // bs)])
+        return positions, slots, cu, lens, tables
+
+    def _gather_inputs(self, batch: list[Sequence]) -> torch.Tensor:
+        """The round's input rows in batch order: embeddings for rows entering loop 1, else the rows of
+        the previous round's output they left off at. One embedding call and one gather."""
+        ids, sources, index = [], {}, []
+        for seq in batch:
+            item = seq.item
+            if item.src is None:
+                index.append((None, len(ids), item.n))
+                ids.extend(seq.all_ids[item.start: item.start + item.n])
             else:
-                parts.append(item.hidden)
-        if embed_ids:
-            emb = self.model.embed(torch.tensor(embed_ids, device=dev)).split([parts[i] for i in embed_at])
-            for i, e in zip(embed_at, emb):
-                parts[i] = e
+                index.append((sources.setdefault(id(item.src), item.src), item.src_row, item.n))
+        pool = [self.model.embed(self._to_dev(ids, torch.long))] if ids else []
+        offsets = {None: 0}
+        base = len(ids)
+        for key, src in sources.items():
+            offsets[key] = base
+            base += src.shape[0]
+            pool.append(src)
+        rows = [offsets[None if src is None else id(src)] + row + i for src, row, n in index for i in range(n)]
+        pool_t = pool[0] if len(pool) == 1 else torch.cat(pool)
+        return pool_t.index_select(0, self._to_dev(rows, torch.long))
+
+    def _prepare(self, batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        positions, slots, cu, lens, tables = self._metadata(batch)
         width = max(len(t) for t in tables)
-        table_t = torch.zeros(len(tables), width, dtype=torch.int32)
-        for r, t in enumerate(tables):
-            table_t[r, : len(t)] = torch.tensor(t, dtype=torch.int32)
         meta = AttentionMetadata(
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-            block_tables=table_t.to(dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            cu_seqlens_q=self._to_dev(cu, torch.int32), seq_lens=self._to_dev(lens, torch.int32),
+            block_tables=self._to_dev([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            slot_mapping=self._to_dev(slots, torch.int64),
             max_seqlen_q=max(cu[i + 1] - cu[i] for i in range(len(batch))),
             max_seqlen_k=max(lens), cu_seqlens_q_host=cu, seq_lens_host=lens)
-        return torch.cat(parts), torch.tensor(positions, device=dev), meta
+        return self._gather_inputs(batch), self._to_dev(positions, torch.long), meta
+
+    # ---- CUDA graphs ----
+    @torch.inference_mode()
+    def capture_graphs(self, max_rows: int, max_model_len: int, max_graph_tokens: int) -> None:
+        """Capture the recurrent core (+ gate): decode rounds per row bucket (one query a row), and
+        rounds with prompt chunks per token bucket (up to max_rows rows). Pad rows and pad tokens get
+        slot -1 (no KV write); pad rows have no queries. Everything else is eager."""
+        cfg, dev = self.model.cfg, self.device
+        row_buckets = sorted({b for b in (1, 2, 4, 8, *range(16, max_rows + 1, 16), max_rows) if b <= max_rows})
+        tok_buckets = [t for t in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if t <= max_graph_tokens]
+        T = max([max_rows, *tok_buckets])
+        self.max_model_len = max_model_len
+        width = -(-max_model_len // self.kv.block_size)
+        self.g_h = torch.zeros(T, cfg.hidden_size, dtype=self.model.dtype, device=dev)
+        self.g_tok = torch.zeros(2, T, dtype=torch.int64, device=dev)  # positions, slots
+        self.g_tok[1] = -1
+        self.g_rows = torch.zeros(2, max_rows + 1, dtype=torch.int32, device=dev)  # cu_seqlens_q, seq_lens
+        self.g_rows[1] = 1
+        self.g_cu_decode = torch.arange(max_rows + 1, dtype=torch.int32, device=dev)
+        self.g_tables = torch.zeros(max_rows, width, dtype=torch.int32, device=dev)
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        pool = None
+        plans = [(self.mixed_graphs, t, max_rows, t) for t in reversed(tok_buckets)]
+        plans += [(self.decode_graphs, r, r, 1) for r in reversed(row_buckets)]
+        for graphs, tokens, rows, max_q in plans:
+            cu = self.g_cu_decode[: rows + 1] if max_q == 1 else self.g_rows[0, : rows + 1]
+            meta = AttentionMetadata(cu, self.g_rows[1, :rows], self.g_tables[:rows], self.g_tok[1, :tokens],
+                                     max_seqlen_q=max_q, max_seqlen_k=max_model_len)
+            args = (self.g_h[:tokens], self.g_tok[0, :tokens], meta, self.kv.kv)
+            for _ in range(2):  # compile and autotune outside the capture
+                self.model.loop(*args)
+            torch.cuda.synchronize(dev)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                out = self.model.loop(*args)
+                gate = self.policy.gate_values(self.model, out)
+            pool = g.pool()
+            graphs[tokens] = _Graph(g, out, gate, tokens, rows)
+        torch.cuda.synchronize(dev)
+        self.graph_memory = torch.cuda.memory_allocated(dev) - before
+
+    def _pick_graph(self, batch: list[Sequence], tokens: int, decode_only: bool) -> Optional[_Graph]:
+        graphs = self.decode_graphs if decode_only else self.mixed_graphs
+        size = len(batch) if decode_only else tokens
+        for key in sorted(graphs):
+            if key >= size and graphs[key].rows >= len(batch):
+                return graphs[key]
+        if decode_only:
+            return self._pick_graph(batch, tokens, False)
+        return None
+
+    def _run_graph(self, batch: list[Sequence], g: _Graph) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        positions, slots, cu, lens, tables = self._metadata(batch)
+        N, R = cu[-1], len(batch)
+        width = max(len(t) for t in tables)
+        self.g_tok[:, : g.tokens].copy_(self._to_dev(
+            [positions + [0] * (g.tokens - N), slots + [-1] * (g.tokens - N)], torch.int64))
+        self.g_rows[:, : g.rows + 1].copy_(self._to_dev(
+            [cu + [N] * (g.rows - R), lens + [1] * (g.rows + 1 - R)], torch.int32))
+        self.g_tables[:R, :width].copy_(self._to_dev([t + [0] * (width - len(t)) for t in tables], torch.int32))
+        self.g_h[:N].copy_(self._gather_inputs(batch))
+        g.graph.replay()
+        return g.out[:N].clone(), g.gate[:N], cu
 
     @torch.inference_mode()
     def run(self, batch: list[Sequence]) -> list[Emitted]:
-        h, positions, meta = self._prepare(batch)
-        out = self.model.loop(h, positions, meta, self.kv.kv)
-        self.rows_run += len(batch)
-        self.tokens_run += h.shape[0]
-
-        cu = meta.cu_seqlens_q_host
         decode_rows = [r for r, s in enumerate(batch) if not s.item.is_prefill]
-        lams = []
+        prefill_tokens = sum(s.item.n for s in batch if s.item.is_prefill)
+        tokens = prefill_tokens + len(decode_rows)
+        graph = self._pick_graph(batch, tokens, not prefill_tokens) if self.device.type == "cuda" else None
+        if graph is not None:
+            out, gate, cu = self._run_graph(batch, graph)
+            self.graph_rounds += 1
+        else:
+            h, positions, meta = self._prepare(batch)
+            out = self.model.loop(h, positions, meta, self.kv.kv)
+            cu, gate = meta.cu_seqlens_q_host, None
+            self.eager_rounds += 1
+        lams: list[float] = []
         if decode_rows and self.policy.needs_gate:
-            idx = torch.tensor([cu[r] for r in decode_rows], device=self.device)
-            lams = self.policy.gate_values(self.model, out[idx]).tolist()
+            idx = self._to_dev([cu[r] for r in decode_rows], torch.long)
+            lams = (gate.index_select(0, idx) if gate is not None
+                    else self.policy.gate_values(self.model, out.index_select(0, idx))).tolist()
+        self.rows_run += len(batch)
+        self.tokens_run += cu[-1]
         lam_of = dict(zip(decode_rows, lams))
 
         coda_rows, coda, fill = [], [], []
         for r, seq in enumerate(batch):
             item = seq.item
             done_loop = item.loop
-            item.hidden = out[cu[r]: cu[r + 1]]
+            item.src, item.src_row = out, cu[r]
             item.loop += 1
             if item.is_prefill:
                 if done_loop < self.num_loops:
@@ -116,11 +221,13 @@ class ModelRunner:
                 coda.append((seq, done_loop))
         if fill:
             src, dst = zip(*fill)
-            self.model.backend.copy_kv_slots(self.kv.kv, torch.tensor(src, device=self.device),
-                                             torch.tensor(dst, device=self.device))
+            self.model.backend.copy_kv_slots(self.kv.kv, self._to_dev(list(src), torch.long),
+                                             self._to_dev(list(dst), torch.long))
+        self.last_round = dict(prefill_tokens=prefill_tokens, decode_rows=len(decode_rows), emitted=len(coda),
+                               running=len(batch))
         if not coda:
             return []
-        logits = self.model.logits(out[torch.tensor(coda_rows, device=self.device)])
+        logits = self.model.logits(out.index_select(0, self._to_dev(coda_rows, torch.long)))
         seqs = [s for s, _ in coda]
         tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         rec = logits.cpu() if self.record_logits else [None] * len(seqs)

@@ -11,8 +11,7 @@ import torch
 from .exit_policy import ExitBounds, ExitState
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-
-PREFIX_WINDOW = 5  # ids sent before each delta so a stateless detokenizer can decode it
+from .tokenizer import PREFIX_WINDOW, decode_delta
 
 
 class Status(enum.Enum):
@@ -26,14 +25,16 @@ class WorkItem:
     """Tokens [start, start+n) of one sequence travelling through the loops together.
 
     A prefill chunk runs all T loops; a decode item is one token that loops until its exit rule fires.
-    `hidden` is the input of `loop` (None before loop 1: the prelude embeds the token ids).
+    The input of `loop` is rows [src_row, src_row + n) of `src`, the previous round's output (None
+    before loop 1: the prelude embeds the token ids).
     """
 
     start: int
     n: int
     is_prefill: bool
     loop: int = 1
-    hidden: Optional[torch.Tensor] = None
+    src: Optional[torch.Tensor] = None
+    src_row: int = 0
     exit_state: ExitState = field(default_factory=ExitState)
     bounds: Optional[ExitBounds] = None
 
@@ -94,24 +95,16 @@ class Sequence:
         end = len(self.output_ids) if self.finished else min(len(self.output_ids), self.stop.safe_tokens())
         start = self.num_emitted
         self.num_emitted = max(start, end)
-        all_ids = self.all_ids
-        first_new = len(self.prompt_ids) + start
-        prefix = all_ids[max(0, first_new - PREFIX_WINDOW): first_new]
+        prefix = (self.prompt_ids + self.output_ids[:start])[-PREFIX_WINDOW:] if start < PREFIX_WINDOW \
+            else self.output_ids[start - PREFIX_WINDOW: start]
         new_ids = self.output_ids[start:end]
-        new_text = text = ""
+        new_text = ""
+        text = self.stop.text_for_output(tokenizer, self.output_ids) if self.finished else ""
         if with_text:
-            if self.finished:
-                text = self.stop.text_for_output(tokenizer, self.output_ids)
             if new_ids:
-                full = tokenizer.decode(prefix + new_ids)
-                base = tokenizer.decode(prefix)
-                new_text = full[len(base):]
+                new_text = decode_delta(tokenizer, prefix, new_ids, final=self.finished)
                 if self.finished and self.trim_chars:
                     new_text = new_text[: len(new_text) - self.trim_chars]
-                elif new_text.endswith("\ufffd") and not self.finished:
-                    # An incomplete UTF-8 character: the next delta will carry it whole.
-                    self.num_emitted = start
-                    new_ids, new_text = [], ""
         return RequestOutput(
             request_id=self.request_id, prompt_token_ids=self.prompt_ids, token_ids=list(self.output_ids),
             exit_depths=list(self.exit_depths), logprobs=list(self.logprobs), text=text,

@@ -15,7 +15,9 @@ PROMPTS = [[5, 17, 300, 42, 9, 77, 120, 8, 64, 3, 250, 11, 90],  # 13 tokens
 def make_engine(toy_path, **kw) -> LLMEngine:
     kw.setdefault("num_blocks", 512)
     kw.setdefault("max_num_seqs", 8)
-    eng = LLMEngine(EngineConfig(model=toy_path, device="cpu", dtype="float32", block_size=4, **kw))
+    kw.setdefault("device", "cpu")
+    kw.setdefault("dtype", "float32")
+    eng = LLMEngine(EngineConfig(model=toy_path, block_size=4, **kw))
     eng.runner.record_logits = True
     eng.recorded = {}
     run = eng.runner.run

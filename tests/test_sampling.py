@@ -73,6 +73,7 @@ def test_stop_string_never_reaches_caller(toy_path):
     stop = visible[len(visible) // 2: len(visible) // 2 + 2]
     assert stop and stop in text
     eng = make_engine(toy_path)
+    eng.want_text = True
     eng.add_request("s", prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]))
     deltas, final = [], None
     while eng.has_unfinished_requests():

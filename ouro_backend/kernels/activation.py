@@ -2,9 +2,10 @@
 
 ``silu_mul(gate_up [N, 2I]) = silu(gate_up[:, :I]) * gate_up[:, I:]`` with torch's rounding:
 ``F.silu`` computes ``x / (1 + exp(-x))`` in fp32 and rounds to the dtype, then the multiply is a dtype op
-(fp32 product rounded once). Tolerance vs torch: the kernel's ``exp`` (``ex2.approx`` on the GPU) may
-differ from torch's ``expf`` in the last fp32 bits, which flips the last bit of a bf16 result in rare cases
-(<= 1 bf16 ulp on the silu, so <= ~2 ulp on the product); fp32 results agree to ~1e-6 relative.
+(fp32 product rounded once); the kernel does exactly that, with libdevice's ``expf`` on the GPU (as torch's
+CUDA kernel) and FMA contraction off. Tolerance vs torch: the division/exp may still differ in the last fp32
+bit (e.g. torch's CPU kernel is vectorised differently), which can flip the last bit of a bf16 silu in rare
+cases: <= 1 bf16 ulp on the silu, <= ~2 ulp on the product; fp32 results agree to ~1e-6 relative.
 """
 from __future__ import annotations
 
@@ -17,16 +18,29 @@ import triton.language as tl
 
 from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_triton
 
+try:  # full-precision expf (what torch's CUDA silu uses); the interpreter lacks libdevice
+    from triton.language.extra import libdevice as _libdevice
+
+    _HAS_LIBDEVICE = True
+except Exception:  # pragma: no cover
+    _libdevice = None
+    _HAS_LIBDEVICE = False
+
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, y_ptr, stride_xn, stride_yn, I, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+def _silu_mul_kernel(x_ptr, y_ptr, stride_xn, stride_yn, I, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+                     LIBDEVICE: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
     dt: tl.constexpr = x_ptr.dtype.element_ty
     g = tl.load(x_ptr + n * stride_xn + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + n * stride_xn + I + cols, mask=mask, other=0.0).to(tl.float32)
-    s = round_f32(g / (1.0 + tl.exp(-g)), dt, INTERP)
+    if LIBDEVICE:
+        e = _libdevice.exp(-g)
+    else:
+        e = tl.exp(-g)
+    s = round_f32(g / (1.0 + e), dt, INTERP)
     y_dt: tl.constexpr = y_ptr.dtype.element_ty
     tl.store(y_ptr + n * stride_yn + cols, cast_rne(s * u, y_dt, INTERP), mask=mask)
 
@@ -54,6 +68,8 @@ def silu_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch
     block = min(1024, next_pow2(I))
     _silu_mul_kernel[(N, triton.cdiv(I, block))](
         gate_up, out, gate_up.stride(0), out.stride(0), I,
-        BLOCK=block, INTERP=kernel_is_interpreted(_silu_mul_kernel), num_warps=4 if block >= 512 else 1,
+        BLOCK=block, INTERP=kernel_is_interpreted(_silu_mul_kernel),
+        LIBDEVICE=_HAS_LIBDEVICE and not kernel_is_interpreted(_silu_mul_kernel),
+        num_warps=4 if block >= 512 else 1, enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
     return out

@@ -289,11 +289,14 @@ def _combine_splits_kernel(
     d_mask = offs_d < HEAD_DIM
     base = (offs_s.to(tl.int64) * num_tokens + n) * NUM_HEADS + h
     lse = tl.load(lse_part_ptr + base, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, 0)  # finite: split 0 always holds key 0, which every query sees
+    # split 0 always holds key 0, which every query sees, so m is finite - except for a pad row with
+    # seq_len 0 (no keys at all): then every weight is 0 and the output is 0, as without splits
+    m = tl.maximum(tl.max(lse, 0), -1.0e30)
     w = tl.exp2(lse - m)
     o = tl.load(o_part_ptr + base[:, None] * HEAD_DIM + offs_d[None, :],
                 mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-    res = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    den = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
     tl.store(out_ptr + n * stride_on + h * stride_oh + offs_d.to(tl.int64) * stride_od,
              cast_rne(res, out_dtype, INTERP), mask=d_mask)
@@ -314,6 +317,9 @@ def paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table
         if n == 0:
             continue
         L = sl[r]
+        if L == 0:  # pad row: no keys, zeros (as the kernel)
+            res[s:e] = 0
+            continue
         pos = torch.arange(L, device=q.device)
         blocks = block_tables[r].to(torch.int64)[pos // bs]
         k = k_cache[blocks, pos % bs].float().repeat_interleave(G, dim=1)  # [L, H, hd]
@@ -327,7 +333,10 @@ def paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table
     return res
 
 
-def _attn_config(max_seqlen_q: int, G: int, hd: int, block_m, block_n, num_warps, num_stages):
+def _attn_config(max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages):
+    """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
+    16x64 / 4 warps / 3 stages, bf16 prefill 128x64 / 8 warps / 2 stages; fp32 ("ieee" dots, no tensor
+    cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps."""
     g_pad = next_pow2(G)
     hd_pad = max(16, next_pow2(hd))
     decode = max_seqlen_q == 1
@@ -335,16 +344,16 @@ def _attn_config(max_seqlen_q: int, G: int, hd: int, block_m, block_n, num_warps
         if decode:
             block_m = 16
         else:
-            block_m = max(16, min(128, next_pow2(max_seqlen_q * g_pad)))
+            block_m = max(16, min(32 if fp32 else 128, next_pow2(max_seqlen_q * g_pad)))
     block_m = max(block_m, g_pad, 16)
     block_q = 1 if decode else max(1, block_m // g_pad)
     if block_n is None:
         block_n = 64 if hd_pad <= 128 else 32
     block_n = max(16, block_n)
     if num_warps is None:
-        num_warps = 8 if block_m >= 128 else 4
+        num_warps = 8 if (fp32 or block_m >= 128) else 4
     if num_stages is None:
-        num_stages = 3 if decode else 2
+        num_stages = 3 if decode and not fp32 else 2
     return g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages
 
 
@@ -374,7 +383,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     once, so nothing depends on device data (CUDA-graph capturable). ``num_splits > 1`` is split-K
     (flash-decoding): each split handles a slice of the KV range, a second kernel merges them by LSE.
     Default: chosen from the shapes (only for ``max_seqlen_q == 1`` on CUDA). fp32 accumulation; for
-    fp32 inputs the dots are IEEE fp32 (no TF32).
+    fp32 inputs the dots are IEEE fp32 (no TF32); for bf16/fp16 the softmax probabilities are rounded to
+    the KV dtype before the P@V dot (as FlashAttention does).
+
+    Pad rows: a row with ``seq_len == 0`` reads no KV and outputs zeros (NaN-free even if its block
+    table row is garbage); a row with ``n_r == 0`` writes nothing.
     """
     N, H, hd = q.shape
     assert k_cache.dim() == 4 and v_cache.shape == k_cache.shape, (k_cache.shape, v_cache.shape)
@@ -392,7 +405,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
                                    max_seqlen_q, out=out)
     G = H // kvh
-    g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(max_seqlen_q, G, hd, block_m, block_n,
+    fp32 = q.dtype == torch.float32 or k_cache.dtype == torch.float32
+    g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(max_seqlen_q, G, hd, fp32, block_m, block_n,
                                                           num_warps, num_stages)
     if num_splits is None:
         num_splits = auto_num_splits(R, kvh, max_seqlen_q, q.device)
@@ -403,7 +417,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         lse_part = torch.empty(num_splits, N, H, dtype=torch.float32, device=q.device)
     else:
         o_part = lse_part = out  # unused
-    dot_prec = "ieee" if q.dtype == torch.float32 or k_cache.dtype == torch.float32 else "tf32"
+    dot_prec = "ieee" if fp32 else "tf32"  # "tf32" is ignored for 16-bit operands
     q_tiles = triton.cdiv(max_seqlen_q, block_q)
     _paged_attn_kernel[(q_tiles * num_splits, kvh, R)](
         q, k_cache, v_cache, out, o_part, lse_part,

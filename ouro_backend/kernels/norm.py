@@ -105,7 +105,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     bd = next_pow2(D)
     _rms_norm_kernel[(x2.shape[0],)](
         x2, weight, y2, x2.stride(0), y2.stride(0), D, float(eps),
-        BLOCK_D=bd, INTERP=kernel_is_interpreted(_rms_norm_kernel), num_warps=_warps(bd),
+        BLOCK_D=bd, INTERP=kernel_is_interpreted(_rms_norm_kernel),
+        num_warps=_warps(bd), enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
     return out
 
@@ -137,6 +138,7 @@ def sandwich_norm(x: torch.Tensor, residual: torch.Tensor, w_post: torch.Tensor,
     _sandwich_norm_kernel[(x2.shape[0],)](
         x2, r2, w_post, w_next, ro2, y2,
         x2.stride(0), r2.stride(0), ro2.stride(0), y2.stride(0), D, float(eps),
-        BLOCK_D=bd, INTERP=kernel_is_interpreted(_sandwich_norm_kernel), num_warps=_warps(bd),
+        BLOCK_D=bd, INTERP=kernel_is_interpreted(_sandwich_norm_kernel),
+        num_warps=_warps(bd), enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
     return residual_out, out

@@ -8,8 +8,10 @@ halves, so half a row of each suffices).
 
 HF semantics replicated: ``q_embed = q * cos + rotate_half(q) * sin`` with cos/sin cast to q.dtype first
 and every op in q.dtype: three roundings for bf16/fp16 (``q*cos``, ``rotate_half(q)*sin``, the sum).
-In fp32 the GPU may contract ``a*b + c`` into an FMA, so fp32 results can differ from torch in the last
-ulp; bf16/fp16 results are bitwise those of the torch expression (given the same cache).
+The kernels are compiled with FMA contraction off, so results (bf16, fp16 and fp32) are bitwise those of
+the torch expression given the same cache. Note the cache itself: cos/sin computed on the GPU vs the CPU
+can differ in the last fp32 bit; build it once (on either) and give the oracle the same one when
+bitwise equality matters.
 """
 from __future__ import annotations
 
@@ -131,25 +133,27 @@ def _rope_write_kv_kernel(
         off = slot % BLOCK_SIZE
         kc = round_f32(cos, k_dt, INTERP)
         ks = round_f32(sin, k_dt, INTERP)
-        o1, o2, p1, p2, mask = _rope_heads(k_ptr, n, stride_kn, stride_kh, stride_kd, NUM_K_HEADS, BLOCK_HK,
+        k1, k2, _kp1, _kp2, kmask = _rope_heads(k_ptr, n, stride_kn, stride_kh, stride_kd, NUM_K_HEADS, BLOCK_HK,
                                            i, i_mask, kc, ks, HALF, INTERP)
         h = tl.arange(0, BLOCK_HK).to(tl.int64)[:, None]
         dst = kc_ptr + blk * stride_kcb + off * stride_kcs + h * stride_kch + i[None, :] * stride_kcd
-        if o1.dtype != kc_dt:
-            o1 = cast_rne(o1.to(tl.float32), kc_dt, INTERP)
-            o2 = cast_rne(o2.to(tl.float32), kc_dt, INTERP)
-        tl.store(dst, o1, mask=mask)
-        tl.store(dst + HALF * stride_kcd, o2, mask=mask)
+        # Names differ from the q-side ones: Triton's compiler (3.6) rejects re-binding a name to a
+        # different shape inside a runtime `if`.
+        if k1.dtype != kc_dt:
+            k1 = cast_rne(k1.to(tl.float32), kc_dt, INTERP)
+            k2 = cast_rne(k2.to(tl.float32), kc_dt, INTERP)
+        tl.store(dst, k1, mask=kmask)
+        tl.store(dst + HALF * stride_kcd, k2, mask=kmask)
         # V: plain copy of the whole head_dim (two halves)
         vsrc = v_ptr + n * stride_vn + h * stride_vh + i[None, :] * stride_vd
         vdst = vc_ptr + blk * stride_vcb + off * stride_vcs + h * stride_vch + i[None, :] * stride_vcd
-        v1 = tl.load(vsrc, mask=mask)
-        v2 = tl.load(vsrc + HALF * stride_vd, mask=mask)
+        v1 = tl.load(vsrc, mask=kmask)
+        v2 = tl.load(vsrc + HALF * stride_vd, mask=kmask)
         if v1.dtype != vc_dt:
             v1 = cast_rne(v1.to(tl.float32), vc_dt, INTERP)
             v2 = cast_rne(v2.to(tl.float32), vc_dt, INTERP)
-        tl.store(vdst, v1, mask=mask)
-        tl.store(vdst + HALF * stride_vcd, v2, mask=mask)
+        tl.store(vdst, v1, mask=kmask)
+        tl.store(vdst + HALF * stride_vcd, v2, mask=kmask)
 
 
 def _check(q, k, positions, cos_sin_cache):
@@ -181,7 +185,8 @@ def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cac
     _rope_kernel[(N,)](
         q, k, positions, cos_sin_cache, *q.stride(), *k.stride(), cos_sin_cache.stride(0),
         NUM_Q_HEADS=H, NUM_K_HEADS=k.shape[1], HALF=half, BLOCK_HQ=bhq, BLOCK_HK=bhk, BLOCK_HALF=bhalf,
-        INTERP=kernel_is_interpreted(_rope_kernel), num_warps=_warps(bhq, bhalf),
+        INTERP=kernel_is_interpreted(_rope_kernel),
+        num_warps=_warps(bhq, bhalf), enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
 
 
@@ -217,5 +222,6 @@ def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
         *k_cache.stride(), *v_cache.stride(),
         NUM_Q_HEADS=H, NUM_K_HEADS=kvh, HALF=half, BLOCK_SIZE=k_cache.shape[1],
         BLOCK_HQ=bhq, BLOCK_HK=bhk, BLOCK_HALF=bhalf,
-        INTERP=kernel_is_interpreted(_rope_write_kv_kernel), num_warps=_warps(bhq, bhalf),
+        INTERP=kernel_is_interpreted(_rope_write_kv_kernel),
+        num_warps=_warps(bhq, bhalf), enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )

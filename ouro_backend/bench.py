@@ -1,0 +1,252 @@
+"""`ouro-bench`: engine-direct benchmarks with a baseline timed in the same run.
+
+Closed loop: `concurrency` requests are in flight; each one that finishes is replaced until
+`num_requests` are done. Fixed input/output lengths, random prompt ids, greedy, EOS ignored.
+Every engine round is timed (rounds end in a device sync: the gate/token readback), so time is split:
+
+* prefill tok/s: prompt tokens / time of the rounds that carry prompt work (mixed rounds count here);
+* decode tok/s: tokens emitted by decode-only rounds / their time; "steady" keeps only the rounds in
+  which all `concurrency` requests were running.
+
+Workloads: `full` (fixed depth), `threshold=X` (the exit gate), `trace=MEAN` (per-request depth lists
+built from the loop depths with the requested mean, replayed by exit_mode=trace).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .config import EngineConfig
+from .engine import LLMEngine
+from .sampling_params import SamplingParams
+
+log = logging.getLogger("ouro_backend.bench")
+
+
+def ensure_shape_checkpoint(shape: str) -> str:
+    from .toy import default_toy_path, write_checkpoint
+
+    path = default_toy_path().parent / shape
+    if not (path / "config.json").is_file():
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        write_checkpoint(tmp, shape=shape, verbose=True)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def trace_for_mean(mean: float, num_loops: int, length: int, rng: random.Random) -> list[int]:
+    """A depth list with exactly the requested mean (to 1/length), shuffled per request."""
+    total = round(mean * length)
+    depths = [1] * length
+    i = 0
+    while sum(depths) < total:
+        if depths[i % length] < num_loops:
+            depths[i % length] += 1
+        i += 1
+    rng.shuffle(depths)
+    return depths
+
+
+def percentiles(xs: list[float]) -> dict:
+    if not xs:
+        return {}
+    xs = sorted(xs)
+    pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    return dict(p50=pick(0.5), p90=pick(0.9), p99=pick(0.99), mean=sum(xs) / len(xs))
+
+
+def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurrency: int, num_requests: int,
+                    workload: str, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    T = engine.model_config.total_ut_steps
+    kind, _, arg = workload.partition("=")
+
+    def params() -> SamplingParams:
+        p = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        if kind == "threshold":
+            p.exit_threshold = float(arg)
+        elif kind == "trace":
+            p.exit_trace = trace_for_mean(float(arg), T, 16, rng)
+        else:
+            p.exit_threshold = 1.0
+        return p
+
+    submitted = finished = 0
+    outs = []
+    rounds = []  # (seconds, prompt tokens, decode rows, emitted, running)
+
+    def submit():
+        nonlocal submitted
+        engine.add_request(f"b{submitted}", [rng.randrange(3, vocab) for _ in range(input_len)], params())
+        submitted += 1
+
+    for _ in range(min(concurrency, num_requests)):
+        submit()
+    peak_kv = 0.0
+    graph0, eager0 = engine.runner.graph_rounds, engine.runner.eager_rounds
+    t_start = time.perf_counter()
+    while finished < num_requests:
+        t0 = time.perf_counter()
+        step_outs = engine.step()
+        dt = time.perf_counter() - t0
+        st = engine.runner.last_round
+        rounds.append((dt, st["prefill_tokens"], st["decode_rows"], st["emitted"], st["running"]))
+        peak_kv = max(peak_kv, engine.stats()["kv_usage"])
+        for o in step_outs:
+            if o.finished:
+                finished += 1
+                outs.append(o)
+                if submitted < num_requests:
+                    submit()
+    wall = time.perf_counter() - t_start
+    gen = sum(len(o.token_ids) for o in outs)
+    pre_t = sum(r[0] for r in rounds if r[1])
+    dec = [r for r in rounds if not r[1] and r[2]]
+    steady = [r for r in dec if r[4] >= concurrency]
+    ttft = [o.first_token_time - o.arrival_time for o in outs]
+    tpot = [(o.finish_time - o.first_token_time) / (len(o.token_ids) - 1) for o in outs if len(o.token_ids) > 1]
+    depths = [d for o in outs for d in o.exit_depths[1:]]
+    return dict(
+        requests=len(outs), generated_tokens=gen, wall_s=wall, output_tok_s=gen / wall,
+        prefill_tok_s=num_requests * input_len / pre_t if pre_t else None,
+        decode_tok_s=sum(r[3] for r in dec) / sum(r[0] for r in dec) if dec else None,
+        steady_decode_tok_s=sum(r[3] for r in steady) / sum(r[0] for r in steady) if steady else None,
+        ttft_s=percentiles(ttft), tpot_s=percentiles(tpot),
+        mean_exit_depth=sum(depths) / len(depths) if depths else None, peak_kv_usage=peak_kv,
+        rounds=len(rounds), mean_round_ms=1e3 * wall / len(rounds),
+        graph_rounds=engine.runner.graph_rounds - graph0, eager_rounds=engine.runner.eager_rounds - eager0)
+
+
+def run_baseline(model_path: str, dtype: torch.dtype, device: torch.device, input_len: int, tokens: int,
+                 batch: int) -> dict:
+    from .baseline import EagerBaseline
+    from .checkpoint import load_config, load_weights
+
+    cfg = load_config(model_path)
+    base = EagerBaseline(cfg, load_weights(model_path, cfg, dtype, device))
+    ids = torch.randint(3, cfg.vocab_size, (batch, input_len), device=device)
+    base.generate(ids[:, :8], 2)  # warm-up
+    r = base.generate(ids, tokens)
+    del base
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return dict(batch=batch, tokens=tokens, prefill_tok_s=batch * input_len / r["prefill_s"],
+                decode_tok_s=batch * (tokens - 1) / r["decode_s"],
+                output_tok_s=batch * tokens / (r["prefill_s"] + r["decode_s"]))
+
+
+def median_of(runs: list[dict]) -> dict:
+    out = {}
+    for k, v in runs[0].items():
+        vals = [r[k] for r in runs]
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals):
+            out[k] = statistics.median(vals)
+        elif all(isinstance(x, dict) for x in vals):
+            out[k] = median_of(vals) if vals[0] else {}
+        else:
+            out[k] = vals[0]
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="ouro-bench", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", help="checkpoint directory")
+    src.add_argument("--shape", choices=["toy", "ouro-1.4b", "ouro-2.6b"], default="toy",
+                     help="random-weight checkpoint of this shape (built once under the cache dir)")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--num-requests", type=int, default=None, help="per run (default: 2x concurrency, >= 4)")
+    p.add_argument("--workload", nargs="+", default=["full"], help="full | threshold=X | trace=MEAN")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--baseline", choices=["eager", "none"], default="eager")
+    p.add_argument("--baseline-tokens", type=int, default=16, help="tokens per baseline run (it is slow)")
+    p.add_argument("--baseline-max-batch", type=int, default=64,
+                   help="largest baseline batch (its concatenated 4-plane cache needs ~0.8 MiB per token)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine option (repeatable), e.g. kv_layout=shared")
+    p.add_argument("--out", help="write results JSON here")
+    p.add_argument("--label", default="")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+
+    model = args.model or (ensure_shape_checkpoint(args.shape) if args.shape != "toy" else None)
+    opts = dict(kv.split("=", 1) for kv in args.engine_arg)
+    if model:
+        opts["model"] = model
+    if any(w.startswith("trace") for w in args.workload):
+        if len({w.split("=")[0] for w in args.workload} - {"full"}) > 1:
+            p.error("trace workloads need exit_mode=trace: run them separately from threshold workloads")
+        opts.setdefault("exit_mode", "trace")
+    cfg = EngineConfig.from_strings(opts)
+    results = dict(label=args.label, command=" ".join(["ouro-bench"] + (argv or sys.argv[1:])),
+                   engine_options=opts, input_len=args.input_len, output_len=args.output_len,
+                   device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                   torch=torch.__version__, runs=[], baseline=[])
+
+    if args.baseline == "eager":
+        from .engine import _DTYPES, resolve_device
+
+        device = resolve_device(cfg.device)
+        dtype = _DTYPES[cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")]
+        from .toy import ensure_toy_checkpoint
+
+        for c in args.concurrency:
+            r = run_baseline(model or ensure_toy_checkpoint(), dtype, device, args.input_len,
+                             args.baseline_tokens, min(c, args.baseline_max_batch))
+            log.info("baseline c=%d: %.1f output tok/s", c, r["output_tok_s"])
+            results["baseline"].append(r)
+
+    engine = LLMEngine(cfg)
+    engine.add_request("warmup", [5] * args.input_len, SamplingParams(max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    for workload in args.workload:
+        for c in args.concurrency:
+            n = args.num_requests or max(2 * c, 4)
+            reps = []
+            for rep in range(args.repeats):
+                r = run_closed_loop(engine, args.input_len, args.output_len, c, n, workload, seed=rep)
+                log.info("%s c=%d rep %d: %.1f output tok/s, mean depth %s", workload, c, rep,
+                         r["output_tok_s"], r["mean_exit_depth"])
+                reps.append(r)
+            results["runs"].append(dict(workload=workload, concurrency=c, num_requests=n,
+                                        median=median_of(reps), repeats=reps))
+    print_table(results)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def print_table(results: dict) -> None:
+    fmt = lambda x, f="{:.0f}": "-" if x is None else f.format(x)  # noqa: E731
+    print(f"\n{results['label']}  in {results['input_len']} / out {results['output_len']}  on {results['device']}")
+    print(f"{'workload':<14}{'conc':>5}{'out tok/s':>11}{'prefill':>10}{'decode':>9}{'steady':>9}"
+          f"{'TTFT p50':>10}{'TPOT p50':>10}{'depth':>7}{'KV':>6}{'graph/eager':>13}")
+    for run in results["runs"]:
+        m = run["median"]
+        print(f"{run['workload']:<14}{run['concurrency']:>5}{fmt(m['output_tok_s']):>11}{fmt(m['prefill_tok_s']):>10}"
+              f"{fmt(m['decode_tok_s']):>9}{fmt(m['steady_decode_tok_s']):>9}"
+              f"{fmt(m['ttft_s'].get('p50', 0) * 1e3, '{:.1f}ms'):>10}{fmt(m['tpot_s'].get('p50', 0) * 1e3, '{:.2f}ms'):>10}"
+              f"{fmt(m['mean_exit_depth'], '{:.2f}'):>7}{fmt(m['peak_kv_usage'] * 100, '{:.0f}%'):>6}"
+              f"{m['graph_rounds']:>7.0f}/{m['eager_rounds']:<5.0f}")
+    for b in results["baseline"]:
+        print(f"{'baseline(eager)':<14}{b['batch']:>5}{b['output_tok_s']:>11.1f}{b['prefill_tok_s']:>10.0f}"
+              f"{b['decode_tok_s']:>9.1f}   (HF-style eager, concatenated per-loop cache, {b['tokens']} tokens)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

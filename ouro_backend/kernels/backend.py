@@ -1,0 +1,27 @@
+"""The Triton-kernel attention backend: same methods as `attention.TorchBackend`, fused GPU kernels."""
+from __future__ import annotations
+
+import torch
+
+from ..attention import AttentionMetadata
+from . import (copy_kv_slots, paged_attention, rms_norm, rope_, rope_and_write_kv, sandwich_norm, silu_mul,
+               write_kv)
+
+
+class TritonBackend:
+    name = "triton"
+    graph_safe = True  # no host reads of device metadata: rounds can be captured in CUDA graphs
+
+    rms_norm = staticmethod(rms_norm)
+    sandwich_norm = staticmethod(sandwich_norm)
+    rope_ = staticmethod(rope_)
+    rope_and_write_kv = staticmethod(rope_and_write_kv)
+    silu_mul = staticmethod(silu_mul)
+    write_kv = staticmethod(write_kv)
+    copy_kv_slots = staticmethod(copy_kv_slots)
+
+    @staticmethod
+    def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                  scale: float) -> torch.Tensor:
+        return paged_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables,
+                               scale, meta.max_seqlen_q)

@@ -1,0 +1,182 @@
+"""Custom Prometheus metrics of the `ouro_engine` model (Triton's metrics port, `/metrics`).
+
+All families carry the labels `model` and `version`. Names (vLLM-like):
+
+  ouro_prompt_tokens_total                 counter    prompt tokens of requests that started generating
+  ouro_generation_tokens_total             counter    generated tokens
+  ouro_request_success_total{finish_reason} counter   finished requests (stop | length | cancelled)
+  ouro_requests_aborted_total              counter    requests cancelled by the client (or the front model)
+  ouro_request_errors_total                counter    requests that ended with an error response
+  ouro_time_to_first_token_seconds         histogram  arrival -> first token
+  ouro_time_per_output_token_seconds       histogram  per request: (finish - first token) / (tokens - 1)
+  ouro_e2e_request_latency_seconds         histogram  arrival -> finish
+  ouro_exit_depth                          histogram  loop depth at which each generated token exited
+  ouro_kv_cache_usage_ratio                gauge      used / total KV blocks (0 when idle)
+  ouro_num_requests_running / _waiting     gauge      scheduler queues
+  ouro_engine_stat{stat}                   gauge      every other numeric counter of engine.stats()
+                                                      (rows_run, tokens_run, steps, speculation...)
+
+Metric updates are IPC messages from the Python stub to the server, so the engine thread never makes them:
+it queues plain numbers here and a reporter thread flushes them a few times per second.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Any, Optional
+
+log = logging.getLogger("ouro_backend.serving")
+
+LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0]
+TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+                0.3, 0.5, 0.75, 1.0, 2.5]
+GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_requests_running",
+              "num_waiting": "ouro_num_requests_waiting"}
+
+
+class EngineMetrics:
+    """Queue-and-flush wrapper over pb_utils.MetricFamily; a no-op when pb_utils is None."""
+
+    def __init__(self, pb_utils: Any, model_name: str, model_version: str, num_loops: int,
+                 interval_s: float = 0.25):
+        self.enabled = pb_utils is not None and hasattr(pb_utils, "MetricFamily")
+        self._lock = threading.Lock()
+        self._pending: dict[str, float] = collections.defaultdict(float)
+        self._observations: list[tuple[str, float]] = []
+        self._finished: dict[str, int] = collections.defaultdict(int)
+        self._stats: Optional[dict] = None
+        self._stop = threading.Event()
+        self.interval_s = interval_s
+        self.num_loops = num_loops
+        if not self.enabled:
+            return
+        MF = pb_utils.MetricFamily
+        labels = {"model": model_name, "version": str(model_version)}
+        self._labels = labels
+        self._MF = MF
+        has_hist = hasattr(MF, "HISTOGRAM")
+
+        # A Metric is only valid while its MetricFamily object lives: keep every family referenced.
+        self._families: list = []
+
+        def family(name: str, desc: str, kind):
+            fam = MF(name=name, description=desc, kind=kind)
+            self._families.append(fam)
+            return fam
+
+        def counter(name: str, desc: str):
+            return family(name, desc, MF.COUNTER).Metric(labels=labels)
+
+        def gauge(name: str, desc: str):
+            return family(name, desc, MF.GAUGE).Metric(labels=labels)
+
+        def hist(name: str, desc: str, buckets: list[float]):
+            if has_hist:
+                return family(name, desc, MF.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+            return None
+
+        self.counters = {
+            "prompt_tokens": counter("ouro_prompt_tokens_total", "Prompt tokens processed"),
+            "generation_tokens": counter("ouro_generation_tokens_total", "Generated tokens"),
+            "aborted": counter("ouro_requests_aborted_total", "Requests cancelled by the client"),
+            "errors": counter("ouro_request_errors_total", "Requests that ended with an error"),
+        }
+        self._success = family("ouro_request_success_total", "Finished requests by finish reason", MF.COUNTER)
+        self._success_metrics: dict[str, Any] = {}
+        self.hists = {
+            "ttft": hist("ouro_time_to_first_token_seconds", "Time to first token (s)", LATENCY_BUCKETS),
+            "tpot": hist("ouro_time_per_output_token_seconds", "Time per output token after the first (s)",
+                         TPOT_BUCKETS),
+            "latency": hist("ouro_e2e_request_latency_seconds", "Request latency, arrival to finish (s)",
+                            LATENCY_BUCKETS),
+            "depth": hist("ouro_exit_depth", "Loop depth at which generated tokens exited",
+                          [float(d) for d in range(1, num_loops + 1)]),
+        }
+        self.gauges = {key: gauge(name, desc) for key, name, desc in [
+            ("kv_usage", GAUGE_KEYS["kv_usage"], "Fraction of KV cache blocks in use"),
+            ("num_running", GAUGE_KEYS["num_running"], "Requests being generated"),
+            ("num_waiting", GAUGE_KEYS["num_waiting"], "Requests waiting for admission"),
+        ]}
+        self._stat_family = family("ouro_engine_stat", "Engine counters from LLMEngine.stats()", MF.GAUGE)
+        self._stat_metrics: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, name="ouro-metrics", daemon=True)
+        self._thread.start()
+
+    # ---- called from the engine thread (cheap) ----
+    def add(self, key: str, n: float) -> None:
+        if self.enabled and n:
+            with self._lock:
+                self._pending[key] += n
+
+    def observe(self, key: str, value: float) -> None:
+        if self.enabled and value is not None and value >= 0:
+            with self._lock:
+                self._observations.append((key, float(value)))
+
+    def observe_many(self, key: str, values) -> None:
+        if self.enabled and values:
+            with self._lock:
+                self._observations.extend((key, float(v)) for v in values)
+
+    def finished(self, reason: str) -> None:
+        if self.enabled:
+            with self._lock:
+                self._finished[reason] += 1
+
+    def set_stats(self, stats: dict) -> None:
+        if self.enabled:
+            with self._lock:
+                self._stats = dict(stats)
+
+    # ---- reporter thread ----
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+        self.flush()
+
+    def flush(self) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, collections.defaultdict(float)
+            obs, self._observations = self._observations, []
+            finished, self._finished = self._finished, collections.defaultdict(int)
+            stats, self._stats = self._stats, None
+        try:
+            for key, n in pending.items():
+                self.counters[key].increment(n)
+            for key, v in obs:
+                h = self.hists.get(key)
+                if h is not None:
+                    h.observe(v)
+            for reason, n in finished.items():
+                m = self._success_metrics.get(reason)
+                if m is None:
+                    m = self._success_metrics[reason] = self._success.Metric(
+                        labels=dict(self._labels, finish_reason=reason))
+                m.increment(n)
+            if stats:
+                for key, gauge in self.gauges.items():
+                    if key in stats:
+                        gauge.set(float(stats[key]))
+                for key, value in stats.items():
+                    if key in self.gauges or isinstance(value, bool) or not isinstance(value, (int, float)):
+                        continue
+                    m = self._stat_metrics.get(key)
+                    if m is None:
+                        m = self._stat_metrics[key] = self._stat_family.Metric(labels=dict(self._labels, stat=key))
+                    m.set(float(value))
+        except Exception:  # metrics must never take the model down
+            log.exception("ouro metrics update failed")
+
+    def close(self) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self.enabled = False
+            # Metrics before their families (the stub refuses the other order).
+            self.counters, self.hists, self.gauges = {}, {}, {}
+            self._success_metrics, self._stat_metrics = {}, {}
+            self._families = []

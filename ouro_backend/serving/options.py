@@ -1,0 +1,92 @@
+"""Engine options for the `ouro_engine` Triton model: `config.pbtxt` parameters + environment overrides.
+
+Precedence (later wins):
+  1. `parameters { key: "max_num_seqs" value: { string_value: "32" } }` in config.pbtxt
+     (empty values and unfilled `${...}` template placeholders count as unset);
+  2. $OURO_ENGINE_ARGS: a JSON object `{"max_num_seqs": "8"}` or `key=value` pairs separated by
+     commas/whitespace (what `ouro-serve --engine-arg key=value` sets);
+  3. $OURO_MODEL_PATH: the checkpoint directory (overrides the `model` parameter).
+If no model is given at all, the engine builds and uses the toy checkpoint (ouro_backend.toy).
+A relative `model` path is resolved against the model's directory in the repository when it exists there.
+Unknown keys and bad values fail the model load with ConfigError naming the option.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Optional
+
+from ..config import MODEL_PATH_ENV, ConfigError
+
+ENGINE_ARGS_ENV = "OURO_ENGINE_ARGS"
+# Parameters in config.pbtxt that configure the serving layer, not the engine.
+SERVING_KEYS = frozenset({
+    "EXECUTION_ENV_PATH",  # the Python backend's own parameter
+    "metrics_interval_s",  # how often gauges (KV usage, running, waiting) are refreshed
+    "cancel_check_interval_s",  # how often running requests are checked for client cancellation
+})
+
+
+def parse_engine_args(raw: Optional[str]) -> dict[str, str]:
+    """$OURO_ENGINE_ARGS -> {key: value}."""
+    if not raw or not raw.strip():
+        return {}
+    raw = raw.strip()
+    if raw.startswith("{"):
+        try:
+            d = json.loads(raw)
+        except ValueError as e:
+            raise ConfigError(f"${ENGINE_ARGS_ENV} is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"${ENGINE_ARGS_ENV} must be a JSON object")
+        return {str(k): "" if v is None else str(v) for k, v in d.items()}
+    out = {}
+    for item in raw.replace(",", " ").split():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"${ENGINE_ARGS_ENV}: {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def model_config_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
+    """config.pbtxt `parameters` (as in the JSON model config Triton hands to initialize) -> {key: str}."""
+    out = {}
+    for key, value in (model_config.get("parameters") or {}).items():
+        v = value.get("string_value", "") if isinstance(value, Mapping) else str(value)
+        v = str(v).strip()
+        if v == "" or (v.startswith("${") and v.endswith("}")):
+            continue
+        out[key] = v
+    return out
+
+
+def engine_options(model_config: Mapping[str, Any], model_dir: Optional[str] = None,
+                   environ: Optional[Mapping[str, str]] = None) -> tuple[dict[str, str], dict[str, str]]:
+    """(engine options for EngineConfig.from_strings, serving options)."""
+    env = os.environ if environ is None else environ
+    params = model_config_parameters(model_config)
+    serving = {k: v for k, v in params.items() if k in SERVING_KEYS}
+    options = {k: v for k, v in params.items() if k not in SERVING_KEYS}
+    options.update(parse_engine_args(env.get(ENGINE_ARGS_ENV)))
+    if env.get(MODEL_PATH_ENV):
+        options["model"] = env[MODEL_PATH_ENV]
+    model = options.get("model")
+    if model:
+        model = os.path.expanduser(model)
+        if not os.path.isabs(model) and model_dir and os.path.isdir(os.path.join(model_dir, model)):
+            model = os.path.join(model_dir, model)
+        options["model"] = model
+    return options, serving
+
+
+def resolve_model_path(options: dict[str, str]) -> dict[str, str]:
+    """Fill in the toy checkpoint when no model is configured (built offline on first use)."""
+    if not options.get("model"):
+        from ..toy import ensure_toy_checkpoint
+
+        options = dict(options, model=ensure_toy_checkpoint())
+    elif not os.path.isdir(options["model"]):
+        raise ConfigError(f"model={options['model']!r}: no such checkpoint directory "
+                          f"(set the `model` parameter in config.pbtxt, ${MODEL_PATH_ENV}, or ouro-serve --model)")
+    return options

@@ -1,0 +1,408 @@
+"""Tensor names, request parsing and response arrays shared by the Triton models.
+
+Pure numpy: nothing here imports Triton, so all of it is unit-tested without a server
+(tests/test_serving_unit.py). The Triton models (`ouro_backend/serving/*_model.py`) read the request's
+tensors into a `{name: np.ndarray}` dict and hand it to `parse_request`; every bad value raises
+`RequestError` with a message naming the input, which the models return as a `TritonError`.
+
+Shapes: every model in the repository has `max_batch_size >= 1`, so a tensor arrives as `[batch, ...]`
+(`[1, 1]` for a scalar such as `max_tokens`, `[1, n]` for a list such as `input_ids`). Only batch 1 is
+accepted (one prompt per request, as the vLLM and TensorRT-LLM backends do for decoupled models).
+Parsing also accepts unbatched arrays (`[1]`, `[n]`), so a model configured with `max_batch_size: 0`
+works unchanged.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from ..sampling_params import RequestError, SamplingParams
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    triton_dtype: str  # as in config.pbtxt without the TYPE_ prefix
+    kind: str  # int | uint | float | bool | str
+    is_list: bool = False
+    doc: str = ""
+
+
+def _spec(*specs: InputSpec) -> dict[str, InputSpec]:
+    return {s.name: s for s in specs}
+
+
+# Per-request options, shared by the client-facing models (`ouro`, `ouro_ensemble`) and `ouro_engine`.
+# Names follow the TensorRT-LLM / vLLM backends so genai-perf, perf_analyzer and the OpenAI frontend work.
+SAMPLING_INPUTS = _spec(
+    InputSpec("max_tokens", "INT32", "int", doc="tokens to generate (default 16)"),
+    InputSpec("min_tokens", "INT32", "int", doc="generate at least this many tokens before EOS / stop words"),
+    InputSpec("stream", "BOOL", "bool", doc="one response per new piece of text (default false: one response)"),
+    InputSpec("temperature", "FP32", "float", doc="0: greedy (default 1.0)"),
+    InputSpec("top_p", "FP32", "float"),
+    InputSpec("top_k", "INT32", "int", doc="0 or -1: off"),
+    InputSpec("seed", "UINT64", "uint", doc="per-request sampling seed"),
+    InputSpec("random_seed", "UINT64", "uint", doc="alias of seed (TensorRT-LLM's name)"),
+    InputSpec("stop_words", "STRING", "str", is_list=True, doc="stop strings (not included in the output)"),
+    InputSpec("ignore_eos", "BOOL", "bool"),
+    InputSpec("exclude_input_in_output", "BOOL", "bool",
+              doc="non-streaming only: do not echo the prompt before the generated text"),
+    InputSpec("min_loops", "INT32", "int", doc="Ouro: a token runs at least this many loops (default 1)"),
+    InputSpec("max_loops", "INT32", "int", doc="Ouro: a token runs at most this many loops (default: the model's)"),
+    InputSpec("exit_threshold", "FP32", "float",
+              doc="Ouro: exit when the gate's exit probability reaches it (1.0: fixed depth max_loops)"),
+    InputSpec("exit_trace", "INT32", "int", is_list=True, doc="Ouro: depths to replay (engine exit_mode=trace)"),
+)
+RETURN_FLAGS = _spec(
+    InputSpec("return_num_input_tokens", "BOOL", "bool"),
+    InputSpec("return_num_output_tokens", "BOOL", "bool"),
+    InputSpec("return_finish_reason", "BOOL", "bool"),
+)
+TEXT_INPUT = InputSpec("text_input", "STRING", "str", doc="the prompt (required)")
+# What a client may send to `ouro` / `ouro_ensemble`.
+CLIENT_INPUTS = {TEXT_INPUT.name: TEXT_INPUT, **SAMPLING_INPUTS, **RETURN_FLAGS}
+# What `ouro_engine` takes: token ids instead of text, plus the two control inputs of the `ouro` front.
+# `text_input` and the `return_*` flags only pass through to the outputs (an ensemble step after a decoupled
+# model may only read that model's outputs, so post-processing gets them from the engine).
+ENGINE_INPUTS = _spec(
+    InputSpec("input_ids", "INT32", "int", is_list=True, doc="prompt token ids (required)"),
+    *SAMPLING_INPUTS.values(),
+    *RETURN_FLAGS.values(),
+    InputSpec("text_input", "STRING", "str", doc="the prompt text: echoed (echo_text) by non-streaming requests"),
+    InputSpec("request_id", "STRING", "str",
+              doc="engine request id to use (unique among running requests); default: generated"),
+    InputSpec("abort_request_id", "STRING", "str",
+              doc="control request: abort the running request with this id (input_ids may be empty)"),
+)
+ENGINE_OUTPUTS = {
+    "output_ids": "INT32",  # the new token ids of this response
+    "prefix_ids": "INT32",  # up to 5 ids just before them (prompt ids at the start): detokenization context
+    "exit_depths": "INT32",  # the loop depth of each new token
+    "trim_chars": "INT32",  # characters to drop from the end of this response's text (stop string)
+    "num_input_tokens": "INT32",
+    "num_output_tokens": "INT32",  # tokens in this response
+    "finish_reason": "STRING",  # "" until the last response: stop | length | cancelled
+    "echo_text": "STRING",  # text to put before this response's text: the prompt when echoed, else ""
+    "return_num_input_tokens": "BOOL",  # the request's return_* flags, passed through
+    "return_num_output_tokens": "BOOL",
+    "return_finish_reason": "BOOL",
+}
+POST_INPUTS = _spec(
+    InputSpec("output_ids", "INT32", "int", is_list=True),
+    InputSpec("prefix_ids", "INT32", "int", is_list=True),
+    InputSpec("trim_chars", "INT32", "int"),
+    InputSpec("exit_depths", "INT32", "int", is_list=True),
+    InputSpec("num_input_tokens", "INT32", "int"),
+    InputSpec("num_output_tokens", "INT32", "int"),
+    InputSpec("finish_reason", "STRING", "str"),
+    InputSpec("echo_text", "STRING", "str"),
+    *RETURN_FLAGS.values(),
+)
+CLIENT_OUTPUTS = {
+    "text_output": "STRING",
+    "exit_depths": "INT32",
+    "num_input_tokens": "INT32",
+    "num_output_tokens": "INT32",
+    "finish_reason": "STRING",
+}
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "cancelled": "cancelled"}
+
+# Request parameters Triton or its clients set themselves; anything else in `request.parameters()` is a
+# field the model does not know (for example an unknown JSON field of /generate) and is rejected.
+RESERVED_PARAMETERS = frozenset({
+    "sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output",
+    "headers", "request_id", "id",
+})
+
+
+class ParsedRequest:
+    """A validated request: the prompt, the SamplingParams and the serving flags."""
+
+    __slots__ = ("prompt", "params", "stream", "exclude_input_in_output", "return_num_input_tokens",
+                 "return_num_output_tokens", "return_finish_reason", "request_id", "abort_request_id",
+                 "prompt_text")
+
+    def __init__(self, prompt, params, stream=False, exclude_input_in_output=False,
+                 return_num_input_tokens=False, return_num_output_tokens=False, return_finish_reason=False,
+                 request_id=None, abort_request_id=None, prompt_text=None):
+        self.prompt: Union[str, list[int], None] = prompt
+        self.params: Optional[SamplingParams] = params
+        self.stream = stream
+        self.exclude_input_in_output = exclude_input_in_output
+        self.return_num_input_tokens = return_num_input_tokens
+        self.return_num_output_tokens = return_num_output_tokens
+        self.return_finish_reason = return_finish_reason
+        self.request_id: Optional[str] = request_id
+        self.abort_request_id: Optional[str] = abort_request_id
+        # The prompt as text (client models; the engine when given text_input): what echo_text repeats.
+        self.prompt_text: Optional[str] = prompt if isinstance(prompt, str) else prompt_text
+
+    @property
+    def echo_prompt(self) -> bool:
+        """Whether the one (non-streaming) response starts with the prompt text."""
+        return not self.stream and not self.exclude_input_in_output
+
+    def __repr__(self) -> str:
+        return f"ParsedRequest(prompt={self.prompt!r}, params={self.params!r}, stream={self.stream})"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading arrays
+
+
+def _values(name: str, arr: Any, spec: InputSpec) -> np.ndarray:
+    """The flat values of one request's tensor, after checking batch size and dtype."""
+    arr = np.asarray(arr)
+    if arr.ndim >= 2 or (arr.ndim == 1 and not spec.is_list and arr.size != 1):
+        # [batch, ...]: one prompt per request
+        if arr.ndim >= 1 and arr.shape[0] != 1:
+            raise RequestError(f"input {name!r} has batch size {arr.shape[0]} (shape {list(arr.shape)}); "
+                               f"only batch size 1 is supported: send one prompt per request")
+    flat = arr.reshape(-1)
+    kind = arr.dtype.kind
+    ok = {
+        "int": kind in "iu",
+        "uint": kind in "iu",
+        "float": kind in "fiu",
+        "bool": kind == "b",
+        "str": kind in "OSU",
+    }[spec.kind]
+    if not ok:
+        raise RequestError(f"input {name!r} must be TYPE_{spec.triton_dtype}, got a {arr.dtype} tensor")
+    if not spec.is_list and flat.size != 1:
+        raise RequestError(f"input {name!r} must hold one value, got shape {list(arr.shape)}")
+    return flat
+
+
+def _to_str(name: str, v: Any) -> str:
+    if isinstance(v, (bytes, np.bytes_)):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(f"input {name!r} is not valid UTF-8") from None
+    if isinstance(v, str):
+        return v
+    raise RequestError(f"input {name!r} must be a string, got {type(v).__name__}")
+
+
+def read_scalar(inputs: Mapping[str, Any], name: str, specs: Mapping[str, InputSpec], default=None):
+    """The Python value of an optional scalar input (None/absent -> default)."""
+    arr = inputs.get(name)
+    if arr is None:
+        return default
+    spec = specs[name]
+    v = _values(name, arr, spec)[0]
+    if spec.kind in ("int", "uint"):
+        v = int(v)
+        if spec.kind == "uint" and v < 0:
+            raise RequestError(f"input {name!r} must be non-negative, got {v}")
+        return v
+    if spec.kind == "float":
+        v = float(v)
+        if not math.isfinite(v):
+            raise RequestError(f"input {name!r} must be a finite number, got {v}")
+        return v
+    if spec.kind == "bool":
+        return bool(v)
+    return _to_str(name, v)
+
+
+def read_list(inputs: Mapping[str, Any], name: str, specs: Mapping[str, InputSpec]) -> Optional[list]:
+    arr = inputs.get(name)
+    if arr is None:
+        return None
+    spec = specs[name]
+    flat = _values(name, arr, spec)
+    if spec.kind in ("int", "uint"):
+        return [int(x) for x in flat]
+    if spec.kind == "str":
+        return [_to_str(name, x) for x in flat]
+    return flat.tolist()
+
+
+def check_known_inputs(inputs: Iterable[str], specs: Mapping[str, InputSpec], model: str = "") -> None:
+    unknown = sorted(set(inputs) - set(specs))
+    if unknown:
+        where = f" for model {model!r}" if model else ""
+        raise RequestError(f"unknown input(s){where}: {', '.join(unknown)}; known inputs: {', '.join(specs)}")
+
+
+def check_parameters(parameters: Union[str, Mapping[str, Any], None], model: str = "") -> None:
+    """Reject request parameters the model does not know (e.g. an unknown JSON field of /generate, which
+    Triton turns into a request parameter instead of an input)."""
+    if not parameters:
+        return
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except ValueError:
+            return
+    unknown = sorted(k for k in parameters
+                     if k not in RESERVED_PARAMETERS and not k.startswith("triton_") and not k.startswith("_"))
+    if unknown:
+        where = f" of model {model!r}" if model else ""
+        raise RequestError(f"unknown field(s) {', '.join(repr(k) for k in unknown)}: not an input{where}; "
+                           f"known inputs: {', '.join(CLIENT_INPUTS)}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Requests
+
+
+def parse_request(inputs: Mapping[str, Any], *, specs: Mapping[str, InputSpec] = CLIENT_INPUTS,
+                  prompt_input: str = "text_input", model: str = "") -> ParsedRequest:
+    """Validate one request's tensors -> ParsedRequest. Raises RequestError naming the bad input.
+
+    `prompt_input` is "text_input" (client models: a string prompt) or "input_ids" (the engine: token ids).
+    """
+    check_known_inputs(inputs, specs, model)
+    abort_id = read_scalar(inputs, "abort_request_id", specs) if "abort_request_id" in specs else None
+    if abort_id is not None:
+        if not abort_id:
+            raise RequestError("abort_request_id is empty")
+        return ParsedRequest(None, None, abort_request_id=abort_id)
+
+    if inputs.get(prompt_input) is None:
+        raise RequestError(f"missing required input {prompt_input!r}")
+    if prompt_input == "input_ids":
+        prompt: Union[str, list[int]] = read_list(inputs, prompt_input, specs) or []
+        if not prompt:
+            raise RequestError("input_ids is empty")
+    else:
+        prompt = read_scalar(inputs, prompt_input, specs)
+        if not prompt:
+            raise RequestError(f"{prompt_input} is empty")
+
+    def scalar(name, default=None):
+        return read_scalar(inputs, name, specs, default) if name in specs else default
+
+    seed, random_seed = scalar("seed"), scalar("random_seed")
+    if seed is not None and random_seed is not None and seed != random_seed:
+        raise RequestError(f"seed ({seed}) and random_seed ({random_seed}) disagree; send one of them")
+    kwargs: dict[str, Any] = {}
+    for name in ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "ignore_eos", "min_loops",
+                 "max_loops", "exit_threshold"):
+        v = scalar(name)
+        if v is not None:
+            kwargs[name] = v
+    if seed is not None or random_seed is not None:
+        kwargs["seed"] = seed if seed is not None else random_seed
+    stop = read_list(inputs, "stop_words", specs) if "stop_words" in specs else None
+    if stop:
+        stop = [s for s in stop if s != ""]  # an empty entry is padding, not a stop string
+        if stop:
+            kwargs["stop"] = stop
+    trace = read_list(inputs, "exit_trace", specs) if "exit_trace" in specs else None
+    if trace:
+        kwargs["exit_trace"] = trace
+    params = SamplingParams(**kwargs)  # validates: RequestError on bad values
+    request_id = scalar("request_id")
+    if request_id is not None and not request_id:
+        raise RequestError("request_id is empty")
+    prompt_text = scalar("text_input") if prompt_input != "text_input" else None
+    return ParsedRequest(
+        prompt, params, prompt_text=prompt_text,
+        stream=bool(scalar("stream", False)),
+        exclude_input_in_output=bool(scalar("exclude_input_in_output", False)),
+        return_num_input_tokens=bool(scalar("return_num_input_tokens", False)),
+        return_num_output_tokens=bool(scalar("return_num_output_tokens", False)),
+        return_finish_reason=bool(scalar("return_finish_reason", False)),
+        request_id=request_id,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Responses (batched shapes: [1, ...])
+
+
+def _ints(values: Sequence[int]) -> np.ndarray:
+    return np.asarray(list(values), dtype=np.int32).reshape(1, -1)
+
+
+def _scalar_int(v: int) -> np.ndarray:
+    return np.asarray([[v]], dtype=np.int32)
+
+
+def _string(s: str) -> np.ndarray:
+    return np.asarray([[s.encode("utf-8")]], dtype=np.object_)
+
+
+def finish_reason_name(reason: Optional[str]) -> str:
+    """The client-facing finish reason ("" while the stream goes on)."""
+    if not reason:
+        return ""
+    return FINISH_REASONS.get(reason, reason)
+
+
+def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int], exit_depths: Sequence[int],
+                           trim_chars: int, num_input_tokens: int, finish_reason: Optional[str],
+                           echo_text: str = "", return_flags: Sequence[bool] = (False, False, False)
+                           ) -> dict[str, np.ndarray]:
+    """One `ouro_engine` response. `return_flags`: the request's (return_num_input_tokens,
+    return_num_output_tokens, return_finish_reason)."""
+    if len(exit_depths) != len(output_ids):
+        raise ValueError(f"{len(output_ids)} tokens but {len(exit_depths)} exit depths")
+    return {
+        "output_ids": _ints(output_ids),
+        "prefix_ids": _ints(prefix_ids),
+        "exit_depths": _ints(exit_depths),
+        "trim_chars": _scalar_int(trim_chars),
+        "num_input_tokens": _scalar_int(num_input_tokens),
+        "num_output_tokens": _scalar_int(len(output_ids)),
+        "finish_reason": _string(finish_reason_name(finish_reason)),
+        "echo_text": _string(echo_text or ""),
+        **{name: np.asarray([[bool(v)]], dtype=np.bool_) for name, v in zip(RETURN_FLAGS, return_flags)},
+    }
+
+
+def detokenize(tokenizer, output_ids: Sequence[int], prefix_ids: Sequence[int], trim_chars: int = 0,
+               final: bool = False, prompt_text: Optional[str] = None) -> str:
+    """The text of one engine response: decode(prefix + new) - decode(prefix), holding back an incomplete
+    trailing character unless `final`, minus `trim_chars` (a stop string), after `prompt_text` if echoed.
+
+    Stateless, so any post-processing instance can handle any response of any stream; the concatenation of
+    a stream's deltas equals the one-shot text of the same tokens."""
+    from ..tokenizer import decode_delta
+
+    text = decode_delta(tokenizer, list(prefix_ids), list(output_ids), final=final) if len(output_ids) else ""
+    if trim_chars > 0:
+        text = text[: max(0, len(text) - trim_chars)]
+    if prompt_text:
+        text = prompt_text + text
+    return text
+
+
+def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """`postprocessing`: one engine response's tensors -> the client-facing tensors."""
+    check_known_inputs(inputs, POST_INPUTS, "postprocessing")
+    for name in ("output_ids", "prefix_ids"):
+        if inputs.get(name) is None:
+            raise RequestError(f"missing required input {name!r}")
+    ids = read_list(inputs, "output_ids", POST_INPUTS)
+    prefix = read_list(inputs, "prefix_ids", POST_INPUTS)
+    trim = read_scalar(inputs, "trim_chars", POST_INPUTS, 0)
+    reason = read_scalar(inputs, "finish_reason", POST_INPUTS, "")
+    echo = read_scalar(inputs, "echo_text", POST_INPUTS, "")
+    text = detokenize(tokenizer, ids, prefix, trim, final=bool(reason), prompt_text=echo)
+    depths = read_list(inputs, "exit_depths", POST_INPUTS)
+    out = {"text_output": _string(text), "exit_depths": _ints(depths if depths is not None else [])}
+    if read_scalar(inputs, "return_num_input_tokens", POST_INPUTS, False):
+        out["num_input_tokens"] = _scalar_int(read_scalar(inputs, "num_input_tokens", POST_INPUTS, 0))
+    if read_scalar(inputs, "return_num_output_tokens", POST_INPUTS, False):
+        n = read_scalar(inputs, "num_output_tokens", POST_INPUTS, None)
+        out["num_output_tokens"] = _scalar_int(len(ids) if n is None else n)
+    if read_scalar(inputs, "return_finish_reason", POST_INPUTS, False):
+        out["finish_reason"] = _string(finish_reason_name(reason))
+    return out
+
+
+def tokenize_arrays(tokenizer, text: str) -> dict[str, np.ndarray]:
+    """`preprocessing`: the prompt's token ids (no special tokens added, as the engine does for text)."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    if not ids:
+        raise RequestError("text_input tokenizes to no tokens")
+    return {"input_ids": _ints(ids)}

@@ -1,0 +1,95 @@
+"""`preprocessing` and `postprocessing`: stateless, dynamically batched Python models around the tokenizer.
+
+* preprocessing: `text_input` -> `input_ids` (the engine's tokenization: no special tokens added).
+* postprocessing: one `ouro_engine` response -> the client tensors. Detokenization is incremental and
+  stateless: `decode(prefix_ids + output_ids) - decode(prefix_ids)`, holding back an incomplete UTF-8
+  character until a later response completes it (protocol.detokenize), so any instance can serve any
+  response and a stream's deltas concatenate to exactly the one-shot text. Multi-instance deployments must
+  keep `dynamic_batching { preserve_ordering: true }` or an ensemble reorders a stream's deltas.
+
+The tokenizer comes from the same checkpoint as the engine: $OURO_MODEL_PATH, else the `model` parameter
+of the model's config.pbtxt ($OURO_ENGINE_ARGS may set it too), else the toy checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from ..config import ConfigError
+from ..sampling_params import RequestError
+from . import protocol
+from .options import engine_options, resolve_model_path
+
+log = logging.getLogger("ouro_backend.serving")
+
+
+class _TokenizerModel:
+    input_specs: dict = {}
+
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.pb = pb_utils
+        self.model_config = json.loads(args["model_config"])
+        self.model_name = args.get("model_name", type(self).__name__)
+        options, _ = engine_options(self.model_config, args.get("model_repository"))
+        try:
+            path = resolve_model_path({"model": options.get("model", "")})["model"]
+            from ..tokenizer import load_tokenizer
+
+            self.tokenizer = load_tokenizer(path)
+        except ConfigError as e:
+            raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
+        pb_utils.Logger.log_info(f"{self.model_name}: tokenizer from {path}")
+
+    def _inputs(self, request) -> dict:
+        out = {}
+        for name in self.input_specs:
+            t = self.pb.get_input_tensor_by_name(request, name)
+            if t is not None:
+                out[name] = t.as_numpy()
+        return out
+
+    def execute(self, requests: list) -> list:
+        pb = self.pb
+        responses = []
+        for request in requests:
+            try:
+                arrays = self.process(self._inputs(request), request)
+                responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()]))
+            except RequestError as e:
+                responses.append(pb.InferenceResponse(
+                    output_tensors=[], error=pb.TritonError(f"{self.model_name}: invalid request: {e}")))
+            except Exception as e:
+                log.exception("%s failed", self.model_name)
+                responses.append(pb.InferenceResponse(
+                    output_tensors=[], error=pb.TritonError(f"{self.model_name}: {type(e).__name__}: {e}")))
+        return responses
+
+    def process(self, inputs: dict, request) -> dict:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        pass
+
+
+class PreprocessingModel(_TokenizerModel):
+    input_specs = {"text_input": protocol.TEXT_INPUT}
+
+    def process(self, inputs: dict, request) -> dict:
+        # An unknown /generate JSON field arrives as a request parameter: reject it here so the ensemble
+        # fails fast with a clear message (the `ouro` front checks its own request).
+        protocol.check_parameters(request.parameters())
+        if inputs.get("text_input") is None:
+            raise RequestError("missing required input 'text_input'")
+        text = protocol.read_scalar(inputs, "text_input", self.input_specs)
+        if not text:
+            raise RequestError("text_input is empty")
+        return protocol.tokenize_arrays(self.tokenizer, text)
+
+
+class PostprocessingModel(_TokenizerModel):
+    input_specs = protocol.POST_INPUTS
+
+    def process(self, inputs: dict, request) -> dict:
+        return protocol.postprocess_arrays(self.tokenizer, inputs)

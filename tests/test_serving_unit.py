@@ -1,0 +1,328 @@
+"""Fast tests of the Triton glue without a server: request parsing/validation, response arrays,
+incremental detokenization, engine options, and the model repository's generated files."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from ouro_backend.config import ConfigError, EngineConfig
+from ouro_backend.sampling_params import RequestError
+from ouro_backend.serving import protocol
+from ouro_backend.serving.options import engine_options, parse_engine_args, resolve_model_path
+from ouro_backend.serving.protocol import (CLIENT_INPUTS, ENGINE_INPUTS, check_parameters, engine_response_arrays,
+                                          parse_request, postprocess_arrays)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def s(v):  # a batched [1, 1] string tensor
+    return np.array([[v.encode() if isinstance(v, str) else v]], dtype=np.object_)
+
+
+def i32(v):
+    return np.array([[v]], dtype=np.int32)
+
+
+def f32(v):
+    return np.array([[v]], dtype=np.float32)
+
+
+def b(v):
+    return np.array([[v]], dtype=np.bool_)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tokenizers import Tokenizer
+
+    from ouro_backend.toy import build_tokenizer_json
+
+    return Tokenizer.from_str(build_tokenizer_json())
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def test_parse_full_request():
+    req = parse_request({
+        "text_input": s("Héllo 🙂"), "max_tokens": i32(7), "min_tokens": i32(2), "stream": b(True),
+        "temperature": f32(0.5), "top_p": f32(0.9), "top_k": i32(5), "seed": np.array([[2**63 + 5]], np.uint64),
+        "stop_words": np.array([[b"\n\n", b"", "énd".encode()]], dtype=np.object_), "ignore_eos": b(True),
+        "exclude_input_in_output": b(True), "return_num_input_tokens": b(True),
+        "return_num_output_tokens": b(False), "return_finish_reason": b(True),
+        "min_loops": i32(2), "max_loops": i32(3), "exit_threshold": f32(0.75),
+    })
+    assert req.prompt == "Héllo 🙂" and req.prompt_text == "Héllo 🙂"
+    p = req.params
+    assert (p.max_tokens, p.min_tokens, p.top_k, p.seed) == (7, 2, 5, 2**63 + 5)
+    assert p.temperature == pytest.approx(0.5) and p.top_p == pytest.approx(0.9)
+    assert p.stop == ["\n\n", "énd"]  # empty entries are padding
+    assert p.ignore_eos and (p.min_loops, p.max_loops) == (2, 3) and p.exit_threshold == pytest.approx(0.75)
+    assert req.stream and req.exclude_input_in_output and not req.echo_prompt
+    assert req.return_num_input_tokens and not req.return_num_output_tokens and req.return_finish_reason
+
+
+def test_parse_defaults_and_unbatched_shapes():
+    req = parse_request({"text_input": np.array([b"hi"], dtype=np.object_), "max_tokens": np.array([3], np.int32)})
+    assert req.prompt == "hi" and req.params.max_tokens == 3
+    assert not req.stream and req.echo_prompt  # non-streaming echoes the prompt unless excluded
+    assert req.params.seed is None and req.params.exit_threshold is None and req.params.max_loops is None
+    assert parse_request({"text_input": s("x")}).params.max_tokens == 16
+
+
+def test_random_seed_alias():
+    assert parse_request({"text_input": s("x"), "random_seed": np.array([[9]], np.uint64)}).params.seed == 9
+    with pytest.raises(RequestError, match="seed .* random_seed"):
+        parse_request({"text_input": s("x"), "seed": np.array([[1]], np.uint64),
+                       "random_seed": np.array([[2]], np.uint64)})
+
+
+@pytest.mark.parametrize("inputs, match", [
+    ({}, "missing required input 'text_input'"),
+    ({"text_input": s("")}, "text_input is empty"),
+    ({"text_input": s(b"\xff\xfe")}, "not valid UTF-8"),
+    ({"text_input": np.array([[1]], np.int32)}, "text_input.*TYPE_STRING"),
+    ({"text_input": s("x"), "max_tokens": f32(3.0)}, "max_tokens.*TYPE_INT32.*float32"),
+    ({"text_input": s("x"), "stream": i32(1)}, "stream.*TYPE_BOOL"),
+    ({"text_input": s("x"), "temperature": s("hot")}, "temperature.*TYPE_FP32"),
+    ({"text_input": s("x"), "max_tokens": i32(-4)}, "max_tokens must be a positive integer, got -4"),
+    ({"text_input": s("x"), "max_tokens": i32(0)}, "max_tokens must be a positive integer"),
+    ({"text_input": s("x"), "min_loops": i32(3), "max_loops": i32(2)}, r"min_loops \(3\) must not exceed max_loops \(2\)"),
+    ({"text_input": s("x"), "exit_threshold": f32(1.5)}, r"exit_threshold must be in \[0, 1\], got 1.5"),
+    ({"text_input": s("x"), "exit_threshold": f32(float("nan"))}, "finite"),
+    ({"text_input": s("x"), "temperature": f32(-1)}, "temperature must be >= 0"),
+    ({"text_input": s("x"), "top_p": f32(0)}, "top_p"),
+    ({"text_input": s("x"), "max_tokens": np.array([[1], [2]], np.int32)}, "batch size 2"),
+    ({"text_input": np.array([[b"a"], [b"b"]], dtype=np.object_)}, "batch size 2"),
+    ({"text_input": s("x"), "max_tokens": np.array([[1, 2]], np.int32)}, "must hold one value"),
+    ({"text_input": s("x"), "frobnicate": i32(1)}, "unknown input.*frobnicate.*known inputs: text_input"),
+])
+def test_bad_requests(inputs, match):
+    with pytest.raises(RequestError, match=match):
+        parse_request(inputs, model="ouro")
+
+
+def test_engine_requests():
+    req = parse_request({"input_ids": np.array([[5, 6, 7]], np.int32), "request_id": s("abc"),
+                         "text_input": s("p"), "stream": b(True)},
+                        specs=ENGINE_INPUTS, prompt_input="input_ids")
+    assert req.prompt == [5, 6, 7] and req.request_id == "abc" and req.prompt_text == "p"
+    with pytest.raises(RequestError, match="input_ids is empty"):
+        parse_request({"input_ids": np.zeros((1, 0), np.int32)}, specs=ENGINE_INPUTS, prompt_input="input_ids")
+    with pytest.raises(RequestError, match="missing required input 'input_ids'"):
+        parse_request({"max_tokens": i32(3)}, specs=ENGINE_INPUTS, prompt_input="input_ids")
+    abort = parse_request({"input_ids": np.zeros((1, 0), np.int32), "abort_request_id": s("abc")},
+                          specs=ENGINE_INPUTS, prompt_input="input_ids")
+    assert abort.abort_request_id == "abc" and abort.prompt is None
+    with pytest.raises(RequestError, match="unknown input"):  # text models' inputs are not the engine's
+        parse_request({"input_ids": np.array([[1]], np.int32), "text_output": s("x")},
+                      specs=ENGINE_INPUTS, prompt_input="input_ids")
+
+
+def test_parameters_check():
+    check_parameters(None)
+    check_parameters("{}")
+    check_parameters(json.dumps({"triton_enable_empty_final_response": True, "sequence_id": 0,
+                                 "sequence_start": False, "sequence_end": False, "priority": 0}))
+    with pytest.raises(RequestError, match="unknown field.*'max_new_tokens'.*known inputs: text_input"):
+        check_parameters(json.dumps({"max_new_tokens": 5}), "ouro")
+
+
+def test_client_inputs_cover_design():
+    design = ["text_input", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "random_seed",
+              "stop_words", "ignore_eos", "exclude_input_in_output", "return_num_input_tokens",
+              "return_num_output_tokens", "return_finish_reason", "min_loops", "max_loops", "exit_threshold"]
+    assert set(design) <= set(CLIENT_INPUTS)
+    assert set(protocol.CLIENT_OUTPUTS) == {"text_output", "num_input_tokens", "num_output_tokens",
+                                            "finish_reason", "exit_depths"}
+
+
+# ---------------------------------------------------------------------------------------------- responses
+
+
+def test_engine_response_arrays():
+    out = engine_response_arrays([10, 11], [1, 2, 3], [4, 2], 0, 9, None, "", (True, False, True))
+    assert out["output_ids"].dtype == np.int32 and out["output_ids"].tolist() == [[10, 11]]
+    assert out["prefix_ids"].tolist() == [[1, 2, 3]] and out["exit_depths"].tolist() == [[4, 2]]
+    assert out["num_input_tokens"].tolist() == [[9]] and out["num_output_tokens"].tolist() == [[2]]
+    assert out["finish_reason"].tolist() == [[b""]] and out["echo_text"].tolist() == [[b""]]
+    assert out["return_num_input_tokens"].tolist() == [[True]] and out["return_finish_reason"].tolist() == [[True]]
+    assert set(out) == set(protocol.ENGINE_OUTPUTS)
+    final = engine_response_arrays([], [], [], 0, 9, "abort", "")
+    assert final["finish_reason"].tolist() == [[b"cancelled"]] and final["output_ids"].shape == (1, 0)
+    assert protocol.finish_reason_name("stop") == "stop" and protocol.finish_reason_name("length") == "length"
+    with pytest.raises(ValueError):
+        engine_response_arrays([1], [], [], 0, 1, None, "")
+
+
+def _stream(tokenizer, prompt_ids, ids, chunk_sizes, window=5):
+    """Engine-like responses: (new ids, prefix = the `window` ids before them)."""
+    all_ids, pos, out = list(prompt_ids) + list(ids), 0, []
+    sizes = list(chunk_sizes)
+    while pos < len(ids):
+        n = sizes.pop(0) if sizes else 1
+        start = len(prompt_ids) + pos
+        out.append((ids[pos:pos + n], all_ids[max(0, start - window):start]))
+        pos += n
+    return out
+
+
+@pytest.mark.parametrize("text", [
+    " leading spaces  and  double  spaces",
+    "héllo wörld: naïve café 🙂🙂 👍 你好，世界。こんにちは Привет 🎉🚀",
+    "Emoji: 🙂 😀 😂 👍 🎉",
+])
+@pytest.mark.parametrize("chunks", [[1], [2, 3, 1], [100]])
+def test_streamed_deltas_concatenate_to_one_shot_text(tokenizer, text, chunks):
+    prompt_ids = tokenizer.encode("The prompt:", add_special_tokens=False).ids
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert len(ids) > 5
+    responses = _stream(tokenizer, prompt_ids, ids, chunks)
+    deltas = []
+    for k, (new, prefix) in enumerate(responses):
+        final = k == len(responses) - 1
+        out = postprocess_arrays(tokenizer, {
+            "output_ids": np.array([new], np.int32), "prefix_ids": np.array([prefix], np.int32),
+            "trim_chars": i32(0), "finish_reason": s("length" if final else ""),
+            "exit_depths": np.array([[4] * len(new)], np.int32)})
+        deltas.append(out["text_output"][0, 0].decode("utf-8"))  # every delta is valid UTF-8
+        assert "\ufffd" not in deltas[-1]
+    assert "".join(deltas) == tokenizer.decode(ids) == text
+
+
+def test_postprocess_echo_trim_and_return_flags(tokenizer):
+    ids = tokenizer.encode(" the robot said STOP here", add_special_tokens=False).ids
+    base = {"output_ids": np.array([ids], np.int32), "prefix_ids": np.zeros((1, 0), np.int32),
+            "trim_chars": i32(len(" here")), "finish_reason": s("stop"),
+            "exit_depths": np.array([[3] * len(ids)], np.int32), "num_input_tokens": i32(4),
+            "num_output_tokens": i32(len(ids)), "echo_text": s("Prompt:")}
+    out = postprocess_arrays(tokenizer, base)
+    assert out["text_output"][0, 0].decode() == "Prompt: the robot said STOP"
+    assert set(out) == {"text_output", "exit_depths"}  # metadata only when asked for
+    assert out["exit_depths"].tolist() == [[3] * len(ids)]
+    out = postprocess_arrays(tokenizer, dict(base, return_num_input_tokens=b(True),
+                                             return_num_output_tokens=b(True), return_finish_reason=b(True)))
+    assert out["num_input_tokens"].tolist() == [[4]] and out["num_output_tokens"].tolist() == [[len(ids)]]
+    assert out["finish_reason"].tolist() == [[b"stop"]]
+    with pytest.raises(RequestError, match="missing required input 'output_ids'"):
+        postprocess_arrays(tokenizer, {"prefix_ids": np.zeros((1, 0), np.int32)})
+
+
+def test_tokenize_arrays(tokenizer):
+    out = protocol.tokenize_arrays(tokenizer, "Hello world")
+    assert out["input_ids"].dtype == np.int32 and out["input_ids"].shape[0] == 1
+    assert out["input_ids"][0].tolist() == tokenizer.encode("Hello world", add_special_tokens=False).ids
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+
+def _cfg(**params):
+    return {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+
+def test_engine_options_precedence(tmp_path):
+    model_dir = tmp_path / "ouro_engine"
+    (model_dir / "ckpt").mkdir(parents=True)
+    cfg = _cfg(model="ckpt", max_num_seqs="8", block_size="", dtype="${DTYPE}", cancel_check_interval_s="0.05")
+    opts, serving = engine_options(cfg, str(model_dir), environ={})
+    assert opts == {"model": str(model_dir / "ckpt"), "max_num_seqs": "8"}  # empty / placeholder: unset
+    assert serving == {"cancel_check_interval_s": "0.05"}
+    env = {"OURO_ENGINE_ARGS": '{"max_num_seqs": 4, "kv_layout": "shared"}', "OURO_MODEL_PATH": "/x/y"}
+    opts, _ = engine_options(cfg, str(model_dir), environ=env)
+    assert opts == {"model": "/x/y", "max_num_seqs": "4", "kv_layout": "shared"}
+    opts, _ = engine_options(_cfg(), None, environ={"OURO_ENGINE_ARGS": "max_num_seqs=2, block_size=32"})
+    assert opts == {"max_num_seqs": "2", "block_size": "32"}
+    assert EngineConfig.from_strings(opts).block_size == 32
+
+
+def test_engine_option_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not key=value"):
+        parse_engine_args("max_num_seqs")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        parse_engine_args("{oops")
+    with pytest.raises(ConfigError, match="unknown engine option 'bogus_option'"):
+        EngineConfig.from_strings({"bogus_option": "1"})
+    with pytest.raises(ConfigError, match="max_num_seqs"):
+        EngineConfig.from_strings({"max_num_seqs": "-3"})
+    with pytest.raises(ConfigError, match="no such checkpoint directory"):
+        resolve_model_path({"model": str(tmp_path / "missing")})
+
+
+# ---------------------------------------------------------------------------------------------- repository
+
+
+def _parse_pbtxt(text):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    cfg = model_config_pb2.ModelConfig()
+    text_format.Parse(text, cfg)
+    return cfg
+
+
+def test_repository_matches_protocol():
+    """The checked-in config.pbtxt files declare exactly the tensors the models parse (parameters may be
+    edited by users; everything else must equal `python -m ouro_backend.serving.repository --write`)."""
+    from ouro_backend.serving import repository
+
+    for rel, text in repository.expected_files().items():
+        path = os.path.join(ROOT, "model_repository", rel)
+        assert os.path.isfile(path), f"{rel} missing: run python -m ouro_backend.serving.repository --write"
+        with open(path) as f:
+            current = f.read()
+        if rel.endswith("model.py"):
+            assert current == text, rel
+            continue
+        got, want = _parse_pbtxt(current), _parse_pbtxt(text)
+        got.ClearField("parameters")
+        want.ClearField("parameters")
+        assert got == want, f"{rel} differs from the generated config: run the repository generator"
+    assert os.path.isdir(os.path.join(ROOT, "model_repository", "ouro_ensemble", "1"))
+
+
+def test_repository_declarations():
+    from ouro_backend.serving import repository
+
+    cfgs = {name: _parse_pbtxt(text) for name, text in repository.render().items()}
+    for name in ("ouro", "ouro_ensemble"):
+        c = cfgs[name]
+        assert c.max_batch_size >= 1
+        assert [i.name for i in c.input if not i.optional] == ["text_input"]
+        assert {o.name for o in c.output} == set(protocol.CLIENT_OUTPUTS)
+    assert cfgs["ouro"].model_transaction_policy.decoupled
+    assert cfgs["ouro_engine"].model_transaction_policy.decoupled
+    assert cfgs["postprocessing"].dynamic_batching.preserve_ordering
+    assert cfgs["postprocessing"].instance_group[0].count >= 2
+    assert cfgs["preprocessing"].instance_group[0].count >= 2
+    engine_params = set(cfgs["ouro_engine"].parameters) - {k for k, _ in repository.SERVING_PARAMETERS}
+    assert engine_params <= set(EngineConfig.field_names()), engine_params - set(EngineConfig.field_names())
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def test_launcher_prepares_pytriton_backend(tmp_path, monkeypatch):
+    from ouro_backend import serve
+
+    monkeypatch.setenv("OURO_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITONSERVER", raising=False)
+    if serve.shutil.which("tritonserver") or serve._pytriton_dirs() is None:
+        pytest.skip("tritonserver comes from PATH here, not from the nvidia-pytriton wheel")
+    binary, backend_dir, env = serve.find_tritonserver()
+    assert os.access(binary, os.X_OK)
+    stub = os.path.join(backend_dir, "python", "triton_python_backend_stub")
+    assert os.access(stub, os.X_OK) and os.path.isfile(os.path.join(backend_dir, "python", "libtriton_python.so"))
+    assert "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
+    server = serve.TritonServer(model=str(tmp_path), engine_args={"max_num_seqs": "4"}, http_port=1, grpc_port=2,
+                                metrics_port=3)
+    cmd, env = server.command()
+    assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    assert json.loads(env["OURO_ENGINE_ARGS"]) == {"max_num_seqs": "4"} and env["OURO_MODEL_PATH"] == str(tmp_path)
+    assert "--http-port=1" in cmd and f"--backend-directory={backend_dir}" in cmd
+    with pytest.raises(serve.ServerError, match="key=value"):
+        serve.parse_engine_args(["oops"])
