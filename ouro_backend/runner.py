@@ -27,6 +27,40 @@ class Emitted:
     logits: Optional[torch.Tensor] = None  # only when the runner records logits (tests, debugging)
 
 
+class HostStaging:
+    """Persistent pinned buffers for a round's small host->device transfers.
+
+    Pinning fresh tensors every round is slow (page-locked allocations); instead each round bump-allocates
+    from one of two pinned halves, and an event guards a half until the copies that read it have run.
+    """
+
+    def __init__(self, device: torch.device, size: int = 1 << 20):
+        self.device = device
+        self.halves = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self.views = [h.numpy() for h in self.halves]
+        self.events = [None, None]
+        self.cur, self.off = 0, 0
+
+    def next_round(self) -> None:
+        ev = torch.cuda.Event()
+        ev.record()
+        self.events[self.cur] = ev
+        self.cur ^= 1
+        self.off = 0
+        if self.events[self.cur] is not None:
+            self.events[self.cur].synchronize()
+
+    def put(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        n = len(data)
+        if self.off + n > self.views[self.cur].shape[0]:
+            return torch.tensor(data, dtype=dtype).to(self.device)  # oversized: plain (synchronous) copy
+        self.views[self.cur][self.off: self.off + n] = data
+        host = self.halves[self.cur][self.off: self.off + n]
+        self.off += n
+        dev = host.to(self.device, non_blocking=True)
+        return dev if dtype == torch.int64 else dev.to(dtype)
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -51,13 +85,17 @@ class ModelRunner:
         self.graph_memory = 0
         self.graph_rounds = self.eager_rounds = 0
         self.last_round: dict[str, int] = {}
+        self.staging = HostStaging(self.device) if self.device.type == "cuda" else None
 
     def _to_dev(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        """A host list on the device, through pinned memory: no device sync on the way."""
-        t = torch.tensor(data, dtype=dtype)
-        if self.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        """A flat host list on the device without a device sync (pinned staging on CUDA)."""
+        if self.staging is None:
+            return torch.tensor(data, dtype=dtype)
+        return self.staging.put(data, dtype)
+
+    def _to_dev_2d(self, rows: list[list[int]], width: int, dtype: torch.dtype) -> torch.Tensor:
+        flat = [x for row in rows for x in row + [0] * (width - len(row))]
+        return self._to_dev(flat, dtype).view(len(rows), width)
 
     def _plane(self, seq: Sequence) -> int:
         item = seq.item
@@ -105,7 +143,7 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         meta = AttentionMetadata(
             cu_seqlens_q=self._to_dev(cu, torch.int32), seq_lens=self._to_dev(lens, torch.int32),
-            block_tables=self._to_dev([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            block_tables=self._to_dev_2d(tables, width, torch.int32),
             slot_mapping=self._to_dev(slots, torch.int64),
             max_seqlen_q=max(cu[i + 1] - cu[i] for i in range(len(batch))),
             max_seqlen_k=max(lens), cu_seqlens_q_host=cu, seq_lens_host=lens)
@@ -130,6 +168,9 @@ class ModelRunner:
         self.g_rows[1] = 1
         self.g_cu_decode = torch.arange(max_rows + 1, dtype=torch.int32, device=dev)
         self.g_tables = torch.zeros(max_rows, width, dtype=torch.int32, device=dev)
+        # Compile the exit-fill kernel now, not in the middle of the first early exit (a self-copy of slot 0).
+        zero = torch.zeros(1, dtype=torch.long, device=dev)
+        self.model.backend.copy_kv_slots(self.kv.kv, zero, zero)
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
         pool = None
@@ -167,16 +208,18 @@ class ModelRunner:
         N, R = cu[-1], len(batch)
         width = max(len(t) for t in tables)
         self.g_tok[:, : g.tokens].copy_(self._to_dev(
-            [positions + [0] * (g.tokens - N), slots + [-1] * (g.tokens - N)], torch.int64))
+            positions + [0] * (g.tokens - N) + slots + [-1] * (g.tokens - N), torch.int64).view(2, g.tokens))
         self.g_rows[:, : g.rows + 1].copy_(self._to_dev(
-            [cu + [N] * (g.rows - R), lens + [1] * (g.rows + 1 - R)], torch.int32))
-        self.g_tables[:R, :width].copy_(self._to_dev([t + [0] * (width - len(t)) for t in tables], torch.int32))
+            cu + [N] * (g.rows - R) + lens + [1] * (g.rows + 1 - R), torch.int32).view(2, g.rows + 1))
+        self.g_tables[:R, :width].copy_(self._to_dev_2d(tables, width, torch.int32))
         self.g_h[:N].copy_(self._gather_inputs(batch))
         g.graph.replay()
         return g.out[:N].clone(), g.gate[:N], cu
 
     @torch.inference_mode()
     def run(self, batch: list[Sequence]) -> list[Emitted]:
+        if self.staging is not None:
+            self.staging.next_round()
         decode_rows = [r for r, s in enumerate(batch) if not s.item.is_prefill]
         prefill_tokens = sum(s.item.n for s in batch if s.item.is_prefill)
         tokens = prefill_tokens + len(decode_rows)

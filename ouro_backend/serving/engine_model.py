@@ -36,12 +36,16 @@ log = logging.getLogger("ouro_backend.serving")
 
 
 class _Active:
-    """A request the engine is working on, and what has been sent for it."""
+    """A request the engine is working on, and what has been sent for it. `lock` orders the FINAL send
+    (after which `done`) against `is_cancelled()`: asking a sender whose final response went out crashes
+    tritonserver 2.51 (the response factory is gone)."""
 
     __slots__ = ("rid", "sender", "parsed", "num_input", "arrival", "cancelled", "prefix", "ids", "depths",
-                 "errored", "started")
+                 "errored", "started", "lock", "done")
 
     def __init__(self, rid: str, sender: Any, parsed: protocol.ParsedRequest):
+        self.lock = threading.Lock()
+        self.done = False
         self.rid = rid
         self.sender = sender
         self.parsed = parsed
@@ -144,6 +148,8 @@ class EngineModel:
         except BaseException:
             with self._lock:
                 self._active.pop(rid, None)
+            with state.lock:
+                state.done = True  # the caller answers with the error
             raise
         state.num_input = len(parsed.prompt)
 
@@ -194,10 +200,13 @@ class EngineModel:
         with self._lock:
             candidates = [s for s in self._active.values() if not s.cancelled]
         for state in candidates:
-            try:
-                cancelled = state.sender.is_cancelled()
-            except Exception:
-                cancelled = False
+            with state.lock:
+                if state.done:
+                    continue
+                try:
+                    cancelled = state.sender.is_cancelled()
+                except Exception:
+                    cancelled = False
             if cancelled:
                 state.cancelled = True
                 self.engine.abort_request(state.rid)
@@ -260,10 +269,14 @@ class EngineModel:
             return_flags=(state.parsed.return_num_input_tokens, state.parsed.return_num_output_tokens,
                           state.parsed.return_finish_reason))
         response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()])
-        try:
-            state.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
-        except Exception as e:  # the client is gone; the cancellation check will abort the request
-            log.debug("send failed for %s: %s", state.rid, e)
+        with state.lock:
+            if state.done:
+                return
+            try:
+                state.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            except Exception as e:  # the client is gone; the cancellation check will abort the request
+                log.debug("send failed for %s: %s", state.rid, e)
+            state.done = final
 
     def _send_error(self, sender: Any, message: str) -> None:
         pb = self.pb
@@ -280,7 +293,11 @@ class EngineModel:
         for state in states:
             state.errored = True
             self.engine.abort_request(state.rid)
-            self._send_error(state.sender, message)
+            with state.lock:
+                if state.done:
+                    continue
+                state.done = True
+                self._send_error(state.sender, message)
 
     # ------------------------------------------------------------------ unload
     def finalize(self) -> None:

@@ -40,9 +40,13 @@ class _BLSError(Exception):
 
 
 class _Stream:
-    __slots__ = ("rid", "sender", "inputs", "parsed", "cancelled", "final_sent", "abort_sent")
+    """One client request. `lock` orders the FINAL send against `is_cancelled()`: the server releases the
+    response factory with the final response, and asking a released sender crashes tritonserver 2.51."""
+
+    __slots__ = ("rid", "sender", "inputs", "parsed", "cancelled", "final_sent", "abort_sent", "lock")
 
     def __init__(self, rid: str, sender: Any, inputs: dict, parsed: protocol.ParsedRequest):
+        self.lock = threading.Lock()
         self.rid = rid
         self.sender = sender
         self.inputs = inputs
@@ -121,9 +125,8 @@ class FrontModel:
                 if getattr(s.parsed, flag)]
             for response in request.exec(decoupled=True):
                 if response.has_error():
-                    if not s.final_sent and not s.cancelled:
-                        self._error(s.sender, response.error().message())
-                        s.final_sent = True
+                    if not s.cancelled:
+                        self._fail(s, response.error().message())
                     continue
                 engine_out = {}
                 for name in protocol.ENGINE_OUTPUTS:
@@ -137,23 +140,21 @@ class FrontModel:
                 out = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in post.items()])
                 self._send(s, out, final)
         except _BLSError as e:
-            if not s.final_sent and not s.cancelled:
-                self._error(s.sender, str(e))
-                s.final_sent = True
+            if not s.cancelled:
+                self._fail(s, str(e))
         except Exception as e:
             log.exception("ouro front: request %s failed", s.rid)
-            if not s.final_sent:
-                self._error(s.sender, f"{self.model_name}: internal error: {type(e).__name__}: {e}")
-                s.final_sent = True
+            self._fail(s, f"{self.model_name}: internal error: {type(e).__name__}: {e}")
         finally:
             with self._lock:
                 self._streams.pop(s.rid, None)
-            if not s.final_sent:
-                s.final_sent = True
-                try:
-                    s.sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                except Exception:
-                    pass
+            with s.lock:
+                if not s.final_sent:
+                    s.final_sent = True
+                    try:
+                        s.sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    except Exception:
+                        pass
 
     def _infer(self, model: str, arrays: dict, outputs: list) -> dict:
         pb = self.pb
@@ -171,12 +172,22 @@ class FrontModel:
 
     def _send(self, s: _Stream, response: Any, final: bool) -> None:
         pb = self.pb
-        try:
-            s.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
-        except Exception as e:  # the client is gone: the watcher aborts the engine request
-            log.debug("send failed for %s: %s", s.rid, e)
-        if final:
+        with s.lock:
+            if s.final_sent:
+                return
+            try:
+                s.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            except Exception as e:  # the client is gone: the watcher aborts the engine request
+                log.debug("send failed for %s: %s", s.rid, e)
+            if final:
+                s.final_sent = True
+
+    def _fail(self, s: _Stream, message: str) -> None:
+        with s.lock:
+            if s.final_sent:
+                return
             s.final_sent = True
+            self._error(s.sender, message)
 
     def _error(self, sender: Any, message: str) -> None:
         pb = self.pb
@@ -192,10 +203,13 @@ class FrontModel:
             with self._lock:
                 streams = [s for s in self._streams.values() if not s.cancelled]
             for s in streams:
-                try:
-                    cancelled = s.sender.is_cancelled()
-                except Exception:
-                    cancelled = False
+                with s.lock:
+                    if s.final_sent:
+                        continue
+                    try:
+                        cancelled = s.sender.is_cancelled()
+                    except Exception:
+                        cancelled = False
                 if cancelled:
                     s.cancelled = True
                     self._abort(s)

@@ -99,10 +99,11 @@ Engine options: the parameters below (empty = default), then $OURO_ENGINE_ARGS, 
     )
     files["preprocessing"] = (
         _header("preprocessing: text_input -> input_ids (ouro_backend/serving/text_models.py).\n"
+                "Takes all client inputs (all optional) to validate the whole request first in the ensemble.\n"
                 "The tokenizer is the engine checkpoint's ($OURO_MODEL_PATH, else `model`, else the toy).")
         + f'name: "preprocessing"\nbackend: "python"\nmax_batch_size: {PRE_POST_MAX_BATCH}\n'
         + "dynamic_batching { }\n"
-        + _inputs([protocol.TEXT_INPUT], required=["text_input"])
+        + _inputs(protocol.CLIENT_INPUTS.values(), required=[], ragged=True)
         + _outputs({"input_ids": "INT32"}, ["input_ids"])
         + f"instance_group [ {{ count: {INSTANCES}, kind: KIND_CPU }} ]\n"
         + _params([("model", "checkpoint dir with tokenizer.json; $OURO_MODEL_PATH overrides")], "Options")
@@ -146,7 +147,7 @@ def _ensemble() -> str:
     engine_out = [(n, f"_{n}") for n in protocol.ENGINE_OUTPUTS]
     post_in = engine_out  # a step after a decoupled step may only read that step's outputs
     steps = [
-        ("preprocessing", [("text_input", "text_input")], [("input_ids", "_input_ids")]),
+        ("preprocessing", [(n, n) for n in protocol.CLIENT_INPUTS], [("input_ids", "_input_ids")]),
         ("ouro_engine", [("input_ids", "_input_ids"), ("text_input", "text_input")] + sampling
          + [(n, n) for n in protocol.RETURN_FLAGS], engine_out),
         ("postprocessing", post_in, [(n, n) for n in protocol.CLIENT_OUTPUTS]),
@@ -162,7 +163,10 @@ cancellation or disconnect does NOT reach the running ouro_engine step (the ense
 schedules afterwards), so the engine finishes the request (up to max_tokens) and only then frees its KV.
 Use `ouro` when clients may cancel.""")
         + 'name: "ouro_ensemble"\nplatform: "ensemble"\nmax_batch_size: 1\n'
-        + _inputs(protocol.CLIENT_INPUTS.values(), required=["text_input"])
+        # text_input is required, but declared optional: a required ensemble input that is missing leaves
+        # preprocessing unscheduled and the ensemble answers with an empty success; optional, preprocessing
+        # runs and rejects the request ("missing required input 'text_input'").
+        + _inputs(protocol.CLIENT_INPUTS.values(), required=[])
         + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths"])
         + "ensemble_scheduling {\n  step [\n" + body + "\n  ]\n}\n"
     )

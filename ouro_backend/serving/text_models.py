@@ -74,18 +74,18 @@ class _TokenizerModel:
 
 
 class PreprocessingModel(_TokenizerModel):
-    input_specs = {"text_input": protocol.TEXT_INPUT}
+    """Takes every client input (all optional), so that in the ensemble it always runs and validates the
+    whole request before the engine sees it: without that, a request lacking `text_input` but carrying
+    another input would pass Triton's input-count check and the ensemble would end with no response data."""
+
+    input_specs = protocol.CLIENT_INPUTS
 
     def process(self, inputs: dict, request) -> dict:
         # An unknown /generate JSON field arrives as a request parameter: reject it here so the ensemble
         # fails fast with a clear message (the `ouro` front checks its own request).
         protocol.check_parameters(request.parameters())
-        if inputs.get("text_input") is None:
-            raise RequestError("missing required input 'text_input'")
-        text = protocol.read_scalar(inputs, "text_input", self.input_specs)
-        if not text:
-            raise RequestError("text_input is empty")
-        return protocol.tokenize_arrays(self.tokenizer, text)
+        parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS)
+        return protocol.tokenize_arrays(self.tokenizer, parsed.prompt)
 
 
 class PostprocessingModel(_TokenizerModel):
