@@ -112,8 +112,8 @@ class TorchBackend:
         flat[:, :, dst] = flat[:, :, src]
 
 
-def get_backend(name: str, device: torch.device):
-    """Pick the attention backend: 'auto' is Triton kernels on CUDA, torch elsewhere."""
+def get_backend(name: str, device: torch.device, block_size: int = 16):
+    """Pick the attention backend: 'auto' is our Triton kernels on CUDA (the measured path), torch elsewhere."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
@@ -125,5 +125,5 @@ def get_backend(name: str, device: torch.device):
     if name == "flash":
         from .kernels.flash import FlashBackend
 
-        return FlashBackend()
+        return FlashBackend(device, block_size)
     raise ValueError(f"unknown attention backend {name!r}")

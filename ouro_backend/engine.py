@@ -59,7 +59,7 @@ class LLMEngine:
         self.exit_threshold = mcfg.early_exit_threshold if cfg.exit_threshold is None else cfg.exit_threshold
         t0 = time.monotonic()
         weights = load_weights(path, mcfg, self.dtype, self.device)
-        self.model = OuroModel(mcfg, weights, get_backend(cfg.attention_backend, self.device), self.max_model_len)
+        self.model = OuroModel(mcfg, weights, get_backend(cfg.attention_backend, self.device, cfg.block_size), self.max_model_len)
         del weights
         log.info("loaded %s (%s, %s) in %.1fs", path, dtype_name, self.device, time.monotonic() - t0)
         num_blocks = self._num_kv_blocks()

@@ -124,3 +124,14 @@ def test_shared_results_independent_of_chunk_size(toy_path, chunk):
     for i in range(len(PROMPTS)):
         for a, b in zip(base.recorded[str(i)], eng.recorded[str(i)]):
             assert torch.allclose(a, b, atol=1e-4, rtol=0)
+
+
+def test_eager_baseline_matches_oracle(toy_weights, oracle):
+    """The benchmark's baseline (HF-style eager, concatenated per-loop cache) computes the same model."""
+    from ouro_backend.baseline import EagerBaseline
+
+    base = EagerBaseline(*toy_weights)
+    prompts = torch.tensor([PROMPTS[0][:10], PROMPTS[2][:10]])
+    got = base.generate(prompts, 5)["tokens"]
+    for row, prompt in zip(got, prompts.tolist()):
+        assert row == oracle.generate(prompt, 5)[0]

@@ -126,3 +126,8 @@ def test_checkpoint_unsupported_config(toy_path, tmp_path):
 
     with pytest.raises(ConfigError, match="rope_scaling"):
         LLMEngine(EngineConfig(model=_broken_copy(toy_path, tmp_path, rope_scaling), device="cpu"))
+
+
+def test_flash_backend_unavailable_is_a_clear_error(toy_path):
+    with pytest.raises(ConfigError, match="attention_backend=flash"):
+        LLMEngine(EngineConfig(model=toy_path, device="cpu", attention_backend="flash"))
