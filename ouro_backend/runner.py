@@ -68,6 +68,10 @@ class _Graph:
     gate: torch.Tensor  # [tokens] gate values
     tokens: int
     rows: int
+    # Decode graphs also run the greedy coda for every row, so a round needs a single readback:
+    # packed = [gate, argmax token, its logprob] per row, and the logits for rows that sample.
+    packed: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None
 
 
 class ModelRunner:
@@ -188,8 +192,14 @@ class ModelRunner:
             with torch.cuda.graph(g, pool=pool):
                 out = self.model.loop(*args)
                 gate = self.policy.gate_values(self.model, out)
+                packed = logits = None
+                if max_q == 1:
+                    logits = self.model.logits(out)
+                    tok = logits.argmax(-1)
+                    lp = logits.gather(-1, tok[:, None])[:, 0] - torch.logsumexp(logits, -1)
+                    packed = torch.stack([gate.float(), tok.float(), lp])  # ids < 2^24: exact in fp32
             pool = g.pool()
-            graphs[tokens] = _Graph(g, out, gate, tokens, rows)
+            graphs[tokens] = _Graph(g, out, gate, tokens, rows, packed, logits)
         torch.cuda.synchronize(dev)
         self.graph_memory = torch.cuda.memory_allocated(dev) - before
 
@@ -204,6 +214,7 @@ class ModelRunner:
         return None
 
     def _run_graph(self, batch: list[Sequence], g: _Graph) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Replay graph g for this batch; returns (loop output, gate values, cu_seqlens_q)."""
         positions, slots, cu, lens, tables = self._metadata(batch)
         N, R = cu[-1], len(batch)
         width = max(len(t) for t in tables)
@@ -224,8 +235,11 @@ class ModelRunner:
         prefill_tokens = sum(s.item.n for s in batch if s.item.is_prefill)
         tokens = prefill_tokens + len(decode_rows)
         graph = self._pick_graph(batch, tokens, not prefill_tokens) if self.device.type == "cuda" else None
+        packed = None
         if graph is not None:
             out, gate, cu = self._run_graph(batch, graph)
+            if graph.packed is not None:
+                packed = graph.packed[:, : len(batch)].tolist()  # the round's one sync
             self.graph_rounds += 1
         else:
             h, positions, meta = self._prepare(batch)
@@ -233,7 +247,9 @@ class ModelRunner:
             cu, gate = meta.cu_seqlens_q_host, None
             self.eager_rounds += 1
         lams: list[float] = []
-        if decode_rows and self.policy.needs_gate:
+        if packed is not None:
+            lams = packed[0]
+        elif decode_rows and self.policy.needs_gate:
             idx = self._to_dev([cu[r] for r in decode_rows], torch.long)
             lams = (gate.index_select(0, idx) if gate is not None
                     else self.policy.gate_values(self.model, out.index_select(0, idx))).tolist()
@@ -270,8 +286,13 @@ class ModelRunner:
                                running=len(batch))
         if not coda:
             return []
-        logits = self.model.logits(out.index_select(0, self._to_dev(coda_rows, torch.long)))
         seqs = [s for s, _ in coda]
+        if packed is not None and not self.record_logits and all(s.params.temperature == 0 for s in seqs):
+            # Greedy rows of a decode graph: the graph already computed token and logprob.
+            return [Emitted(s, int(packed[1][r]), packed[2][r], d) for (s, d), r in zip(coda, coda_rows)]
+        rows = self._to_dev(coda_rows, torch.long)
+        logits = (graph.logits.index_select(0, rows) if packed is not None
+                  else self.model.logits(out.index_select(0, rows)))
         tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         rec = logits.cpu() if self.record_logits else [None] * len(seqs)
         return [Emitted(s, t, lp, d, lg) for (s, d), t, lp, lg in zip(coda, tokens, logprobs, rec)]

@@ -20,13 +20,14 @@ def gpu_engine(toy_path, dtype, **kw):
 def test_fp32_greedy_equals_oracle(toy_path, oracle, layout, graphs, threshold):
     eng = gpu_engine(toy_path, "float32", kv_layout=layout, cuda_graphs=graphs, prefill_chunk_size=5,
                      max_num_batched_tokens=16)
+    eng.runner.record_logits = False  # exercise the graphs' in-graph greedy coda
     outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
                                                 exit_threshold=threshold))
     for prompt, out in zip(PROMPTS, outs):
         tokens, depths = oracle.generate(prompt, 8, exit_fn=ouro_exit(threshold), layout=layout)
         assert (out.token_ids, out.exit_depths) == (tokens, depths)
     if graphs:
-        assert eng.runner.graph_rounds > 0
+        assert eng.runner.graph_rounds > 0 and eng.runner.eager_rounds == 0
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -50,3 +51,9 @@ def test_bf16_logits_within_tolerance(toy_path, oracle, layout, graphs):
     assert len(depths_seen) > 1
     assert worst <= 2e-2, worst
     print(f"bf16 {layout} graphs={graphs}: worst relative logits error {worst:.2e}")
+
+
+def test_seeded_sampling_same_with_and_without_graphs(toy_path):
+    params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=11, ignore_eos=True, exit_threshold=0.5)
+    outs = [run_all(gpu_engine(toy_path, "float32", cuda_graphs=g), PROMPTS, params) for g in (True, False)]
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]

@@ -20,8 +20,8 @@ DEV = "cuda" if HAS_CUDA else "cpu"
 
 def _import_interpreted_kernels():
     prefix = "ouro_backend.kernels"
+    pkg = importlib.import_module("ouro_backend")  # first: its __init__ may import the kernels normally
     saved = {k: v for k, v in sys.modules.items() if k == prefix or k.startswith(prefix + ".")}
-    pkg = importlib.import_module("ouro_backend")
     had_attr = hasattr(pkg, "kernels")
     saved_attr = getattr(pkg, "kernels", None)
     saved_env = os.environ.get("TRITON_INTERPRET")

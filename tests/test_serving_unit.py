@@ -291,9 +291,14 @@ def test_repository_declarations():
     cfgs = {name: _parse_pbtxt(text) for name, text in repository.render().items()}
     for name in ("ouro", "ouro_ensemble"):
         c = cfgs[name]
-        assert c.max_batch_size >= 1
-        assert [i.name for i in c.input if not i.optional] == ["text_input"]
+        assert c.max_batch_size >= 1  # genai-perf / perf_analyzer send [1, 1] shapes
+        assert [i.name for i in c.input] == list(protocol.CLIENT_INPUTS)
         assert {o.name for o in c.output} == set(protocol.CLIENT_OUTPUTS)
+    assert [i.name for i in cfgs["ouro"].input if not i.optional] == ["text_input"]
+    # The ensemble declares text_input optional on purpose (preprocessing then reports it missing; a
+    # required-but-missing ensemble input would leave the ensemble answering an empty success).
+    assert all(i.optional for i in cfgs["ouro_ensemble"].input)
+    assert all(i.optional for i in cfgs["preprocessing"].input)
     assert cfgs["ouro"].model_transaction_policy.decoupled
     assert cfgs["ouro_engine"].model_transaction_policy.decoupled
     assert cfgs["postprocessing"].dynamic_batching.preserve_ordering

@@ -132,7 +132,9 @@ shapes are [1, 1] (batch 1) for scalars; /v2/models/ouro/generate and /generate_
         + "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
         + _params([("engine_model", "ouro_engine"), ("preprocessing_model", "preprocessing"),
                    ("postprocessing_model", "postprocessing"),
-                   ("cancel_check_interval_s", "how often clients are checked for cancellation (0.02)")],
+                   ("cancel_check_interval_s", "how often clients are checked for cancellation (0.02)"),
+                   ("postprocess_in_process", "true: detokenize in this model, no postprocessing BLS call "
+                    "per response (false); `model` then names the checkpoint ($OURO_MODEL_PATH overrides)")],
                   "Options (empty: default)")
     )
     files["ouro_ensemble"] = _ensemble()

@@ -1,0 +1,481 @@
+"""End-to-end tests against a REAL tritonserver (Triton 2.51 from the nvidia-pytriton wheel, or $TRITONSERVER)
+running the real engine on the toy checkpoint, started through the `ouro-serve` launcher code on free ports.
+
+One server for the module; its log path is printed at start, and its tail on failure. Greedy results are
+compared with the offline engine (`ouro_backend.LLM`) on the same checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from ouro_backend import LLM, SamplingParams
+from ouro_backend.serve import ServerError, TritonServer, free_port
+
+from client.ouro_client import build_inputs, generate, request_options, stream_grpc, stream_http
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.timeout(300)
+
+# The server's engine and the offline reference run the same device and dtype (fp32: greedy results are
+# compared token for token). OURO_TEST_DEVICE=cuda runs both on the GPU.
+DEVICE = os.environ.get("OURO_TEST_DEVICE", "cpu")
+ENGINE_ARGS = {"device": DEVICE, "dtype": "float32"}
+PROMPT = "Once upon a time there was a little robot who"
+PROMPTS = [
+    "Once upon a time there was a little robot who",
+    "The quick brown fox jumps over the lazy dog.",
+    " leading space and  two spaces",
+    "héllo wörld: naïve café 🙂 你好，世界",
+    "def add(a, b):\n    return",
+    "Questions and answers: What is the capital of France?",
+    "The weather today is sunny with a few clouds",
+    "Le café est très bon ce matin. Où est",
+]
+
+
+def _server_or_skip(**kwargs) -> TritonServer:
+    try:
+        from ouro_backend.serve import find_tritonserver
+
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(f"no tritonserver available: {e}")
+    return TritonServer(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def server(toy_path, request):
+    srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS)
+    print(f"\ntritonserver log: {srv.log_file}", flush=True)
+    try:
+        srv.start(timeout=300)
+    except ServerError:
+        srv.stop()
+        raise
+    failed_before = request.session.testsfailed
+    try:
+        yield srv
+    finally:
+        code = srv.stop()
+        log = srv.log_text()
+        if request.session.testsfailed > failed_before:
+            print(f"\n--- tritonserver log tail ({srv.log_file}) ---\n{srv.log_tail(100)}")
+        # Shutdown must be clean: models unloaded, engine thread stopped, no Python errors.
+        if "Traceback" in log:
+            print(srv.log_tail(120))
+        assert "Traceback" not in log, f"Python error in the server log {srv.log_file}"
+        assert code == 0, f"tritonserver exit code {code}; log {srv.log_file}:\n{srv.log_tail()}"
+
+
+@pytest.fixture(scope="module")
+def llm(toy_path):
+    return LLM(model=toy_path, **ENGINE_ARGS)
+
+
+def offline(llm, prompt, **params):
+    return llm.generate([prompt], SamplingParams(**params))[0]
+
+
+def metrics(server) -> dict[str, float]:
+    """The engine's own metrics (label model="ouro_engine"), summed over other labels."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for name, labels, value in re.findall(r"^(ouro_[a-z0-9_]+)\{([^}]*)\} (\S+)$", text, re.M):
+        if 'model="ouro_engine"' in labels:
+            key = name
+            le = re.search(r'le="([^"]+)"', labels)
+            if name.endswith("_bucket") and le:
+                key = name + "{" + le.group(1) + "}"
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def wait_for(predicate, timeout=15.0, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def all_flags(**kw):
+    return request_options(return_num_input_tokens=True, return_num_output_tokens=True, return_finish_reason=True,
+                           **kw)
+
+
+# ------------------------------------------------------------------------------------------- streaming
+
+
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+def test_grpc_streaming_matches_offline(server, llm, model):
+    ref = offline(llm, PROMPT, max_tokens=24, temperature=0.0, exit_threshold=0.7)
+    assert len(set(ref.exit_depths)) > 1, "the toy should exit at mixed depths at threshold 0.7"
+    r = generate(server.grpc_url, model, PROMPT, all_flags(max_tokens=24, temperature=0.0, exit_threshold=0.7))
+    assert r.error is None
+    assert len(r.chunks) > 1, "streaming must give several responses"
+    assert r.text == ref.text
+    assert r.exit_depths == ref.exit_depths
+    assert sum(c.num_output_tokens for c in r.chunks) == len(ref.token_ids)
+    assert all(c.num_output_tokens == len(c.exit_depths) for c in r.chunks)
+    assert {c.num_input_tokens for c in r.chunks} == {len(ref.prompt_token_ids)}
+    assert [c.finish_reason for c in r.chunks[:-1]] == [""] * (len(r.chunks) - 1)
+    assert r.chunks[-1].finish_reason == ref.finish_reason
+
+
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+def test_http_sse_streaming_matches_offline(server, llm, model):
+    prompt = "héllo wörld: naïve café 🙂"
+    ref = offline(llm, prompt, max_tokens=20, temperature=0.0)
+    r = generate(server.http_url, model, prompt, all_flags(max_tokens=20, temperature=0.0), protocol="http")
+    assert r.error is None
+    assert len(r.chunks) > 1
+    assert r.text == ref.text and r.exit_depths == ref.exit_depths
+    assert set(r.exit_depths) == {4}  # default threshold 1.0: fixed depth
+    assert r.num_tokens == len(ref.token_ids) and r.finish_reason == ref.finish_reason
+
+
+def test_engine_direct_token_ids(server, llm):
+    """ouro_engine is callable directly with token ids (gRPC streaming)."""
+    import tritonclient.grpc as grpcclient
+
+    ref = offline(llm, PROMPT, max_tokens=12, temperature=0.0, exit_threshold=0.5)
+    ids = np.array([ref.prompt_token_ids], dtype=np.int32)
+    inputs = []
+    for name, arr, dt in [("input_ids", ids, "INT32"), ("max_tokens", np.array([[12]], np.int32), "INT32"),
+                          ("temperature", np.array([[0.0]], np.float32), "FP32"),
+                          ("exit_threshold", np.array([[0.5]], np.float32), "FP32"),
+                          ("stream", np.array([[True]]), "BOOL")]:
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.async_stream_infer("ouro_engine", inputs, enable_empty_final_response=True)
+    out_ids, depths, reasons = [], [], []
+    while True:
+        result, error = q.get(timeout=60)
+        assert error is None, error
+        if result.get_response().outputs:
+            out_ids += result.as_numpy("output_ids").reshape(-1).tolist()
+            depths += result.as_numpy("exit_depths").reshape(-1).tolist()
+            reasons.append(result.as_numpy("finish_reason").reshape(-1)[0].decode())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    client.close()
+    assert out_ids == ref.token_ids and depths == ref.exit_depths
+    assert reasons[-1] == ref.finish_reason and set(reasons[:-1]) <= {""}
+
+
+# ------------------------------------------------------------------------------------------- non-streaming
+
+
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+def test_non_streaming(server, llm, model):
+    prompt = " leading space, 🙂 and  two spaces"
+    ref = offline(llm, prompt, max_tokens=16, temperature=0.0)
+    # Default: one response, the prompt echoed before the generated text (like the vLLM / TRT-LLM backends).
+    r = generate(server.http_url, model, prompt, all_flags(max_tokens=16, temperature=0.0, stream=False),
+                 protocol="http")
+    assert r.error is None and len(r.chunks) == 1
+    assert r.text == prompt + ref.text
+    assert r.exit_depths == ref.exit_depths and r.num_tokens == len(ref.token_ids)
+    assert r.finish_reason == ref.finish_reason
+    # exclude_input_in_output: only the generated text; and stream absent means non-streaming
+    opts = {"max_tokens": 16, "temperature": 0.0, "exclude_input_in_output": True}
+    r = generate(server.grpc_url, model, prompt, opts)
+    assert r.error is None and len(r.chunks) == 1 and r.text == ref.text
+    # streaming never echoes the prompt
+    r = generate(server.grpc_url, model, prompt, dict(opts, stream=True, exclude_input_in_output=False))
+    assert r.error is None and r.text == ref.text
+
+
+def test_http_generate_plain_json(server, llm):
+    ref = offline(llm, PROMPT, max_tokens=8, temperature=0.0)
+    body = json.dumps({"text_input": PROMPT, "max_tokens": 8, "temperature": 0, "exclude_input_in_output": True,
+                       "return_num_output_tokens": True, "return_finish_reason": True}).encode()
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/ouro/generate", data=body,
+                                 headers={"Content-Type": "application/json"})
+    data = json.loads(urllib.request.urlopen(req, timeout=60).read())
+    assert data["text_output"] == ref.text and data["num_output_tokens"] == len(ref.token_ids)
+    assert data["finish_reason"] == ref.finish_reason
+    assert data["exit_depths"] == ref.exit_depths
+
+
+def test_stop_words(server, llm):
+    ref = offline(llm, PROMPT, max_tokens=30, temperature=0.0)
+    # a stop string taken from the middle of the greedy text: the output must end right before it
+    text = ref.text
+    start = next(i for i in range(6, len(text) - 3) if "\ufffd" not in text[i:i + 3] and text[i:i + 3].strip())
+    stop = text[start:start + 3]
+    expect = offline(llm, PROMPT, max_tokens=30, temperature=0.0, stop=[stop])
+    assert expect.finish_reason == "stop" and stop not in expect.text
+    for model in ("ouro", "ouro_ensemble"):
+        for stream in (True, False):
+            r = generate(server.grpc_url, model, PROMPT, all_flags(max_tokens=30, temperature=0.0, stream=stream,
+                                                                  exclude_input_in_output=True, stop_words=[stop]))
+            assert r.error is None
+            assert r.text == expect.text, (model, stream)
+            assert r.finish_reason == "stop"
+
+
+def test_sampling_with_seed_is_reproducible(server):
+    opts = request_options(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=1234)
+    a = generate(server.grpc_url, "ouro", PROMPT, opts)
+    b = generate(server.grpc_url, "ouro_ensemble", PROMPT, dict(opts, seed=None, random_seed=1234))
+    assert a.error is None and b.error is None
+    assert a.text == b.text and a.exit_depths == b.exit_depths
+
+
+# ------------------------------------------------------------------------------------------- concurrency
+
+
+def test_concurrent_streams(server, llm):
+    """16 streams through `ouro` and 8 through the ensemble at once; every stream in order and exact."""
+    jobs = [("ouro", PROMPTS[i % len(PROMPTS)]) for i in range(16)] + \
+           [("ouro_ensemble", PROMPTS[i % len(PROMPTS)]) for i in range(8)]
+    refs = {p: offline(llm, p, max_tokens=24, temperature=0.0) for p in PROMPTS}
+    opts = all_flags(max_tokens=24, temperature=0.0)
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(lambda job: generate(server.grpc_url, job[0], job[1], opts, timeout=240), jobs))
+    for (model, prompt), r in zip(jobs, results):
+        assert r.error is None, (model, r.error)
+        assert r.text == refs[prompt].text, (model, prompt)
+        assert r.exit_depths == refs[prompt].exit_depths
+        assert r.num_tokens == len(refs[prompt].token_ids) and r.finish_reason == refs[prompt].finish_reason
+        assert len(r.chunks) > 1
+
+
+# ------------------------------------------------------------------------------------------- cancellation
+
+
+def _generation_stopped(server, before, max_new=200):
+    """KV back to empty, nothing running, one more abort, and far fewer tokens than max_tokens."""
+    def done():
+        m = metrics(server)
+        ok = (m.get("ouro_requests_aborted_total", 0) >= before.get("ouro_requests_aborted_total", 0) + 1
+              and m.get("ouro_kv_cache_usage_ratio", 1) == 0 and m.get("ouro_num_requests_running", 1) == 0)
+        return m if ok else None
+
+    m = wait_for(done, timeout=15)
+    assert m, f"engine did not stop/free the cancelled request: {metrics(server)}"
+    generated = m["ouro_generation_tokens_total"] - before.get("ouro_generation_tokens_total", 0)
+    assert generated < max_new, f"{generated} tokens generated after the cancel"
+    assert m.get("ouro_request_success_total", 0) >= before.get("ouro_request_success_total", 0) + 1
+    return m
+
+
+def _idle(server):
+    wait_for(lambda: metrics(server).get("ouro_num_requests_running", 1) == 0, timeout=30)
+
+
+def test_cancel_grpc_stop_stream(server):
+    import tritonclient.grpc as grpcclient
+
+    _idle(server)
+    before = metrics(server)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    opts = request_options(max_tokens=1500, ignore_eos=True, temperature=0.0)
+    client.async_stream_infer("ouro", build_inputs(grpcclient, PROMPT, opts), enable_empty_final_response=True)
+    for _ in range(3):
+        result, error = q.get(timeout=60)
+        assert error is None, error
+    mid = metrics(server)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    _generation_stopped(server, before)
+    assert mid.get("ouro_generation_tokens_total", 0) < before.get("ouro_generation_tokens_total", 0) + 1500
+
+
+def test_cancel_http_disconnect(server):
+    import http.client
+
+    _idle(server)
+    before = metrics(server)
+    host, port = server.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"text_input": PROMPT, "max_tokens": 1500, "ignore_eos": True, "stream": True, "temperature": 0}
+    conn.request("POST", "/v2/models/ouro/generate_stream", body=json.dumps(body))
+    resp = conn.getresponse()
+    events = 0
+    while events < 3:
+        line = resp.readline()
+        assert line, "stream ended early"
+        events += line.startswith(b"data:")
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    _generation_stopped(server, before)
+
+
+def test_server_healthy_after_cancellations(server, llm):
+    ref = offline(llm, PROMPT, max_tokens=6, temperature=0.0)
+    r = generate(server.grpc_url, "ouro", PROMPT, request_options(max_tokens=6, temperature=0.0))
+    assert r.error is None and r.text == ref.text
+
+
+# ------------------------------------------------------------------------------------------- bad requests
+
+
+BAD_REQUESTS = [
+    ("missing text_input", None, {"max_tokens": 4}, "missing required input 'text_input'"),
+    ("empty text", "", {"max_tokens": 4}, "text_input is empty"),
+    ("negative max_tokens", PROMPT, {"max_tokens": -5}, "max_tokens must be a positive integer, got -5"),
+    ("max_tokens beyond context", PROMPT, {"max_tokens": 100000}, "exceeds the context limit"),
+    ("min_loops > max_loops", PROMPT, {"min_loops": 3, "max_loops": 2}, r"min_loops \(3\) must not exceed max_loops \(2\)"),
+    ("max_loops > model loops", PROMPT, {"max_loops": 9}, r"max_loops \(9\) exceeds the model's 4 loops"),
+    ("exit_threshold 1.5", PROMPT, {"exit_threshold": 1.5}, r"exit_threshold must be in \[0, 1\], got 1.5"),
+    ("temperature < 0", PROMPT, {"temperature": -1.0}, "temperature must be >= 0"),
+]
+
+
+def _grpc_error(server, model, prompt, opts, raw_inputs=None):
+    import tritonclient.grpc as grpcclient
+
+    inputs = raw_inputs
+    if inputs is None:
+        inputs = build_inputs(grpcclient, prompt or "", opts)
+        if prompt is None:
+            inputs = inputs[1:]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = q.get(timeout=60)
+            if error is not None:
+                return str(error)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return None
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+@pytest.mark.parametrize("case, prompt, opts, match", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_requests_grpc(server, model, case, prompt, opts, match):
+    error = _grpc_error(server, model, prompt, opts)
+    assert error is not None, f"{case}: no error"
+    assert re.search(match, error), error
+
+
+def test_bad_request_types_and_unknown_inputs(server):
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name, arr, dt):
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    text = tensor("text_input", np.array([[PROMPT.encode()]], dtype=np.object_), "BYTES")
+    for model in ("ouro", "ouro_ensemble", "ouro_engine"):
+        first = text if model != "ouro_engine" else tensor("input_ids", np.array([[5, 6]], np.int32), "INT32")
+        err = _grpc_error(server, model, None, None, [first, tensor("max_tokens", np.array([[4.0]], np.float32), "FP32")])
+        assert err and re.search(r"max_tokens.*FP32.*INT32", err), err  # Triton's own type check
+        err = _grpc_error(server, model, None, None, [first, tensor("frobnicate", np.array([[1]], np.int32), "INT32")])
+        assert err and "frobnicate" in err, err
+    err = _grpc_error(server, "ouro_engine", None, None,
+                      [tensor("input_ids", np.array([[5, 99999]], np.int32), "INT32")])
+    assert err and "outside the vocabulary" in err, err
+
+
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+def test_bad_requests_http(server, model):
+    cases = [({"text_input": PROMPT, "max_tokens": 4, "max_new_tokens": 3}, "unknown field.*'max_new_tokens'"),
+             ({"text_input": PROMPT, "max_tokens": "four"}, "Unable to parse"),  # Triton's JSON parser
+             ({"text_input": "", "max_tokens": 4}, "text_input is empty"),
+             ({"text_input": PROMPT, "exit_threshold": 1.5}, r"exit_threshold must be in \[0, 1\]")]
+    for body, match in cases:
+        for endpoint in ("generate", "generate_stream"):
+            req = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/{endpoint}",
+                                         data=json.dumps(dict(body, stream=endpoint == "generate_stream")).encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                text = urllib.request.urlopen(req, timeout=60).read().decode()
+            except urllib.error.HTTPError as e:
+                text = e.read().decode()
+            assert re.search(match, text), (endpoint, body, text)
+    # and the server keeps serving
+    r = generate(server.http_url, model, PROMPT, request_options(max_tokens=3, temperature=0.0), protocol="http")
+    assert r.error is None and r.num_tokens == 3
+
+
+# ------------------------------------------------------------------------------------------- metrics, perf
+
+
+def test_metrics(server):
+    m = metrics(server)
+    for name in ("ouro_prompt_tokens_total", "ouro_generation_tokens_total", "ouro_requests_aborted_total",
+                 "ouro_kv_cache_usage_ratio", "ouro_num_requests_running", "ouro_num_requests_waiting",
+                 "ouro_time_to_first_token_seconds_count", "ouro_time_per_output_token_seconds_count",
+                 "ouro_e2e_request_latency_seconds_count", "ouro_exit_depth_count", "ouro_request_success_total"):
+        assert name in m, f"{name} missing from {sorted(m)}"
+    assert m["ouro_generation_tokens_total"] > 0 and m["ouro_exit_depth_count"] > 0
+    assert m["ouro_time_to_first_token_seconds_count"] > 0
+    # exit depths are integers 1..4: the le="1" .. le="4" buckets hold them all, some below depth 4
+    assert m["ouro_exit_depth_bucket{4}"] == m["ouro_exit_depth_count"]
+    assert m["ouro_exit_depth_bucket{3}"] > 0
+
+
+def test_perf_analyzer(server, tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "client", "perf_analyzer"))
+    from locate import PerfAnalyzerUnavailable  # noqa: E402
+    from run_perf import run  # noqa: E402
+
+    try:
+        report = run(server.grpc_url, models=("ouro", "ouro_ensemble"), concurrency=(2,), max_tokens=8,
+                     measurement_ms=1000, max_trials=3, timeout=120, out_dir=str(tmp_path))
+    except PerfAnalyzerUnavailable as e:
+        pytest.skip(f"perf_analyzer cannot run here: {e}")
+    for r in report["runs"]:
+        assert r["ok"], json.dumps(r, indent=1)
+        assert r["response_throughput_per_s"] > r["throughput_infer_per_s"] > 0  # several responses per request
+
+
+# ------------------------------------------------------------------------------------------- load failures
+
+
+def test_bad_engine_option_fails_model_load(tmp_path):
+    """A bad `parameters` entry in ouro_engine/config.pbtxt fails the load with a readable message."""
+    repo = tmp_path / "repo"
+    (repo / "ouro_engine" / "1").mkdir(parents=True)
+    os.symlink(os.path.join(ROOT, "model_repository", "ouro_engine", "1", "model.py"),
+               repo / "ouro_engine" / "1" / "model.py")
+    config = open(os.path.join(ROOT, "model_repository", "ouro_engine", "config.pbtxt")).read()
+    config += 'parameters { key: "bogus_option" value: { string_value: "1" } }\n'
+    (repo / "ouro_engine" / "config.pbtxt").write_text(config)
+    srv = _server_or_skip(model_repository=str(repo))
+    try:
+        with pytest.raises(ServerError, match="exited"):
+            srv.start(timeout=120)
+    finally:
+        srv.stop()
+    log = srv.log_text()
+    assert "failed to load 'ouro_engine'" in log
+    assert "invalid engine configuration: unknown engine option 'bogus_option'" in log, srv.log_tail()
+
+
+def test_launcher_rejects_bad_engine_arg():
+    r = subprocess.run([sys.executable, "-m", "ouro_backend.serve", "--engine-arg", "max_num_seqs=-1",
+                        "--http-port", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "bad --engine-arg: max_num_seqs must be a positive integer" in r.stderr, r.stderr
