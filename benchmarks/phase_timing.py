@@ -29,6 +29,10 @@ r = eng.runner
 for n in ("_metadata", "_gather_inputs", "_run_graph", "_prepare"):
     timed(r, n)
 timed(eng.model, "logits")
+timed(eng.model, "loop", "model.loop (eager rounds)")
+timed(eng.policy, "step", "policy.step")
+timed(eng.kv, "exit_fill_slots")
+timed(r.staging, "next_round", "staging.next_round")
 timed(eng.model.backend, "copy_kv_slots")
 timed(runner_mod, "sample")
 timed(eng.scheduler, "schedule")

@@ -66,7 +66,8 @@ def percentiles(xs: list[float]) -> dict:
 
 
 def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurrency: int, num_requests: int,
-                    workload: str, seed: int = 0) -> dict:
+                    workload: str, seed: int = 0, prompt_ids: Optional[list[int]] = None) -> dict:
+    """One closed-loop run; random prompts of input_len tokens unless prompt_ids is given."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     T = engine.model_config.total_ut_steps
@@ -88,7 +89,8 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
 
     def submit():
         nonlocal submitted
-        engine.add_request(f"b{submitted}", [rng.randrange(3, vocab) for _ in range(input_len)], params())
+        ids = prompt_ids or [rng.randrange(3, vocab) for _ in range(input_len)]
+        engine.add_request(f"b{submitted}", ids, params())
         submitted += 1
 
     for _ in range(min(concurrency, num_requests)):

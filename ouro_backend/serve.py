@@ -1,7 +1,7 @@
 """`ouro-serve`: start Triton Inference Server on the Ouro model repository.
 
     ouro-serve [--model DIR] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
-               [--engine-arg key=value ...] [--model-repository DIR] [--log-file PATH] [--verbose]
+               [--engine-arg key=value ...] [--model-repository DIR] [--log-file PATH] [--log-verbose N]
 
 Which server: `$TRITONSERVER` or `tritonserver` on PATH (the NGC container), else the Triton 2.51 server
 inside the `nvidia-pytriton` wheel, prepared to run outside a container (DESIGN section 6): the Python
@@ -35,7 +35,20 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_REPOSITORY = ROOT / "model_repository"
+REPOSITORY_ENV = "OURO_MODEL_REPOSITORY"
+
+
+def default_repository() -> Path:
+    """$OURO_MODEL_REPOSITORY, else the source checkout's model_repository/, else ./model_repository."""
+    if os.environ.get(REPOSITORY_ENV):
+        return Path(os.environ[REPOSITORY_ENV]).expanduser()
+    for candidate in (ROOT / "model_repository", Path.cwd() / "model_repository"):
+        if candidate.is_dir():
+            return candidate
+    return ROOT / "model_repository"
+
+
+DEFAULT_REPOSITORY = default_repository()
 MODELS = ("preprocessing", "postprocessing", "ouro_engine", "ouro", "ouro_ensemble")
 
 
@@ -124,7 +137,7 @@ class TritonServer:
                  extra_args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None, log_verbose: int = 0):
         self.model = model
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
-        self.model_repository = str(model_repository or DEFAULT_REPOSITORY)
+        self.model_repository = str(model_repository or default_repository())
         self.engine_args = dict(engine_args or {})
         self.log_dir = None
         if log_file is None:
@@ -221,6 +234,12 @@ class TritonServer:
                     proc.kill()
                     proc.wait(10)
             code = proc.returncode
+            # Python backend stubs live in the server's process group (start_new_session): if the server
+            # died without stopping them (a crash), they would linger; end what is left of the group.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
@@ -240,7 +259,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
+    p.add_argument("--model-repository", default=None,
+                   help=f"default: ${REPOSITORY_ENV}, else {DEFAULT_REPOSITORY}")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="engine option (ouro_backend/config.py EngineConfig), repeatable; overrides config.pbtxt")
     p.add_argument("--log-file", default=None, help="server log (default: a file in a new temp dir)")
@@ -259,6 +279,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         except ConfigError as e:
             print(f"ouro-serve: bad --engine-arg: {e}", file=sys.stderr)
             return 2
+        repository = Path(args.model_repository or default_repository())
+        if not (repository / "ouro_engine" / "config.pbtxt").is_file():
+            print(f"ouro-serve: {repository} is not the Ouro model repository (no ouro_engine/config.pbtxt); "
+                  f"pass --model-repository or set ${REPOSITORY_ENV}", file=sys.stderr)
+            return 2
         model = args.model or os.environ.get("OURO_MODEL_PATH")
         if model and not Path(model).expanduser().is_dir():
             print(f"ouro-serve: --model {model}: no such directory", file=sys.stderr)
@@ -269,7 +294,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             model = ensure_toy_checkpoint()
             print(f"ouro-serve: no --model given: serving the toy checkpoint {model}", flush=True)
         server = TritonServer(model=model, http_port=args.http_port, grpc_port=args.grpc_port,
-                              metrics_port=args.metrics_port, model_repository=args.model_repository,
+                              metrics_port=args.metrics_port, model_repository=str(repository),
                               engine_args=engine_args, log_file=args.log_file, extra_args=args.tritonserver_arg,
                               log_verbose=args.log_verbose)
         cmd, _ = server.command()

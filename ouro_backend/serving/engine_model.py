@@ -4,8 +4,9 @@ Thread design (as in the vLLM Triton backend):
 * `execute()` only validates and enqueues: each request is parsed, registered with its response sender and
   handed to `engine.add_request` (thread-safe); a bad request gets a `TritonError` response with FINAL at
   once. It returns None (decoupled).
-* One engine thread calls `engine.step()` in a loop and sends each request's outputs through its response
-  sender: streaming requests get a response per step that produced tokens, non-streaming requests one
+* One engine thread calls `engine.step()` in a loop and queues the outputs; one response thread sends them
+  through each request's response sender, in order, while the engine thread waits on the GPU for the next
+  round: streaming requests get a response per step that produced tokens, non-streaming requests one
   response when they finish. The last response carries TRITONSERVER_RESPONSE_COMPLETE_FINAL.
 * Every round (at most every `cancel_check_interval_s`), the thread asks each running request's sender
   `is_cancelled()` and aborts cancelled requests in the engine, which frees their KV at once; their last
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -96,6 +98,9 @@ class EngineModel:
         self._stop = threading.Event()
         self._last_cancel_check = 0.0
         self._last_stats = 0.0
+        self._outputs: queue.SimpleQueue = queue.SimpleQueue()  # engine thread -> response thread
+        self._responder = threading.Thread(target=self._respond_loop, name="ouro-responses", daemon=True)
+        self._responder.start()
         self._thread = threading.Thread(target=self._loop, name="ouro-engine", daemon=True)
         self._thread.start()
         pb_utils.Logger.log_info(
@@ -184,13 +189,25 @@ class EngineModel:
                     log.exception("engine.step failed")
                     self._fail_all(f"{self.model_name}: engine error: {type(e).__name__}: {e}")
                     continue
-                for out in outputs:
-                    self._on_output(out)
+                if outputs:
+                    self._outputs.put(outputs)
                 self._publish_stats()
             except Exception:  # never let the thread die silently
                 log.exception("engine loop error")
                 traceback.print_exc()
                 time.sleep(0.01)
+
+    def _respond_loop(self) -> None:
+        """Sends the engine's outputs; None stops it (after everything queued before it went out)."""
+        while True:
+            outputs = self._outputs.get()
+            if outputs is None:
+                return
+            for out in outputs:
+                try:
+                    self._on_output(out)
+                except Exception:
+                    log.exception("sending a response failed")
 
     def _check_cancelled(self) -> None:
         now = time.monotonic()
@@ -306,6 +323,10 @@ class EngineModel:
         thread = getattr(self, "_thread", None)
         if thread is not None:
             thread.join(timeout=30)
+        responder = getattr(self, "_responder", None)
+        if responder is not None:
+            self._outputs.put(None)
+            responder.join(timeout=30)
         if hasattr(self, "_active"):
             self._fail_all(f"{self.model_name}: the model is being unloaded")
         metrics = getattr(self, "metrics", None)

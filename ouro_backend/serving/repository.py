@@ -37,6 +37,7 @@ ENGINE_PARAMETERS = [
     ("exit_mode", "ouro | ouro_delayed | random_lookahead | trace | fixed"),
     ("exit_threshold", "default per-request exit threshold (default: the checkpoint's)"),
     ("cuda_graphs", "true | false"),
+    ("cuda_graph_max_tokens", "largest round captured in a CUDA graph; larger ones run eagerly (1024)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
 ]
 SERVING_PARAMETERS = [

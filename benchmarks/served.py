@@ -1,0 +1,161 @@
+"""Served vs engine-direct, side by side in one run: the same prompt, output length and concurrency,
+greedy, EOS ignored, full depth.
+
+1. engine-direct: `ouro_backend.bench.run_closed_loop` in a subprocess (its GPU memory is gone when the
+   server starts), median of --repeats;
+2. served: `ouro-serve` on the same checkpoint, then `client/load.py` (gRPC streaming, closed loop)
+   against `ouro` (median of --repeats) and perf_analyzer (`-i grpc --streaming`) against `ouro`.
+
+    python benchmarks/served.py --shape ouro-1.4b --concurrency 64 --out results/
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def make_prompt(model: str, length: int) -> tuple[str, list[int]]:
+    """A text prompt of about `length` tokens (random ids decoded, re-encoded)."""
+    from ouro_backend.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model)
+    rng = random.Random(0)
+    text = tok.decode([rng.randrange(3, tok.get_vocab_size()) for _ in range(length)])
+    return text, tok.encode(text, add_special_tokens=False).ids
+
+
+def direct(args) -> None:
+    from ouro_backend import EngineConfig, LLMEngine, SamplingParams
+    from ouro_backend.bench import median_of, run_closed_loop
+
+    prompt_ids = json.loads(Path(args.prompt_ids).read_text())
+    eng = LLMEngine(EngineConfig(model=args.model, max_num_seqs=args.concurrency))
+    eng.add_request("warmup", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        eng.step()
+    reps = [run_closed_loop(eng, len(prompt_ids), args.output_len, args.concurrency, args.requests, "full",
+                            seed=i, prompt_ids=prompt_ids) for i in range(args.repeats)]
+    print(json.dumps(dict(median=median_of(reps), repeats=reps)))
+
+
+def wait_ready(url: str, model: str, timeout: float, proc: subprocess.Popen) -> None:
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(url)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ouro-serve exited with {proc.returncode}")
+        try:
+            if client.is_model_ready(model):
+                return
+        except Exception:
+            pass
+        time.sleep(1)
+    raise TimeoutError("server not ready")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="ouro-1.4b")
+    p.add_argument("--model", default=None)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--port-base", type=int, default=18000)
+    p.add_argument("--engine-arg", action="append", default=[])
+    p.add_argument("--skip-perf-analyzer", action="store_true")
+    p.add_argument("--out", default="served-results")
+    p.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--prompt-ids", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.direct:
+        direct(args)
+        return 0
+
+    from ouro_backend.bench import ensure_shape_checkpoint, median_of
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = args.model or (ensure_shape_checkpoint(args.shape) if args.shape != "toy" else None)
+    if model is None:
+        from ouro_backend.toy import ensure_toy_checkpoint
+
+        model = ensure_toy_checkpoint()
+    text, ids = make_prompt(model, args.input_len)
+    (out / "prompt_ids.json").write_text(json.dumps(ids))
+    print(f"prompt: {len(ids)} tokens; {args.requests} requests x {args.output_len} tokens at concurrency "
+          f"{args.concurrency}", flush=True)
+
+    res = subprocess.run([sys.executable, __file__, "--direct", "--model", model, "--prompt-ids",
+                          str(out / "prompt_ids.json"), "--concurrency", str(args.concurrency), "--requests",
+                          str(args.requests), "--output-len", str(args.output_len), "--repeats", str(args.repeats)],
+                         capture_output=True, text=True)
+    if res.returncode:
+        print(res.stderr[-3000:])
+        return 1
+    direct_res = json.loads(res.stdout.strip().splitlines()[-1])
+    (out / "direct.json").write_text(json.dumps(direct_res, indent=1))
+
+    http_port, grpc_port, metrics_port = args.port_base, args.port_base + 1, args.port_base + 2
+    serve = [sys.executable, "-m", "ouro_backend.serve", "--model", model, "--http-port", str(http_port),
+             "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--log-file",
+             str(out / "tritonserver.log"), "--engine-arg", f"max_num_seqs={args.concurrency}",
+             *[a for kv in args.engine_arg for a in ("--engine-arg", kv)]]
+    server = subprocess.Popen(serve, stdout=open(out / "ouro-serve.out", "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        wait_ready(f"localhost:{http_port}", "ouro", 600, server)
+        load = [sys.executable, str(ROOT / "client" / "load.py"), "--url", f"localhost:{grpc_port}", "--model", "ouro",
+                "-c", str(args.concurrency), "--max-tokens", str(args.output_len), "--ignore-eos",
+                "--exit-threshold", "1.0", "--prompt", text]
+        subprocess.run(load + ["-n", str(args.concurrency), "--json", str(out / "served_warmup.json")], check=True,
+                       stdout=subprocess.DEVNULL)
+        served = []
+        for i in range(args.repeats):
+            path = out / f"served_load_{i}.json"
+            subprocess.run(load + ["-n", str(args.requests), "--json", str(path)], check=True, stdout=subprocess.DEVNULL)
+            served.append(json.loads(path.read_text()))
+        pa = None
+        if not args.skip_perf_analyzer:
+            r = subprocess.run([sys.executable, str(ROOT / "client" / "perf_analyzer" / "run_perf.py"), "--url",
+                                f"localhost:{grpc_port}", "--models", "ouro", "--concurrency", str(args.concurrency),
+                                "--max-tokens", str(args.output_len), "--out-dir", str(out / "perf_analyzer")],
+                               capture_output=True, text=True)
+            (out / "perf_analyzer.log").write_text(r.stdout + r.stderr)
+            pa = r.stdout[-2500:]
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        server.wait(timeout=60)
+
+    d = direct_res["median"]
+    s = median_of([{k: v for k, v in x.items() if isinstance(v, (int, float, dict))} for x in served])
+    summary = dict(direct_output_tok_s=d["output_tok_s"], served_output_tok_s=s["output_tokens_per_s"],
+                   ratio=s["output_tokens_per_s"] / d["output_tok_s"],
+                   served_errors=sum(x["errors"] for x in served),
+                   direct_ttft_p50_s=d["ttft_s"]["p50"], served_ttft_p50_s=s["ttft_s"]["p50"],
+                   direct_tpot_p50_s=d["tpot_s"]["p50"], served_itl_p50_s=s["itl_s"]["p50"],
+                   served_repeats=[x["output_tokens_per_s"] for x in served],
+                   direct_repeats=[x["output_tok_s"] for x in direct_res["repeats"]])
+    (out / "served_summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    if pa:
+        print("perf_analyzer:\n" + pa)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Closed-loop load generator for the Ouro deployment over gRPC streaming.
+
+    python client/load.py --concurrency 16 --requests 64 --max-tokens 64
+    python client/load.py --model ouro_ensemble --concurrency 8 --duration 30 --json out.json
+
+N workers each keep one streaming request in flight (a new one as soon as the previous finishes) until
+`--requests` requests were sent or `--duration` seconds passed (both bound the run; the run also stops at
+`--timeout` for stuck requests). Reports time to first token, inter-token latency (between streamed
+responses, per token), request latency and throughput, as percentiles: a table on stderr and JSON on stdout
+(or in --json FILE).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from client.ouro_client import Result, generate, request_options  # noqa: E402
+
+PROMPTS = [
+    "Once upon a time there was a little robot who",
+    "The quick brown fox jumps over the lazy dog. Then",
+    "In the kitchen, the recipe called for two cups of flour and",
+    "Questions and answers: What is the capital of France?",
+    "The weather today is sunny with a few clouds, and tomorrow",
+    "def add(a, b):\n    return",
+    "A looped language model runs the same layers several times:",
+    "Le café est très bon ce matin. Où est",
+]
+
+
+def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, Optional[float]]:
+    if not values:
+        return {"mean": None, **{f"p{p}": None for p in ps}, "max": None}
+    s = sorted(values)
+
+    def pct(p: float) -> float:
+        k = (len(s) - 1) * p / 100.0
+        lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+    return {"mean": sum(s) / len(s), **{f"p{p}": pct(p) for p in ps}, "max": s[-1]}
+
+
+def run_load(url: str, model: str, concurrency: int, num_requests: int, duration: float, options: dict,
+             prompts: list[str], protocol: str = "grpc", timeout: float = 600.0) -> dict[str, Any]:
+    lock = threading.Lock()
+    issued = [0]
+    results: list[Result] = []
+    start = time.perf_counter()
+    stop_at = start + duration
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if issued[0] >= num_requests or time.perf_counter() >= stop_at:
+                    return
+                i = issued[0]
+                issued[0] += 1
+            r = generate(url, model, prompts[i % len(prompts)], options, protocol, timeout)
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=max(1.0, stop_at + timeout - time.perf_counter()))
+    elapsed = time.perf_counter() - start
+    ok = [r for r in results if r.error is None]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    latency = [r.end - r.start for r in ok]
+    itl: list[float] = []
+    for r in ok:
+        prev = None
+        for c in r.chunks:
+            n = c.num_output_tokens if c.num_output_tokens is not None else len(c.exit_depths)
+            if prev is not None and n:
+                itl.extend([(c.time - prev) / n] * n)
+            prev = c.time
+    tokens = sum(r.num_tokens for r in ok)
+    depths = [d for r in ok for d in r.exit_depths]
+    return {
+        "model": model, "protocol": protocol, "concurrency": concurrency, "requests": len(results),
+        "errors": len(results) - len(ok), "error_samples": sorted({r.error for r in results if r.error})[:5],
+        "duration_s": elapsed, "output_tokens": tokens, "output_tokens_per_s": tokens / elapsed if elapsed else None,
+        "requests_per_s": len(ok) / elapsed if elapsed else None,
+        "mean_exit_depth": sum(depths) / len(depths) if depths else None,
+        "ttft_s": percentiles(ttft), "itl_s": percentiles(itl), "latency_s": percentiles(latency),
+        "unfinished_workers": sum(t.is_alive() for t in threads),
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    def ms(v):
+        return "-" if v is None else f"{v * 1e3:9.1f}"
+
+    lines = [f"{report['model']} ({report['protocol']}), concurrency {report['concurrency']}: "
+             f"{report['requests']} requests ({report['errors']} errors) in {report['duration_s']:.1f} s, "
+             f"{report['output_tokens']} tokens, {report['output_tokens_per_s'] or 0:.1f} tok/s, "
+             f"{report['requests_per_s'] or 0:.2f} req/s, mean exit depth {report['mean_exit_depth'] or 0:.2f}",
+             f"{'metric (ms)':<14}{'mean':>9}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
+    for key, name in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("latency_s", "latency")):
+        p = report[key]
+        lines.append(f"{name:<14}{ms(p['mean'])} {ms(p['p50'])} {ms(p['p90'])} {ms(p['p99'])} {ms(p['max'])}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="localhost:8001")
+    p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    p.add_argument("--model", default="ouro")
+    p.add_argument("--concurrency", "-c", type=int, default=8)
+    p.add_argument("--requests", "-n", type=int, default=32, help="max requests to send")
+    p.add_argument("--duration", type=float, default=120.0, help="stop sending new requests after this (s)")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true", default=True)
+    p.add_argument("--exit-threshold", type=float, default=None)
+    p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
+    p.add_argument("--json", default=None, help="write the JSON report here (default: stdout)")
+    args = p.parse_args(argv)
+    options = request_options(max_tokens=args.max_tokens, stream=True, temperature=args.temperature,
+                              ignore_eos=args.ignore_eos, exit_threshold=args.exit_threshold,
+                              exclude_input_in_output=True, return_num_output_tokens=True)
+    report = run_load(args.url, args.model, args.concurrency, args.requests, args.duration, options,
+                      args.prompt or PROMPTS, args.protocol, args.timeout)
+    print(format_table(report), file=sys.stderr)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Stream a prompt from the Ouro Triton deployment and print the text as it arrives.
+
+    python client/ouro_client.py "Once upon a time" --max-tokens 64
+    python client/ouro_client.py "Hello" --protocol http            # /v2/models/ouro/generate_stream (SSE)
+    python client/ouro_client.py "Hello" --no-stream                 # one response
+    python client/ouro_client.py "Hello" --model ouro_ensemble --exit-threshold 0.7 --json
+
+gRPC uses tritonclient's `start_stream` / `async_stream_infer` (ModelStreamInfer); HTTP uses only the
+standard library. After the text, a summary: tokens, time to first token, tokens/s, mean exit depth.
+The functions here (`build_inputs`, `stream_grpc`, `stream_http`, `generate`) are what the tests and the
+load generator use.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+SCALAR_TYPES = {  # client-facing optional inputs: numpy dtype, Triton dtype
+    "max_tokens": (np.int32, "INT32"), "min_tokens": (np.int32, "INT32"), "stream": (np.bool_, "BOOL"),
+    "temperature": (np.float32, "FP32"), "top_p": (np.float32, "FP32"), "top_k": (np.int32, "INT32"),
+    "seed": (np.uint64, "UINT64"), "random_seed": (np.uint64, "UINT64"), "ignore_eos": (np.bool_, "BOOL"),
+    "exclude_input_in_output": (np.bool_, "BOOL"), "return_num_input_tokens": (np.bool_, "BOOL"),
+    "return_num_output_tokens": (np.bool_, "BOOL"), "return_finish_reason": (np.bool_, "BOOL"),
+    "min_loops": (np.int32, "INT32"), "max_loops": (np.int32, "INT32"), "exit_threshold": (np.float32, "FP32"),
+}
+
+
+@dataclass
+class Chunk:
+    """One response of a stream."""
+
+    text: str
+    exit_depths: list[int]
+    num_output_tokens: Optional[int] = None
+    num_input_tokens: Optional[int] = None
+    finish_reason: Optional[str] = None
+    time: float = 0.0
+
+
+@dataclass
+class Result:
+    chunks: list[Chunk] = field(default_factory=list)
+    start: float = 0.0
+    end: float = 0.0
+    error: Optional[str] = None
+
+    @property
+    def text(self) -> str:
+        return "".join(c.text for c in self.chunks)
+
+    @property
+    def exit_depths(self) -> list[int]:
+        return [d for c in self.chunks for d in c.exit_depths]
+
+    @property
+    def num_tokens(self) -> int:
+        counted = [c.num_output_tokens for c in self.chunks]
+        if counted and all(n is not None for n in counted):
+            return int(sum(counted))
+        return len(self.exit_depths)
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        reasons = [c.finish_reason for c in self.chunks if c.finish_reason]
+        return reasons[-1] if reasons else None
+
+    @property
+    def ttft(self) -> Optional[float]:
+        first = next((c for c in self.chunks if c.exit_depths or c.text), None)
+        return first.time - self.start if first else None
+
+    def summary(self) -> dict[str, Any]:
+        depths = self.exit_depths
+        dur = self.end - self.start
+        ttft = self.ttft
+        n = self.num_tokens
+        return {
+            "tokens": n, "responses": len(self.chunks), "finish_reason": self.finish_reason,
+            "ttft_s": ttft, "total_s": dur,
+            "tokens_per_s": n / dur if dur > 0 else None,
+            "decode_tokens_per_s": (n - 1) / (dur - ttft) if ttft is not None and n > 1 and dur > ttft else None,
+            "mean_exit_depth": sum(depths) / len(depths) if depths else None,
+            "error": self.error,
+        }
+
+
+def request_options(max_tokens: int = 64, stream: bool = True, **kwargs) -> dict[str, Any]:
+    """The optional inputs of a request (None values dropped). Keys: SCALAR_TYPES and stop_words."""
+    opts = {"max_tokens": max_tokens, "stream": stream, **kwargs}
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def build_inputs(tc: Any, prompt: str, options: dict[str, Any]) -> list:
+    """tritonclient InferInput list ([1, 1] shapes: the models have max_batch_size 1). `tc` is
+    tritonclient.grpc or tritonclient.http."""
+    inputs = []
+
+    def add(name: str, arr: np.ndarray, dtype: str) -> None:
+        t = tc.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+
+    add("text_input", np.array([[prompt.encode("utf-8")]], dtype=np.object_), "BYTES")
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "stop_words":
+            words = [value] if isinstance(value, str) else list(value)
+            add(name, np.array([[w.encode("utf-8") for w in words]], dtype=np.object_), "BYTES")
+        elif name in SCALAR_TYPES:
+            np_type, dtype = SCALAR_TYPES[name]
+            add(name, np.array([[value]], dtype=np_type), dtype)
+        else:
+            raise ValueError(f"unknown option {name!r}")
+    return inputs
+
+
+def _chunk_from_arrays(get) -> Chunk:
+    def scalar(name):
+        arr = get(name)
+        if arr is None:
+            return None
+        v = arr.reshape(-1)[0]
+        return v.decode("utf-8") if isinstance(v, bytes) else int(v)
+
+    text = get("text_output")
+    depths = get("exit_depths")
+    return Chunk(text=text.reshape(-1)[0].decode("utf-8") if text is not None else "",
+                 exit_depths=[int(d) for d in depths.reshape(-1)] if depths is not None else [],
+                 num_output_tokens=scalar("num_output_tokens"), num_input_tokens=scalar("num_input_tokens"),
+                 finish_reason=scalar("finish_reason"), time=time.perf_counter())
+
+
+def stream_grpc(url: str, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0,
+                client: Any = None) -> Iterator[Chunk]:
+    """Send one request over ModelStreamInfer and yield its responses until the final one."""
+    import tritonclient.grpc as grpcclient
+
+    own = client is None
+    client = client or grpcclient.InferenceServerClient(url)
+    responses: "queue.Queue" = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(model, build_inputs(grpcclient, prompt, options),
+                                  enable_empty_final_response=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            result, error = responses.get(timeout=max(0.01, deadline - time.monotonic()))
+            if error is not None:
+                raise RuntimeError(str(error))
+            final = result.get_response().parameters.get("triton_final_response")
+            is_final = final is not None and final.bool_param
+            if result.get_response().outputs:
+                yield _chunk_from_arrays(result.as_numpy)
+            if is_final:
+                return
+    finally:
+        client.stop_stream()
+        if own:
+            client.close()
+
+
+def _json_to_chunk(d: dict) -> Chunk:
+    def arr(name):
+        if name not in d:
+            return None
+        v = d[name]
+        if isinstance(v, str):
+            return np.array([v.encode("utf-8")], dtype=np.object_)
+        return np.array(v if isinstance(v, list) else [v])
+
+    return _chunk_from_arrays(arr)
+
+
+def stream_http(url: str, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0
+                ) -> Iterator[Chunk]:
+    """POST /v2/models/{model}/generate_stream (or /generate when stream is false) and yield responses."""
+    body = {"text_input": prompt, **{k: v for k, v in options.items() if v is not None}}
+    endpoint = "generate_stream" if options.get("stream") else "generate"
+    host, _, port = url.replace("http://", "").partition(":")
+    conn = http.client.HTTPConnection(host, int(port or 80), timeout=timeout)
+    try:
+        conn.request("POST", f"/v2/models/{model}/{endpoint}", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if endpoint == "generate":
+            data = json.loads(resp.read() or b"{}")
+            if resp.status != 200 or "error" in data:
+                raise RuntimeError(data.get("error") or f"HTTP {resp.status}")
+            yield _json_to_chunk(data)
+            return
+        if resp.status != 200:
+            raise RuntimeError(resp.read().decode(errors="replace") or f"HTTP {resp.status}")
+        while True:
+            line = resp.readline()
+            if not line:
+                return
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = json.loads(line[5:])
+            if "error" in data:
+                raise RuntimeError(data["error"])
+            yield _json_to_chunk(data)
+    finally:
+        conn.close()
+
+
+def generate(url: str, model: str, prompt: str, options: dict[str, Any], protocol: str = "grpc",
+             timeout: float = 600.0, on_chunk=None) -> Result:
+    """Run one request to completion; errors end up in Result.error."""
+    result = Result(start=time.perf_counter())
+    stream = stream_grpc if protocol == "grpc" else stream_http
+    try:
+        for chunk in stream(url, model, prompt, options, timeout):
+            result.chunks.append(chunk)
+            if on_chunk:
+                on_chunk(chunk)
+    except Exception as e:  # noqa: BLE001 - reported to the caller
+        result.error = str(e)
+    result.end = time.perf_counter()
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("prompt")
+    p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    p.add_argument("--url", default=None, help="default localhost:8001 (gRPC) / localhost:8000 (HTTP)")
+    p.add_argument("--model", default="ouro", help="ouro (cancellable front) or ouro_ensemble")
+    p.add_argument("--no-stream", action="store_true", help="one response with the whole text")
+    p.add_argument("--echo", action="store_true", help="non-streaming: include the prompt in the text")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--min-tokens", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--min-loops", type=int, default=None)
+    p.add_argument("--max-loops", type=int, default=None)
+    p.add_argument("--exit-threshold", type=float, default=None)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args(argv)
+    url = args.url or ("localhost:8001" if args.protocol == "grpc" else "localhost:8000")
+    options = request_options(
+        max_tokens=args.max_tokens, stream=not args.no_stream, min_tokens=args.min_tokens,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+        stop_words=args.stop, ignore_eos=args.ignore_eos or None, min_loops=args.min_loops,
+        max_loops=args.max_loops, exit_threshold=args.exit_threshold,
+        exclude_input_in_output=None if args.echo else True,
+        return_num_input_tokens=True, return_num_output_tokens=True, return_finish_reason=True)
+
+    def show(chunk: Chunk) -> None:
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+
+    result = generate(url, args.model, args.prompt, options, args.protocol, args.timeout, on_chunk=show)
+    print()
+    if result.error:
+        print(f"error: {result.error}", file=sys.stderr)
+    s = result.summary()
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        print(f"--- {s['tokens']} tokens, finish_reason={s['finish_reason']}, TTFT {fmt(s['ttft_s'], '.3f')} s, "
+              f"{fmt(s['tokens_per_s'], '.1f')} tok/s (decode {fmt(s['decode_tokens_per_s'], '.1f')}), "
+              f"mean exit depth {fmt(s['mean_exit_depth'], '.2f')}", file=sys.stderr)
+    return 1 if result.error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Write a perf_analyzer `--input-data` JSON for the `ouro` / `ouro_ensemble` models.
+
+    python client/perf_analyzer/make_input_data.py --out input_data.json --max-tokens 64 --num-prompts 16
+
+Shapes follow the models' config (max_batch_size 1, scalars dims [1]): perf_analyzer adds the batch dim,
+so each entry is a one-element list. Streaming is on (`stream: true`, run perf_analyzer with --streaming),
+EOS ignored so every request generates exactly max_tokens, and the prompt is not echoed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+PROMPTS = [
+    "Once upon a time there was a little robot who",
+    "The quick brown fox jumps over the lazy dog. Then",
+    "In the kitchen, the recipe called for two cups of flour and",
+    "Questions and answers: What is the capital of France?",
+    "The weather today is sunny with a few clouds, and tomorrow",
+    "A looped language model runs the same layers several times:",
+    "Le café est très bon ce matin. Où est la bibliothèque?",
+    "User: Hello! Can you help me? Assistant:",
+]
+
+
+def make_input_data(num_prompts: int = 8, max_tokens: int = 32, temperature: float = 0.0,
+                    exit_threshold: Optional[float] = None, prompt_words: int = 0, stream: bool = True) -> dict:
+    entries = []
+    for i in range(num_prompts):
+        prompt = PROMPTS[i % len(PROMPTS)]
+        if prompt_words:  # a longer prompt of about this many words
+            words = (" ".join(PROMPTS[(i + k) % len(PROMPTS)] for k in range(len(PROMPTS)))).split()
+            prompt = " ".join((words * (prompt_words // len(words) + 1))[:prompt_words])
+        entry = {"text_input": [prompt], "max_tokens": [max_tokens], "stream": [stream], "ignore_eos": [True],
+                 "exclude_input_in_output": [True], "temperature": [temperature]}
+        if exit_threshold is not None:
+            entry["exit_threshold"] = [exit_threshold]
+        entries.append(entry)
+    return {"data": entries}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="-", help="output file (default: stdout)")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--exit-threshold", type=float, default=None)
+    p.add_argument("--prompt-words", type=int, default=0, help="make prompts about this many words long")
+    p.add_argument("--no-stream", action="store_true")
+    args = p.parse_args(argv)
+    data = make_input_data(args.num_prompts, args.max_tokens, args.temperature, args.exit_threshold,
+                           args.prompt_words, not args.no_stream)
+    text = json.dumps(data, indent=1, ensure_ascii=False)
+    if args.out == "-":
+        print(text)
+    else:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
