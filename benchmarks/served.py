@@ -50,9 +50,9 @@ def direct(args) -> None:
 
 
 def wait_ready(url: str, model: str, timeout: float, proc: subprocess.Popen) -> None:
-    import tritonclient.http as http
+    import tritonclient.grpc as grpc
 
-    client = http.InferenceServerClient(url)
+    client = grpc.InferenceServerClient(url)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -118,7 +118,7 @@ def main() -> int:
     server = subprocess.Popen(serve, stdout=open(out / "ouro-serve.out", "w"), stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:
-        wait_ready(f"localhost:{http_port}", "ouro", 600, server)
+        wait_ready(f"localhost:{grpc_port}", "ouro", 600, server)
         load = [sys.executable, str(ROOT / "client" / "load.py"), "--url", f"localhost:{grpc_port}", "--model", "ouro",
                 "-c", str(args.concurrency), "--max-tokens", str(args.output_len), "--ignore-eos",
                 "--exit-threshold", "1.0", "--prompt", text]
