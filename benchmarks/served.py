@@ -31,8 +31,15 @@ def make_prompt(model: str, length: int) -> tuple[str, list[int]]:
 
     tok = load_tokenizer(model)
     rng = random.Random(0)
-    text = tok.decode([rng.randrange(3, tok.get_vocab_size()) for _ in range(length)])
-    return text, tok.encode(text, add_special_tokens=False).ids
+    ids = [rng.randrange(3, tok.get_vocab_size()) for _ in range(length)]
+    # Decoding and re-encoding random ids yields more tokens: trim until the text is `length` tokens or less.
+    n = length
+    while True:
+        text = tok.decode(ids[:n])
+        enc = tok.encode(text, add_special_tokens=False).ids
+        if len(enc) <= length:
+            return text, enc
+        n -= max(1, (len(enc) - length) // 2)
 
 
 def direct(args) -> None:
