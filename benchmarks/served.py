@@ -85,6 +85,8 @@ def main() -> int:
     p.add_argument("--port-base", type=int, default=18000)
     p.add_argument("--engine-arg", action="append", default=[])
     p.add_argument("--skip-perf-analyzer", action="store_true")
+    p.add_argument("--models", nargs="+", default=["ouro"], help="served models to load-test")
+    p.add_argument("--skip-direct", action="store_true", help="served only (diagnostics)")
     p.add_argument("--out", default="served-results")
     p.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--prompt-ids", help=argparse.SUPPRESS)
@@ -107,15 +109,19 @@ def main() -> int:
     print(f"prompt: {len(ids)} tokens; {args.requests} requests x {args.output_len} tokens at concurrency "
           f"{args.concurrency}", flush=True)
 
-    res = subprocess.run([sys.executable, __file__, "--direct", "--model", model, "--prompt-ids",
+    if args.skip_direct:
+        res = None
+    else:
+        res = subprocess.run([sys.executable, __file__, "--direct", "--model", model, "--prompt-ids",
                           str(out / "prompt_ids.json"), "--concurrency", str(args.concurrency), "--requests",
                           str(args.requests), "--output-len", str(args.output_len), "--repeats", str(args.repeats)],
-                         capture_output=True, text=True)
-    if res.returncode:
+                             capture_output=True, text=True)
+    if res is not None and res.returncode:
         print(res.stderr[-3000:])
         return 1
-    direct_res = json.loads(res.stdout.strip().splitlines()[-1])
-    (out / "direct.json").write_text(json.dumps(direct_res, indent=1))
+    direct_res = json.loads(res.stdout.strip().splitlines()[-1]) if res is not None else None
+    if direct_res:
+        (out / "direct.json").write_text(json.dumps(direct_res, indent=1))
 
     http_port, grpc_port, metrics_port = args.port_base, args.port_base + 1, args.port_base + 2
     serve = [sys.executable, "-m", "ouro_backend.serve", "--model", model, "--http-port", str(http_port),
@@ -126,16 +132,22 @@ def main() -> int:
                               start_new_session=True)
     try:
         wait_ready(f"localhost:{grpc_port}", "ouro", 600, server)
-        load = [sys.executable, str(ROOT / "client" / "load.py"), "--url", f"localhost:{grpc_port}", "--model", "ouro",
-                "-c", str(args.concurrency), "--max-tokens", str(args.output_len), "--ignore-eos",
-                "--exit-threshold", "1.0", "--prompt", text]
-        subprocess.run(load + ["-n", str(args.concurrency), "--json", str(out / "served_warmup.json")], check=True,
-                       stdout=subprocess.DEVNULL)
-        served = []
-        for i in range(args.repeats):
-            path = out / f"served_load_{i}.json"
-            subprocess.run(load + ["-n", str(args.requests), "--json", str(path)], check=True, stdout=subprocess.DEVNULL)
-            served.append(json.loads(path.read_text()))
+        per_model = {}
+        for name in args.models:
+            load = [sys.executable, str(ROOT / "client" / "load.py"), "--url", f"localhost:{grpc_port}", "--model",
+                    name, "-c", str(args.concurrency), "--max-tokens", str(args.output_len), "--ignore-eos",
+                    "--exit-threshold", "1.0", "--prompt", text]
+            subprocess.run(load + ["-n", str(args.concurrency), "--json", str(out / "served_warmup.json")],
+                           check=True, stdout=subprocess.DEVNULL)
+            per_model[name] = []
+            for i in range(args.repeats):
+                path = out / f"served_{name}_{i}.json"
+                subprocess.run(load + ["-n", str(args.requests), "--json", str(path)], check=True,
+                               stdout=subprocess.DEVNULL)
+                per_model[name].append(json.loads(path.read_text()))
+            print(f"{name}: {[round(x['output_tokens_per_s']) for x in per_model[name]]} output tok/s, errors "
+                  f"{sum(x['errors'] for x in per_model[name])}", flush=True)
+        served = per_model[args.models[0]]
         pa = None
         if not args.skip_perf_analyzer:
             r = subprocess.run([sys.executable, str(ROOT / "client" / "perf_analyzer" / "run_perf.py"), "--url",
@@ -148,6 +160,8 @@ def main() -> int:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
 
+    if direct_res is None:
+        return 0
     d = direct_res["median"]
     s = median_of([{k: v for k, v in x.items() if isinstance(v, (int, float, dict))} for x in served])
     summary = dict(direct_output_tok_s=d["output_tok_s"], served_output_tok_s=s["output_tokens_per_s"],
