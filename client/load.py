@@ -22,18 +22,8 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from client.ouro_client import Result, generate, request_options  # noqa: E402
+from client.ouro_client import SAMPLE_PROMPTS as PROMPTS, Result, generate, request_options  # noqa: E402
 
-PROMPTS = [
-    "Once upon a time there was a little robot who",
-    "The quick brown fox jumps over the lazy dog. Then",
-    "In the kitchen, the recipe called for two cups of flour and",
-    "Questions and answers: What is the capital of France?",
-    "The weather today is sunny with a few clouds, and tomorrow",
-    "def add(a, b):\n    return",
-    "A looped language model runs the same layers several times:",
-    "Le café est très bon ce matin. Où est",
-]
 
 
 def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, Optional[float]]:

@@ -24,6 +24,18 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+SAMPLE_PROMPTS = [  # the load generator's and perf_analyzer recipe's default prompts
+    "Once upon a time there was a little robot who",
+    "The quick brown fox jumps over the lazy dog. Then",
+    "In the kitchen, the recipe called for two cups of flour and",
+    "Questions and answers: What is the capital of France?",
+    "The weather today is sunny with a few clouds, and tomorrow",
+    "def add(a, b):\n    return",
+    "A looped language model runs the same layers several times:",
+    "Le café est très bon ce matin. Où est la bibliothèque?",
+    "User: Hello! Can you help me? Assistant:",
+]
+
 SCALAR_TYPES = {  # client-facing optional inputs: numpy dtype, Triton dtype
     "max_tokens": (np.int32, "INT32"), "min_tokens": (np.int32, "INT32"), "stream": (np.bool_, "BOOL"),
     "temperature": (np.float32, "FP32"), "top_p": (np.float32, "FP32"), "top_k": (np.int32, "INT32"),

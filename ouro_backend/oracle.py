@@ -8,7 +8,7 @@ the math, not against itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+
 
 import torch
 import torch.nn.functional as F

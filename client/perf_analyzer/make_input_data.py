@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional
 
-PROMPTS = [
-    "Once upon a time there was a little robot who",
-    "The quick brown fox jumps over the lazy dog. Then",
-    "In the kitchen, the recipe called for two cups of flour and",
-    "Questions and answers: What is the capital of France?",
-    "The weather today is sunny with a few clouds, and tomorrow",
-    "A looped language model runs the same layers several times:",
-    "Le café est très bon ce matin. Où est la bibliothèque?",
-    "User: Hello! Can you help me? Assistant:",
-]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from client.ouro_client import SAMPLE_PROMPTS as PROMPTS  # noqa: E402
 
 
 def make_input_data(num_prompts: int = 8, max_tokens: int = 32, temperature: float = 0.0,

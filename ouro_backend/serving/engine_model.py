@@ -19,7 +19,6 @@ Metadata travels in tensors (24.10 cannot attach response parameters): see proto
 """
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -32,7 +31,7 @@ from ..config import ConfigError, EngineConfig
 from ..sampling_params import RequestError
 from . import protocol
 from .metrics import EngineMetrics
-from .options import engine_options, resolve_model_path
+from .options import decoupled_model_config, engine_options, resolve_model_path
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -68,11 +67,7 @@ class EngineModel:
         import triton_python_backend_utils as pb_utils
 
         self.pb = pb_utils
-        self.model_config = json.loads(args["model_config"])
-        self.model_name = args.get("model_name", "ouro_engine")
-        if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
-            raise pb_utils.TritonModelException(
-                f"{self.model_name}: set `model_transaction_policy {{ decoupled: true }}` in config.pbtxt")
+        self.model_config, self.model_name = decoupled_model_config(pb_utils, args, "ouro_engine")
         model_dir = args.get("model_repository")
         options, serving = engine_options(self.model_config, model_dir)
         self.cancel_interval = float(serving.get("cancel_check_interval_s", 0.01))

@@ -20,17 +20,17 @@ Responses carry the client tensors of protocol.CLIENT_OUTPUTS (`num_input_tokens
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from ..sampling_params import RequestError
 from . import protocol
+from .options import decoupled_model_config
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -63,11 +63,7 @@ class FrontModel:
         import triton_python_backend_utils as pb_utils
 
         self.pb = pb_utils
-        self.model_config = json.loads(args["model_config"])
-        self.model_name = args.get("model_name", "ouro")
-        if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
-            raise pb_utils.TritonModelException(
-                f"{self.model_name}: set `model_transaction_policy {{ decoupled: true }}` in config.pbtxt")
+        self.model_config, self.model_name = decoupled_model_config(pb_utils, args, "ouro")
         params = {k: v.get("string_value", "") for k, v in (self.model_config.get("parameters") or {}).items()}
         self.engine_name = params.get("engine_model") or "ouro_engine"
         self.pre_name = params.get("preprocessing_model") or "preprocessing"

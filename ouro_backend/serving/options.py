@@ -90,3 +90,13 @@ def resolve_model_path(options: dict[str, str]) -> dict[str, str]:
         raise ConfigError(f"model={options['model']!r}: no such checkpoint directory "
                           f"(set the `model` parameter in config.pbtxt, ${MODEL_PATH_ENV}, or ouro-serve --model)")
     return options
+
+
+def decoupled_model_config(pb_utils: Any, args: dict, default_name: str) -> tuple[dict, str]:
+    """A Python model's parsed config.pbtxt and name; refuses a config without the decoupled policy."""
+    config = json.loads(args["model_config"])
+    name = args.get("model_name", default_name)
+    if not pb_utils.using_decoupled_model_transaction_policy(config):
+        raise pb_utils.TritonModelException(
+            f"{name}: set `model_transaction_policy {{ decoupled: true }}` in config.pbtxt")
+    return config, name
