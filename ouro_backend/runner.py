@@ -163,7 +163,6 @@ class ModelRunner:
         row_buckets = sorted({b for b in (1, 2, 4, 8, *range(16, max_rows + 1, 16), max_rows) if b <= max_rows})
         tok_buckets = [t for t in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if t <= max_graph_tokens]
         T = max([max_rows, *tok_buckets])
-        self.max_model_len = max_model_len
         width = -(-max_model_len // self.kv.block_size)
         self.g_h = torch.zeros(T, cfg.hidden_size, dtype=self.model.dtype, device=dev)
         self.g_tok = torch.zeros(2, T, dtype=torch.int64, device=dev)  # positions, slots
@@ -204,13 +203,12 @@ class ModelRunner:
         self.graph_memory = torch.cuda.memory_allocated(dev) - before
 
     def _pick_graph(self, batch: list[Sequence], tokens: int, decode_only: bool) -> Optional[_Graph]:
+        """The smallest captured graph that fits the round (row bucket for decode, token bucket otherwise)."""
         graphs = self.decode_graphs if decode_only else self.mixed_graphs
         size = len(batch) if decode_only else tokens
         for key in sorted(graphs):
             if key >= size and graphs[key].rows >= len(batch):
                 return graphs[key]
-        if decode_only:
-            return self._pick_graph(batch, tokens, False)
         return None
 
     def _run_graph(self, batch: list[Sequence], g: _Graph) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -229,12 +227,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: list[Sequence]) -> list[Emitted]:
+        """Advance every row of the batch one loop; return the tokens of rows that finished their loops."""
         if self.staging is not None:
             self.staging.next_round()
         decode_rows = [r for r, s in enumerate(batch) if not s.item.is_prefill]
         prefill_tokens = sum(s.item.n for s in batch if s.item.is_prefill)
-        tokens = prefill_tokens + len(decode_rows)
-        graph = self._pick_graph(batch, tokens, not prefill_tokens) if self.device.type == "cuda" else None
+        out, cu, lams, graph, packed = self._forward(batch, decode_rows, prefill_tokens)
+        coda, coda_rows = self._advance(batch, out, cu, dict(zip(decode_rows, lams)))
+        self.rows_run += len(batch)
+        self.tokens_run += cu[-1]
+        self.last_round = dict(prefill_tokens=prefill_tokens, decode_rows=len(decode_rows), emitted=len(coda),
+                               running=len(batch))
+        return self._coda(coda, coda_rows, out, graph, packed) if coda else []
+
+    def _forward(self, batch: list[Sequence], decode_rows: list[int], prefill_tokens: int):
+        """The loop itself, through a CUDA graph when one fits; returns (out, cu_seqlens_q, gate values of the
+        decode rows, graph, packed in-graph coda of a decode graph)."""
+        graph = self._pick_graph(batch, prefill_tokens + len(decode_rows), not prefill_tokens)
         packed = None
         if graph is not None:
             out, gate, cu = self._run_graph(batch, graph)
@@ -253,11 +262,11 @@ class ModelRunner:
             idx = self._to_dev([cu[r] for r in decode_rows], torch.long)
             lams = (gate.index_select(0, idx) if gate is not None
                     else self.policy.gate_values(self.model, out.index_select(0, idx))).tolist()
-        self.rows_run += len(batch)
-        self.tokens_run += cu[-1]
-        lam_of = dict(zip(decode_rows, lams))
+        return out, cu, lams, graph, packed
 
-        coda_rows, coda, fill = [], [], []
+    def _advance(self, batch: list[Sequence], out: torch.Tensor, cu: list[int], lam_of: dict[int, float]):
+        """Move every item one loop on; returns the (sequence, depth) pairs that need a token, with their rows."""
+        coda, coda_rows, fill = [], [], []
         for r, seq in enumerate(batch):
             item = seq.item
             done_loop = item.loop
@@ -282,10 +291,10 @@ class ModelRunner:
             src, dst = zip(*fill)
             self.model.backend.copy_kv_slots(self.kv.kv, self._to_dev(list(src), torch.long),
                                              self._to_dev(list(dst), torch.long))
-        self.last_round = dict(prefill_tokens=prefill_tokens, decode_rows=len(decode_rows), emitted=len(coda),
-                               running=len(batch))
-        if not coda:
-            return []
+        return coda, coda_rows
+
+    def _coda(self, coda, coda_rows: list[int], out: torch.Tensor, graph: Optional[_Graph], packed) -> list[Emitted]:
+        """LM head + sampling for the rows that finished their loops."""
         seqs = [s for s, _ in coda]
         if packed is not None and not self.record_logits and all(s.params.temperature == 0 for s in seqs):
             # Greedy rows of a decode graph: the graph already computed token and logprob.
