@@ -202,10 +202,11 @@ class LLMEngine:
         self.counters["generation_tokens"] += 1
         n = len(seq.output_ids)
         reason = None
+        stop_text = seq.stop.update(self.tokenizer, seq.output_ids, active=n >= p.min_tokens)
         if n >= p.min_tokens:
             if (e.token in self.eos_ids and not p.ignore_eos) or e.token in p.stop_token_ids:
                 reason = "stop"
-            elif seq.stop.update(self.tokenizer, seq.output_ids):
+            elif stop_text:
                 seq.trim_chars = len(seq.stop.text) - seq.stop.cut
                 reason = "stop"
         if reason is None and (n >= p.max_tokens or seq.num_tokens >= self.max_model_len):

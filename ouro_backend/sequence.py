@@ -124,8 +124,9 @@ class StopChecker:
         self.token_ends: list[int] = []  # text length after each output token
         self.cut: Optional[int] = None  # match position in text
 
-    def update(self, tokenizer, output_ids: list[int]) -> bool:
-        """Call after each new token; True when a stop string matched."""
+    def update(self, tokenizer, output_ids: list[int], active: bool = True) -> bool:
+        """Call after every new token; True when a stop string matched. While not `active` (before
+        min_tokens) the text is tracked but not searched, as in vLLM."""
         if not self.stops:
             return False
         prev = len(self.text)
@@ -133,6 +134,8 @@ class StopChecker:
         if self.text.endswith("\ufffd"):
             self.text = self.text.rstrip("\ufffd")
         self.token_ends.append(len(self.text))
+        if not active:
+            return False
         start = max(0, prev - self.max_len + 1)
         hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
         if hits:

@@ -84,3 +84,29 @@ def test_stop_string_never_reaches_caller(toy_path):
     assert final.finish_reason == "stop"
     assert final.text == text[:cut]
     assert "".join(deltas) == text[:cut]  # streamed deltas never showed any of the stop string
+
+
+def test_stop_string_respects_min_tokens(toy_path):
+    """Before min_tokens the stop string is not searched; held-back text stays aligned with the tokens."""
+    eng = make_engine(toy_path)
+    prompt = "The quick brown fox"
+    ref = run_all(eng, [prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0]
+    text = eng.tokenizer.decode(ref.token_ids).replace("\ufffd", "")
+    stop = text[2:4]
+    first_cut = text.index(stop)
+    eng = make_engine(toy_path)
+    eng.want_text = True
+    eng.add_request("m", prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop],
+                                                min_tokens=12))
+    deltas, final = [], None
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            deltas.append(o.new_text)
+            final = o
+    assert len(final.token_ids) >= 12
+    assert "".join(deltas) == final.text
+    full = eng.tokenizer.decode(ref.token_ids)
+    assert full.startswith(final.text)
+    # The match before min_tokens was not taken: the cut (if any) lies in text searched from token 12 on.
+    before = eng.tokenizer.decode(ref.token_ids[:11]).rstrip("\ufffd")
+    assert len(final.text) >= len(before) - (len(stop) - 1) > first_cut
