@@ -1,0 +1,40 @@
+"""The command-line tools run end to end on the toy checkpoint (CPU)."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def run(args, **kw):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=300, **kw)
+
+
+def test_ouro_generate_json(toy_path):
+    r = run(["ouro_backend.cli", "Hello world", "The quick", "--max-tokens", "5", "--exit-threshold", "0.5",
+             "--json", "--model", toy_path, "--device", "cpu", "--ignore-eos"])
+    assert r.returncode == 0, r.stderr
+    outs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [o["prompt"] for o in outs] == ["Hello world", "The quick"]
+    assert all(len(o["token_ids"]) == 5 and len(o["exit_depths"]) == 5 for o in outs)
+    assert all(o["exit_depths"][0] == 4 and o["finish_reason"] == "length" for o in outs)
+
+
+def test_ouro_generate_bad_option_is_a_clear_error(toy_path):
+    r = run(["ouro_backend.cli", "Hi", "--model", toy_path, "--kv-layout", "diagonal"])
+    assert r.returncode == 2 and "kv_layout='diagonal'" in r.stderr
+
+
+def test_ouro_bench_smoke(toy_path, tmp_path):
+    out = tmp_path / "bench.json"
+    r = run(["ouro_backend.bench", "--model", toy_path, "--input-len", "8", "--output-len", "4", "--concurrency", "2",
+             "--num-requests", "3", "--repeats", "2", "--workload", "full", "trace=2.5", "--baseline-tokens", "2",
+             "--engine-arg", "device=cpu", "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    runs = {x["workload"]: x for x in res["runs"]}
+    assert runs["full"]["median"]["requests"] == 3 and runs["full"]["median"]["mean_exit_depth"] == 4.0
+    assert len(runs["trace=2.5"]["repeats"]) == 2
+    assert 1.0 <= runs["trace=2.5"]["median"]["mean_exit_depth"] < 4.0
+    assert res["baseline"] and res["baseline"][0]["output_tok_s"] > 0
+    assert "workload" in r.stdout  # the table
