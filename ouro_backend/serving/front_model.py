@@ -153,9 +153,11 @@ class FrontModel:
         except _BLSError as e:
             if not s.cancelled:
                 self._fail(s, str(e))
+                self._abort(s)  # the engine would otherwise run on to max_tokens
         except Exception as e:
             log.exception("ouro front: request %s failed", s.rid)
             self._fail(s, f"{self.model_name}: internal error: {type(e).__name__}: {e}")
+            self._abort(s)
         finally:
             with self._lock:
                 self._streams.pop(s.rid, None)
