@@ -31,7 +31,7 @@ from ..config import ConfigError, EngineConfig
 from ..sampling_params import RequestError
 from . import protocol
 from .metrics import EngineMetrics
-from .options import decoupled_model_config, engine_options, resolve_model_path
+from .options import client_cancelled, decoupled_model_config, engine_options, resolve_model_path
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -212,14 +212,7 @@ class EngineModel:
         with self._lock:
             candidates = [s for s in self._active.values() if not s.cancelled]
         for state in candidates:
-            with state.lock:
-                if state.done:
-                    continue
-                try:
-                    cancelled = state.sender.is_cancelled()
-                except Exception:
-                    cancelled = False
-            if cancelled:
+            if client_cancelled(state.sender, state.lock, state.done):
                 state.cancelled = True
                 self.engine.abort_request(state.rid)
 

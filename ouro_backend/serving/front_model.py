@@ -30,7 +30,7 @@ import numpy as np
 
 from ..sampling_params import RequestError
 from . import protocol
-from .options import decoupled_model_config
+from .options import client_cancelled, decoupled_model_config
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -216,14 +216,7 @@ class FrontModel:
             with self._lock:
                 streams = [s for s in self._streams.values() if not s.cancelled]
             for s in streams:
-                with s.lock:
-                    if s.final_sent:
-                        continue
-                    try:
-                        cancelled = s.sender.is_cancelled()
-                    except Exception:
-                        cancelled = False
-                if cancelled:
+                if client_cancelled(s.sender, s.lock, s.final_sent):
                     s.cancelled = True
                     self._abort(s)
 

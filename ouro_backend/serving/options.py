@@ -100,3 +100,15 @@ def decoupled_model_config(pb_utils: Any, args: dict, default_name: str) -> tupl
         raise pb_utils.TritonModelException(
             f"{name}: set `model_transaction_policy {{ decoupled: true }}` in config.pbtxt")
     return config, name
+
+
+def client_cancelled(sender: Any, lock: Any, finished: bool) -> bool:
+    """Whether the client behind `sender` went away. Holds the request's `lock` (the one its FINAL send
+    takes) and never asks once FINAL is out: asking a released sender crashes tritonserver 2.51."""
+    with lock:
+        if finished:
+            return False
+        try:
+            return bool(sender.is_cancelled())
+        except Exception:
+            return False

@@ -12,6 +12,7 @@ of the model's config.pbtxt ($OURO_ENGINE_ARGS may set it too), else the toy che
 """
 from __future__ import annotations
 
+import abc
 import json
 import logging
 
@@ -23,7 +24,7 @@ from .options import engine_options, resolve_model_path
 log = logging.getLogger("ouro_backend.serving")
 
 
-class _TokenizerModel:
+class _TokenizerModel(abc.ABC):
     input_specs: dict = {}
 
     def initialize(self, args: dict) -> None:
@@ -66,8 +67,9 @@ class _TokenizerModel:
                     output_tensors=[], error=pb.TritonError(f"{self.model_name}: {type(e).__name__}: {e}")))
         return responses
 
+    @abc.abstractmethod
     def process(self, inputs: dict, request) -> dict:
-        raise NotImplementedError
+        """One request's input arrays -> its output arrays."""
 
     def finalize(self) -> None:
         pass
