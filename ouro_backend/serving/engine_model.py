@@ -212,7 +212,7 @@ class EngineModel:
         with self._lock:
             candidates = [s for s in self._active.values() if not s.cancelled]
         for state in candidates:
-            if client_cancelled(state.sender, state.lock, state.done):
+            if client_cancelled(state.sender, state.lock, lambda: state.done):
                 state.cancelled = True
                 self.engine.abort_request(state.rid)
 

@@ -216,7 +216,7 @@ class FrontModel:
             with self._lock:
                 streams = [s for s in self._streams.values() if not s.cancelled]
             for s in streams:
-                if client_cancelled(s.sender, s.lock, s.final_sent):
+                if client_cancelled(s.sender, s.lock, lambda: s.final_sent):
                     s.cancelled = True
                     self._abort(s)
 

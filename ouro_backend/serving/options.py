@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ..config import MODEL_PATH_ENV, ConfigError
 
@@ -102,11 +102,12 @@ def decoupled_model_config(pb_utils: Any, args: dict, default_name: str) -> tupl
     return config, name
 
 
-def client_cancelled(sender: Any, lock: Any, finished: bool) -> bool:
+def client_cancelled(sender: Any, lock: Any, finished: Callable[[], bool]) -> bool:
     """Whether the client behind `sender` went away. Holds the request's `lock` (the one its FINAL send
-    takes) and never asks once FINAL is out: asking a released sender crashes tritonserver 2.51."""
+    takes) and never asks once FINAL is out: asking a released sender crashes tritonserver 2.51, so
+    `finished` is read under the lock, not before it."""
     with lock:
-        if finished:
+        if finished():
             return False
         try:
             return bool(sender.is_cancelled())
