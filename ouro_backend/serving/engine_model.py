@@ -31,7 +31,8 @@ from ..config import ConfigError, EngineConfig
 from ..sampling_params import RequestError
 from . import protocol
 from .metrics import EngineMetrics
-from .options import client_cancelled, decoupled_model_config, engine_options, resolve_model_path
+from .options import (client_cancelled, decoupled_model_config, engine_options, request_arrays,
+                      resolve_model_path)
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -109,11 +110,7 @@ class EngineModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                inputs = {}
-                for name in protocol.ENGINE_INPUTS:
-                    t = pb.get_input_tensor_by_name(request, name)
-                    if t is not None:
-                        inputs[name] = t.as_numpy()
+                inputs = request_arrays(pb, request, protocol.ENGINE_INPUTS)
                 protocol.check_parameters(request.parameters(), self.model_name)
                 parsed = protocol.parse_request(inputs, specs=protocol.ENGINE_INPUTS, prompt_input="input_ids",
                                                 model=self.model_name)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..sampling_params import RequestError
 from . import protocol
-from .options import client_cancelled, decoupled_model_config
+from .options import client_cancelled, decoupled_model_config, request_arrays
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -90,11 +90,7 @@ class FrontModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                inputs = {}
-                for name in protocol.CLIENT_INPUTS:
-                    t = pb.get_input_tensor_by_name(request, name)
-                    if t is not None:
-                        inputs[name] = t.as_numpy()
+                inputs = request_arrays(pb, request, protocol.CLIENT_INPUTS)
                 protocol.check_parameters(request.parameters(), self.model_name)
                 parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS, model=self.model_name)
             except RequestError as e:

@@ -113,3 +113,13 @@ def client_cancelled(sender: Any, lock: Any, finished: Callable[[], bool]) -> bo
             return bool(sender.is_cancelled())
         except Exception:
             return False
+
+
+def request_arrays(pb_utils: Any, request: Any, names: Any) -> dict:
+    """The numpy arrays of a Triton request's inputs among `names` (absent optional inputs left out)."""
+    arrays = {}
+    for name in names:
+        t = pb_utils.get_input_tensor_by_name(request, name)
+        if t is not None:
+            arrays[name] = t.as_numpy()
+    return arrays

@@ -19,7 +19,7 @@ import logging
 from ..config import ConfigError
 from ..sampling_params import RequestError
 from . import protocol
-from .options import engine_options, resolve_model_path
+from .options import engine_options, request_arrays, resolve_model_path
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -43,20 +43,12 @@ class _TokenizerModel(abc.ABC):
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
         pb_utils.Logger.log_info(f"{self.model_name}: tokenizer from {path}")
 
-    def _inputs(self, request) -> dict:
-        out = {}
-        for name in self.input_specs:
-            t = self.pb.get_input_tensor_by_name(request, name)
-            if t is not None:
-                out[name] = t.as_numpy()
-        return out
-
     def execute(self, requests: list) -> list:
         pb = self.pb
         responses = []
         for request in requests:
             try:
-                arrays = self.process(self._inputs(request), request)
+                arrays = self.process(request_arrays(self.pb, request, self.input_specs), request)
                 responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()]))
             except RequestError as e:
                 responses.append(pb.InferenceResponse(
