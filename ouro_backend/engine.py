@@ -202,7 +202,7 @@ class LLMEngine:
         self.counters["generation_tokens"] += 1
         n = len(seq.output_ids)
         reason = None
-        stop_text = seq.stop.update(self.tokenizer, seq.output_ids, active=n >= p.min_tokens)
+        stop_text = seq.stop.update(self.tokenizer, e.token, active=n >= p.min_tokens)
         if n >= p.min_tokens:
             if (e.token in self.eos_ids and not p.ignore_eos) or e.token in p.stop_token_ids:
                 reason = "stop"

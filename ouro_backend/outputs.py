@@ -9,7 +9,8 @@ from typing import Optional
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
-    # Everything generated so far (the whole stream), and the loop depth that produced each token.
+    # On the final output: the whole stream, the loop depth that produced each token and its logprob
+    # (empty on intermediate outputs, which carry only the new_* delta, like vLLM's DELTA outputs).
     token_ids: list[int]
     exit_depths: list[int]
     logprobs: list[float]

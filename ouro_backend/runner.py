@@ -128,7 +128,7 @@ class ModelRunner:
             item = seq.item
             if item.src is None:
                 index.append((None, len(ids), item.n))
-                ids.extend(seq.all_ids[item.start: item.start + item.n])
+                ids.extend(seq.token_ids(item.start, item.start + item.n))
             else:
                 index.append((sources.setdefault(id(item.src), item.src), item.src_row, item.n))
         pool = [self.model.embed(self._to_dev(ids, torch.long))] if ids else []

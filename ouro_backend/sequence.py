@@ -11,7 +11,7 @@ import torch
 from .exit_policy import ExitBounds, ExitState
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-from .tokenizer import PREFIX_WINDOW, decode_delta
+from .tokenizer import PREFIX_WINDOW, IncrementalDetokenizer, decode_delta
 
 
 class Status(enum.Enum):
@@ -65,9 +65,14 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without building the concatenation."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p: end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
 
     @property
     def in_prefill(self) -> bool:
@@ -91,23 +96,27 @@ class Sequence:
         self.logprobs.append(logprob)
 
     def make_output(self, tokenizer, with_text: bool) -> RequestOutput:
-        """The stream so far, and the delta since the last output (holding back possible stop text)."""
-        end = len(self.output_ids) if self.finished else min(len(self.output_ids), self.stop.safe_tokens())
+        """The delta since the last output (holding back possible stop text); the final output also carries
+        the whole stream."""
+        done = self.finished
+        end = len(self.output_ids) if done else min(len(self.output_ids), self.stop.safe_tokens())
         start = self.num_emitted
         self.num_emitted = max(start, end)
-        prefix = (self.prompt_ids + self.output_ids[:start])[-PREFIX_WINDOW:] if start < PREFIX_WINDOW \
-            else self.output_ids[start - PREFIX_WINDOW: start]
+        first_new = len(self.prompt_ids) + start
+        prefix = self.token_ids(max(0, first_new - PREFIX_WINDOW), first_new)
         new_ids = self.output_ids[start:end]
         new_text = ""
-        text = self.stop.text_for_output(tokenizer, self.output_ids) if self.finished else ""
+        text = self.stop.text_for_output(tokenizer, self.output_ids) if done else ""
         if with_text:
             if new_ids:
-                new_text = decode_delta(tokenizer, prefix, new_ids, final=self.finished)
-                if self.finished and self.trim_chars:
+                new_text = decode_delta(tokenizer, prefix, new_ids, final=done)
+                if done and self.trim_chars:
                     new_text = new_text[: len(new_text) - self.trim_chars]
+        # The whole stream only on the final output: copying it every token would be O(n^2) per request.
         return RequestOutput(
-            request_id=self.request_id, prompt_token_ids=self.prompt_ids, token_ids=list(self.output_ids),
-            exit_depths=list(self.exit_depths), logprobs=list(self.logprobs), text=text,
+            request_id=self.request_id, prompt_token_ids=self.prompt_ids,
+            token_ids=list(self.output_ids) if done else [], exit_depths=list(self.exit_depths) if done else [],
+            logprobs=list(self.logprobs) if done else [], text=text,
             finished=self.finished, finish_reason=self.finish_reason, new_token_ids=new_ids,
             new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
             prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
@@ -123,21 +132,22 @@ class StopChecker:
         self.text = ""
         self.token_ends: list[int] = []  # text length after each output token
         self.cut: Optional[int] = None  # match position in text
+        self.detok: Optional[IncrementalDetokenizer] = None
 
-    def update(self, tokenizer, output_ids: list[int], active: bool = True) -> bool:
+    def update(self, tokenizer, token: int, active: bool = True) -> bool:
         """Call after every new token; True when a stop string matched. While not `active` (before
         min_tokens) the text is tracked but not searched, as in vLLM."""
         if not self.stops:
             return False
+        if self.detok is None:
+            self.detok = IncrementalDetokenizer(tokenizer)
         prev = len(self.text)
-        self.text = tokenizer.decode(output_ids)
-        if self.text.endswith("\ufffd"):
-            self.text = self.text.rstrip("\ufffd")
+        self.text += self.detok.add(token)  # an incomplete trailing character is held back
         self.token_ends.append(len(self.text))
         if not active:
             return False
         start = max(0, prev - self.max_len + 1)
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        hits = [i for i in (self.text.find(stop, start) for stop in self.stops) if i >= 0]
         if hits:
             self.cut = min(hits)
         return self.cut is not None
@@ -153,6 +163,4 @@ class StopChecker:
         return n
 
     def text_for_output(self, tokenizer, output_ids: list[int]) -> str:
-        if self.cut is not None:
-            return self.text[: self.cut]
-        return tokenizer.decode(output_ids) if not self.stops else self.text
+        return self.text[: self.cut] if self.cut is not None else tokenizer.decode(output_ids)

@@ -233,7 +233,7 @@ class EngineModel:
         if state is None or state.errored:
             return
         m = self.metrics
-        if not state.started and out.token_ids:
+        if not state.started and out.new_token_ids:
             state.started = True
             m.add("prompt_tokens", len(out.prompt_token_ids))
         m.add("generation_tokens", len(out.new_token_ids))
