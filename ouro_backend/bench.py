@@ -199,10 +199,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                    torch=torch.__version__, runs=[], baseline=[])
 
     if args.baseline == "eager":
-        from .engine import _DTYPES, resolve_device
+        from .engine import resolve_device, resolve_dtype
 
         device = resolve_device(cfg.device)
-        dtype = _DTYPES[cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")]
+        dtype = resolve_dtype(cfg.dtype, device)
         from .toy import ensure_toy_checkpoint
 
         for c in args.concurrency:

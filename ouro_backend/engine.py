@@ -27,6 +27,13 @@ Prompt = Union[str, list[int]]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on CUDA and float32 elsewhere."""
+    if name == "auto":
+        name = "bfloat16" if device.type == "cuda" else "float32"
+    return _DTYPES[name]
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -48,8 +55,7 @@ class LLMEngine:
         self.model_path = path
         self.model_config = mcfg = load_config(path)
         self.device = resolve_device(cfg.device)
-        dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
-        self.dtype = _DTYPES[dtype_name]
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.max_model_len = cfg.max_model_len or min(mcfg.max_position_embeddings, 8192)
         if self.max_model_len > mcfg.max_position_embeddings:
             raise ConfigError(f"max_model_len ({self.max_model_len}) exceeds the model's "
@@ -61,7 +67,7 @@ class LLMEngine:
         weights = load_weights(path, mcfg, self.dtype, self.device)
         self.model = OuroModel(mcfg, weights, get_backend(cfg.attention_backend, self.device, cfg.block_size), self.max_model_len)
         del weights
-        log.info("loaded %s (%s, %s) in %.1fs", path, dtype_name, self.device, time.monotonic() - t0)
+        log.info("loaded %s (%s, %s) in %.1fs", path, self.dtype, self.device, time.monotonic() - t0)
         num_blocks = self._num_kv_blocks()
         self.kv = KVCache(mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads,
                           mcfg.head_dim, mcfg.total_ut_steps, KVLayout(cfg.kv_layout), self.dtype, self.device)

@@ -31,7 +31,7 @@ from ..config import ConfigError, EngineConfig
 from ..sampling_params import RequestError
 from . import protocol
 from .metrics import EngineMetrics
-from .options import (client_cancelled, decoupled_model_config, engine_options, request_arrays,
+from .options import (client_cancelled, decoupled_model_config, engine_options, tensor_arrays,
                       resolve_model_path)
 
 log = logging.getLogger("ouro_backend.serving")
@@ -110,7 +110,7 @@ class EngineModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                inputs = request_arrays(pb, request, protocol.ENGINE_INPUTS)
+                inputs = tensor_arrays(pb.get_input_tensor_by_name, request, protocol.ENGINE_INPUTS)
                 protocol.check_parameters(request.parameters(), self.model_name)
                 parsed = protocol.parse_request(inputs, specs=protocol.ENGINE_INPUTS, prompt_input="input_ids",
                                                 model=self.model_name)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..sampling_params import RequestError
 from . import protocol
-from .options import client_cancelled, decoupled_model_config, request_arrays
+from .options import client_cancelled, decoupled_model_config, tensor_arrays
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -90,7 +90,7 @@ class FrontModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                inputs = request_arrays(pb, request, protocol.CLIENT_INPUTS)
+                inputs = tensor_arrays(pb.get_input_tensor_by_name, request, protocol.CLIENT_INPUTS)
                 protocol.check_parameters(request.parameters(), self.model_name)
                 parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS, model=self.model_name)
             except RequestError as e:
@@ -129,11 +129,7 @@ class FrontModel:
                     if not s.cancelled:
                         self._fail(s, response.error().message())
                     continue
-                engine_out = {}
-                for name in protocol.ENGINE_OUTPUTS:
-                    t = pb.get_output_tensor_by_name(response, name)
-                    if t is not None:
-                        engine_out[name] = t.as_numpy()
+                engine_out = tensor_arrays(pb.get_output_tensor_by_name, response, protocol.ENGINE_OUTPUTS)
                 if "output_ids" not in engine_out or s.final_sent or s.cancelled:
                     continue  # the empty final response of a decoupled BLS stream, or draining after a cancel
                 if self.tokenizer is not None:
@@ -172,12 +168,7 @@ class FrontModel:
         response = request.exec()
         if response.has_error():
             raise _BLSError(response.error().message())
-        result = {}
-        for name in outputs:
-            t = pb.get_output_tensor_by_name(response, name)
-            if t is not None:
-                result[name] = t.as_numpy()
-        return result
+        return tensor_arrays(pb.get_output_tensor_by_name, response, outputs)
 
     def _send(self, s: _Stream, response: Any, final: bool) -> None:
         pb = self.pb

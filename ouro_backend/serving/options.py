@@ -115,11 +115,12 @@ def client_cancelled(sender: Any, lock: Any, finished: Callable[[], bool]) -> bo
             return False
 
 
-def request_arrays(pb_utils: Any, request: Any, names: Any) -> dict:
-    """The numpy arrays of a Triton request's inputs among `names` (absent optional inputs left out)."""
+def tensor_arrays(get: Callable[[Any, str], Any], obj: Any, names: Any) -> dict:
+    """The numpy arrays among `names` of a request's inputs (get=pb_utils.get_input_tensor_by_name) or a
+    response's outputs (get=pb_utils.get_output_tensor_by_name); absent ones are left out."""
     arrays = {}
     for name in names:
-        t = pb_utils.get_input_tensor_by_name(request, name)
+        t = get(obj, name)
         if t is not None:
             arrays[name] = t.as_numpy()
     return arrays

@@ -19,7 +19,7 @@ import logging
 from ..config import ConfigError
 from ..sampling_params import RequestError
 from . import protocol
-from .options import engine_options, request_arrays, resolve_model_path
+from .options import engine_options, tensor_arrays, resolve_model_path
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -48,7 +48,7 @@ class _TokenizerModel(abc.ABC):
         responses = []
         for request in requests:
             try:
-                arrays = self.process(request_arrays(self.pb, request, self.input_specs), request)
+                arrays = self.process(tensor_arrays(self.pb.get_input_tensor_by_name, request, self.input_specs), request)
                 responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()]))
             except RequestError as e:
                 responses.append(pb.InferenceResponse(
