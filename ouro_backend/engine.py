@@ -44,6 +44,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 class LLMEngine:
+    # Per-output text deltas for in-process streaming; the Triton model leaves this off (post-processing
+    # detokenizes). The final output always carries the whole text.
+    want_text = False
+
     def __init__(self, config: Optional[EngineConfig] = None, **kwargs):
         cfg = (config or EngineConfig(**kwargs)).validate()
         self.config = cfg
@@ -195,10 +199,6 @@ class LLMEngine:
                 with self._lock:
                     self._ids.discard(seq.request_id)
         return outputs
-
-    # Per-output text deltas for in-process streaming; the Triton model leaves this off (post-processing
-    # detokenizes). The final output always carries the whole text.
-    want_text = False
 
     def _append(self, e: Emitted) -> None:
         seq, p = e.seq, e.seq.params

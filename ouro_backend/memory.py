@@ -6,6 +6,7 @@ import logging
 import torch
 
 from .attention import AttentionMetadata
+from .config import ConfigError
 
 log = logging.getLogger("ouro_backend")
 RESERVE_BYTES = 1 << 30  # CUDA graph pools, cuBLAS workspaces, fragmentation
@@ -46,8 +47,6 @@ def profile_kv_budget(engine) -> int:
              "reserve %.2f GiB -> KV %.2f GiB", total / 2**30, cfg.gpu_memory_utilization, others / 2**30,
              weights / 2**30, activation / 2**30, RESERVE_BYTES / 2**30, budget / 2**30)
     if budget <= 0:
-        from .config import ConfigError
-
         raise ConfigError(f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB); raise "
                           f"gpu_memory_utilization or lower max_num_batched_tokens")
     return budget
