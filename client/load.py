@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from client.ouro_client import SAMPLE_PROMPTS as PROMPTS, Result, generate, request_options  # noqa: E402
 
 
-
 def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, Optional[float]]:
     if not values:
         return {"mean": None, **{f"p{p}": None for p in ps}, "max": None}
@@ -48,15 +47,24 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
     stop_at = start + duration
 
     def worker() -> None:
-        while True:
-            with lock:
-                if issued[0] >= num_requests or time.perf_counter() >= stop_at:
-                    return
-                i = issued[0]
-                issued[0] += 1
-            r = generate(url, model, prompts[i % len(prompts)], options, protocol, timeout)
-            with lock:
-                results.append(r)
+        client = None
+        if protocol == "grpc":  # one connection per worker, reused: connecting is not part of a request
+            import tritonclient.grpc as grpcclient
+
+            client = grpcclient.InferenceServerClient(url)
+        try:
+            while True:
+                with lock:
+                    if issued[0] >= num_requests or time.perf_counter() >= stop_at:
+                        return
+                    i = issued[0]
+                    issued[0] += 1
+                r = generate(url, model, prompts[i % len(prompts)], options, protocol, timeout, client=client)
+                with lock:
+                    results.append(r)
+        finally:
+            if client is not None:
+                client.close()
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
     for t in threads:

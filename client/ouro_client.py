@@ -228,12 +228,16 @@ def stream_http(url: str, model: str, prompt: str, options: dict[str, Any], time
 
 
 def generate(url: str, model: str, prompt: str, options: dict[str, Any], protocol: str = "grpc",
-             timeout: float = 600.0, on_chunk=None) -> Result:
-    """Run one request to completion; errors end up in Result.error."""
+             timeout: float = 600.0, on_chunk=None, client: Any = None) -> Result:
+    """Run one request to completion; errors end up in Result.error. `client`: a gRPC
+    InferenceServerClient to reuse (a load generator's worker keeps one, as a real client would)."""
     result = Result(start=time.perf_counter())
-    stream = stream_grpc if protocol == "grpc" else stream_http
+    if protocol == "grpc":
+        stream = stream_grpc(url, model, prompt, options, timeout, client=client)
+    else:
+        stream = stream_http(url, model, prompt, options, timeout)
     try:
-        for chunk in stream(url, model, prompt, options, timeout):
+        for chunk in stream:
             result.chunks.append(chunk)
             if on_chunk:
                 on_chunk(chunk)

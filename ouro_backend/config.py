@@ -228,15 +228,16 @@ class EngineConfig:
         for key, raw in values.items():
             if key not in types or key == "extra":
                 raise ConfigError(f"unknown engine option {key!r}; known options: {', '.join(cls.field_names())}")
-            kwargs[key] = _parse(key, str(raw).strip(), str(types[key]))
+            kwargs[key] = parse_value(key, str(raw).strip(), str(types[key]))
         return cls(**kwargs).validate()
 
 
-def _parse(key: str, raw: str, type_name: str) -> Any:
+def parse_value(key: str, raw: str, type_name: str, what: str = "engine option") -> Any:
+    """A string option -> the dataclass field's type (`type_name` as written in the annotation)."""
     if raw == "" or raw.lower() in ("none", "null"):
         if "Optional" in type_name:
             return None
-        raise ConfigError(f"engine option {key} needs a value")
+        raise ConfigError(f"{what} {key} needs a value")
     try:
         if "list[int]" in type_name:
             return [int(x) for x in raw.replace(",", " ").split()]
@@ -251,5 +252,5 @@ def _parse(key: str, raw: str, type_name: str) -> Any:
                 return False
             raise ValueError(raw)
     except ValueError:
-        raise ConfigError(f"engine option {key}={raw!r} is not a valid {type_name.replace('Optional', '')}") from None
+        raise ConfigError(f"{what} {key}={raw!r} is not a valid {type_name.replace('Optional', '')}") from None
     return raw

@@ -16,14 +16,15 @@ All families carry the labels `model` and `version`. Names (vLLM-like):
   ouro_engine_stat{stat}                   gauge      every other numeric counter of engine.stats()
                                                       (rows_run, tokens_run, steps, speculation...)
 
-Metric updates are IPC messages from the Python stub to the server, so the engine thread never makes them:
-it queues plain numbers here and a reporter thread flushes them a few times per second.
+The engine process counts into a `MetricsBuffer` (plain numbers) and sends a `MetricsSnapshot` to the
+`ouro_engine` model every `metrics_interval_s`; there a reporter thread publishes it through
+pb_utils.MetricFamily (each update is an IPC message to the server, so no hot thread makes them).
 """
 from __future__ import annotations
 
-import collections
 import logging
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 log = logging.getLogger("ouro_backend.serving")
@@ -36,17 +37,82 @@ GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_
               "num_waiting": "ouro_num_requests_waiting"}
 
 
+@dataclass
+class MetricsSnapshot:
+    counters: dict = field(default_factory=dict)  # key of EngineMetrics.counters -> increment
+    observations: list = field(default_factory=list)  # (histogram key, value)
+    finished: dict = field(default_factory=dict)  # finish reason -> requests
+    stats: Optional[dict] = None  # LLMEngine.stats(): gauges and engine counters
+
+
+class MetricsBuffer:
+    """Counts between two snapshots; thread-safe, no Triton."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._snap = MetricsSnapshot()
+        self._started: set[str] = set()  # requests whose prompt tokens are counted (record() is single-threaded)
+
+    def add(self, key: str, n: float) -> None:
+        if n:
+            with self._lock:
+                self._snap.counters[key] = self._snap.counters.get(key, 0) + n
+
+    def observe_many(self, key: str, values) -> None:
+        with self._lock:
+            self._snap.observations.extend((key, float(v)) for v in values if v is not None and v >= 0)
+
+    def record(self, out) -> None:
+        """Count one engine RequestOutput (intermediate or final)."""
+        from .protocol import finish_reason_name
+
+        if out.new_token_ids and out.request_id not in self._started:
+            self._started.add(out.request_id)
+            self.add("prompt_tokens", len(out.prompt_token_ids))
+        self.add("generation_tokens", len(out.new_token_ids))
+        self.observe_many("depth", out.new_exit_depths)
+        if not out.finished:
+            return
+        self._started.discard(out.request_id)
+        reason = finish_reason_name(out.finish_reason)
+        if reason == "cancelled":
+            self.add("aborted", 1)
+        obs = []
+        if out.first_token_time is not None:
+            obs.append(("ttft", out.first_token_time - out.arrival_time))
+            if len(out.token_ids) > 1 and out.finish_time is not None:
+                obs.append(("tpot", (out.finish_time - out.first_token_time) / (len(out.token_ids) - 1)))
+        if out.finish_time is not None:
+            obs.append(("latency", out.finish_time - out.arrival_time))
+        with self._lock:
+            self._snap.observations.extend(obs)
+            self._snap.finished[reason] = self._snap.finished.get(reason, 0) + 1
+
+    def merge(self, snap: MetricsSnapshot) -> None:
+        with self._lock:
+            for key, n in snap.counters.items():
+                self._snap.counters[key] = self._snap.counters.get(key, 0) + n
+            self._snap.observations.extend(snap.observations)
+            for reason, n in snap.finished.items():
+                self._snap.finished[reason] = self._snap.finished.get(reason, 0) + n
+            if snap.stats is not None:
+                self._snap.stats = snap.stats
+
+    def take(self, stats: Optional[dict] = None) -> MetricsSnapshot:
+        with self._lock:
+            snap, self._snap = self._snap, MetricsSnapshot()
+        if stats is not None:
+            snap.stats = dict(stats)
+        return snap
+
+
 class EngineMetrics:
     """Queue-and-flush wrapper over pb_utils.MetricFamily; a no-op when pb_utils is None."""
 
     def __init__(self, pb_utils: Any, model_name: str, model_version: str, num_loops: int,
                  interval_s: float = 0.25):
         self.enabled = pb_utils is not None and hasattr(pb_utils, "MetricFamily")
-        self._lock = threading.Lock()
-        self._pending: dict[str, float] = collections.defaultdict(float)
-        self._observations: list[tuple[str, float]] = []
-        self._finished: dict[str, int] = collections.defaultdict(int)
-        self._stats: Optional[dict] = None
+        self.pending = MetricsBuffer()  # what the engine process and this model counted, not yet published
         self._stop = threading.Event()
         self.interval_s = interval_s
         self.num_loops = num_loops
@@ -104,31 +170,12 @@ class EngineMetrics:
         self._thread = threading.Thread(target=self._run, name="ouro-metrics", daemon=True)
         self._thread.start()
 
-    # ---- called from the engine thread (cheap) ----
     def add(self, key: str, n: float) -> None:
-        if self.enabled and n:
-            with self._lock:
-                self._pending[key] += n
+        self.pending.add(key, n)
 
-    def observe(self, key: str, value: float) -> None:
-        if self.enabled and value is not None and value >= 0:
-            with self._lock:
-                self._observations.append((key, float(value)))
-
-    def observe_many(self, key: str, values) -> None:
-        if self.enabled and values:
-            with self._lock:
-                self._observations.extend((key, float(v)) for v in values)
-
-    def finished(self, reason: str) -> None:
+    def merge(self, snap: MetricsSnapshot) -> None:
         if self.enabled:
-            with self._lock:
-                self._finished[reason] += 1
-
-    def set_stats(self, stats: dict) -> None:
-        if self.enabled:
-            with self._lock:
-                self._stats = dict(stats)
+            self.pending.merge(snap)
 
     # ---- reporter thread ----
     def _run(self) -> None:
@@ -139,11 +186,8 @@ class EngineMetrics:
     def flush(self) -> None:
         if not self.enabled:
             return
-        with self._lock:
-            pending, self._pending = self._pending, collections.defaultdict(float)
-            obs, self._observations = self._observations, []
-            finished, self._finished = self._finished, collections.defaultdict(int)
-            stats, self._stats = self._stats, None
+        snap = self.pending.take()
+        pending, obs, finished, stats = snap.counters, snap.observations, snap.finished, snap.stats
         try:
             for key, n in pending.items():
                 self.counters[key].increment(n)

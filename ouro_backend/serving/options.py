@@ -12,19 +12,60 @@ Unknown keys and bad values fail the model load with ConfigError naming the opti
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Any, Callable, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
-from ..config import MODEL_PATH_ENV, ConfigError
+from ..config import MODEL_PATH_ENV, ConfigError, parse_value
 
 ENGINE_ARGS_ENV = "OURO_ENGINE_ARGS"
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What both decoupled models (`ouro_engine`, `ouro`) take as config.pbtxt parameters."""
+    cancel_check_interval_s: float = 0.05  # how often open requests are checked for client cancellation
+    response_threads: int = 8  # threads sending responses (a request always uses the same one)
+
+    def validate(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if (isinstance(value, str) and not value) or (not isinstance(value, str) and value <= 0):
+                raise ConfigError(f"{f.name}={value!r} must be " + ("set" if isinstance(value, str) else "> 0"))
+        return self
+
+
+@dataclass(frozen=True)
+class ServingOptions(StreamOptions):
+    """`ouro_engine` parameters that configure the serving layer, not the engine."""
+    metrics_interval_s: float = 0.25  # how often the engine process reports metrics
+
+
+@dataclass(frozen=True)
+class FrontOptions(StreamOptions):
+    """`ouro` parameters."""
+    engine_model: str = "ouro_engine"  # the model whose engine process this front sends requests to
+    engine_connect_timeout_s: float = 300.0  # how long the front waits at load for that engine to come up
+
+
 # Parameters in config.pbtxt that configure the serving layer, not the engine.
-SERVING_KEYS = frozenset({
-    "EXECUTION_ENV_PATH",  # the Python backend's own parameter
-    "metrics_interval_s",  # how often gauges (KV usage, running, waiting) are refreshed
-    "cancel_check_interval_s",  # how often running requests are checked for client cancellation
-})
+SERVING_KEYS = frozenset({"EXECUTION_ENV_PATH"} | {f.name for f in dataclasses.fields(ServingOptions)})
+_O = TypeVar("_O", bound=StreamOptions)
+
+
+def typed_options(cls: type[_O], values: Mapping[str, str]) -> _O:
+    """String parameters -> a validated options dataclass; unknown keys and bad values raise ConfigError."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, raw in values.items():
+        if key == "EXECUTION_ENV_PATH":
+            continue
+        if key not in types:
+            raise ConfigError(f"unknown parameter {key!r}; known: {', '.join(sorted(types))}")
+        kwargs[key] = parse_value(key, str(raw).strip(), types[key], what="parameter")
+    return cls(**kwargs).validate()
 
 
 def parse_engine_args(raw: Optional[str]) -> dict[str, str]:
@@ -100,19 +141,6 @@ def decoupled_model_config(pb_utils: Any, args: dict, default_name: str) -> tupl
         raise pb_utils.TritonModelException(
             f"{name}: set `model_transaction_policy {{ decoupled: true }}` in config.pbtxt")
     return config, name
-
-
-def client_cancelled(sender: Any, lock: Any, finished: Callable[[], bool]) -> bool:
-    """Whether the client behind `sender` went away. Holds the request's `lock` (the one its FINAL send
-    takes) and never asks once FINAL is out: asking a released sender crashes tritonserver 2.51, so
-    `finished` is read under the lock, not before it."""
-    with lock:
-        if finished():
-            return False
-        try:
-            return bool(sender.is_cancelled())
-        except Exception:
-            return False
 
 
 def tensor_arrays(get: Callable[[Any, str], Any], obj: Any, names: Any) -> dict:

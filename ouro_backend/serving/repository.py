@@ -40,10 +40,17 @@ ENGINE_PARAMETERS = [
     ("cuda_graph_max_tokens", "largest round captured in a CUDA graph; larger ones run eagerly (1024)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
 ]
-SERVING_PARAMETERS = [
-    ("cancel_check_interval_s", "how often running requests are checked for cancellation (0.01)"),
-    ("metrics_interval_s", "how often custom metrics are flushed (0.25)"),
+STREAM_PARAMETERS = [
+    ("cancel_check_interval_s", "how often open requests are checked for client cancellation (0.05)"),
+    ("response_threads", "threads sending responses; a request always uses the same one (8)"),
 ]
+SERVING_PARAMETERS = STREAM_PARAMETERS + [
+    ("metrics_interval_s", "how often the engine process reports metrics (0.25)"),
+]
+FRONT_PARAMETERS = [
+    ("engine_model", "the model whose engine process serves this front's requests (ouro_engine)"),
+    ("engine_connect_timeout_s", "how long the front waits at load for that engine to come up (300)"),
+] + STREAM_PARAMETERS
 
 
 def _tensor(name: str, dtype: str, dims: str, optional: bool = False, ragged: bool = False) -> str:
@@ -122,21 +129,17 @@ Engine options: the parameters below (empty = default), then $OURO_ENGINE_ARGS, 
     )
     files["ouro"] = (
         _header("""
-ouro: the client-facing model (ouro_backend/serving/front_model.py): a decoupled BLS front that runs
-preprocessing -> ouro_engine (streamed) -> postprocessing per response and, unlike the ensemble, stops the
-engine and frees its KV when the client cancels or disconnects. Tensors as TensorRT-LLM / vLLM backends:
+ouro: the client-facing model (ouro_backend/serving/front_model.py): tokenizes, streams the request to
+the engine process of ouro_engine over its socket and detokenizes (the code of preprocessing and
+postprocessing, in-process) and, unlike the ensemble, stops the engine and frees its KV when the client
+cancels or disconnects. Tensors as TensorRT-LLM / vLLM backends:
 shapes are [1, 1] (batch 1) for scalars; /v2/models/ouro/generate and /generate_stream take plain JSON.""")
         + 'name: "ouro"\nbackend: "python"\nmax_batch_size: 1\n'
         + "model_transaction_policy { decoupled: true }\n"
         + _inputs(protocol.CLIENT_INPUTS.values(), required=["text_input"])
         + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths"])
         + "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
-        + _params([("engine_model", "ouro_engine"), ("preprocessing_model", "preprocessing"),
-                   ("postprocessing_model", "postprocessing"),
-                   ("cancel_check_interval_s", "how often clients are checked for cancellation (0.02)"),
-                   ("postprocess_in_process", "true: detokenize in this model, no postprocessing BLS call "
-                    "per response (false); `model` then names the checkpoint ($OURO_MODEL_PATH overrides)")],
-                  "Options (empty: default)")
+        + _params(FRONT_PARAMETERS, "Options (empty: default)")
     )
     files["ouro_ensemble"] = _ensemble()
     return files

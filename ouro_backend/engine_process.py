@@ -1,0 +1,396 @@
+"""The engine in a process of its own, reached over sockets (the shape of vLLM V1's EngineCore).
+
+Why a process: inside a Python-backend stub, the engine loop shares one GIL with every request and
+response IPC of Triton (each `send()` and `is_cancelled()` is a round trip to the server); measured on the
+H200, that held the engine thread to a fraction of the GPU's pace. Here the child owns the GPU and runs
+`LLMEngine.step()` back to back; the Triton models only parse, route and send.
+
+Who talks to it:
+* the owner (the `ouro_engine` model) spawns it and holds a socketpair to it. That channel carries the
+  engine config, the start-up result, the owner's own requests and the engine's metrics. The child exits
+  when it closes (the owner was unloaded or died).
+* other clients (the `ouro` front) connect to its Unix socket at `address` and send requests directly,
+  with no Triton hop in between.
+
+Messages (pickled by multiprocessing.connection), in order per connection:
+  client -> engine   ("add", rid, prompt_ids, SamplingParams)   ("abort", rid)
+  engine -> client   ("hello", EngineInfo)                       on connect (on the owner channel: "ready")
+                     ("outputs", [Delta, ...])                   after each step that moved its requests
+                     ("rejected", rid, message)                  add_request refused it (a RequestError)
+                     ("failed", [rid, ...], message)             a step raised; these requests are gone
+  engine -> owner    ("stats", MetricsSnapshot)                  every `metrics_interval_s`
+                     ("init_error", message)                     instead of "ready" when start-up failed
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Callable, NamedTuple, Optional
+
+from .config import ConfigError, EngineConfig
+from .sampling_params import RequestError, SamplingParams
+from .serving.metrics import MetricsBuffer
+
+log = logging.getLogger("ouro_backend.engine_process")
+
+
+class Delta(NamedTuple):
+    """What one step produced for one request: new tokens (and the few before them, for stateless
+    detokenization) and, on the last one, the finish reason and the characters a stop string cuts."""
+    rid: str
+    ids: list
+    depths: list
+    prefix: list
+    trim: int
+    finish_reason: Optional[str]
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model_path: str
+    device: str
+    dtype: str
+    num_loops: int
+    max_model_len: int
+    kv_blocks: int
+    pid: int
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process could not start, or is gone."""
+
+
+def engine_address(engine_model: str, server_pid: int) -> str:
+    """The socket of the engine owned by model `engine_model` in the tritonserver with pid `server_pid`:
+    deterministic, so another model of the same server finds it; in a directory only this user can open."""
+    directory = os.path.join(tempfile.gettempdir(), f"ouro-triton-{os.getuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return os.path.join(directory, f"engine-{server_pid}-{engine_model}.sock")
+
+
+# ------------------------------------------------------------------------------------------ client side
+class EngineClient:
+    """One connection to the engine process. `on_message(msg)` runs on the reader thread for every message
+    after the hello; `on_close()` once when the connection ends. `add` / `abort` are thread-safe."""
+
+    def __init__(self, conn: Connection, info: EngineInfo, on_message: Callable[[tuple], None],
+                 on_close: Callable[[], None], name: str = "ouro-engine-client"):
+        self.conn = conn
+        self.info = info
+        self._on_message = on_message
+        self._on_close = on_close
+        self._send_lock = threading.Lock()
+        self.closed = False
+        self._reader = threading.Thread(target=self._read, name=name, daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def connect(cls, address: str, on_message, on_close, timeout_s: float = 5.0) -> "EngineClient":
+        """Connect to a running engine process; retries until `timeout_s` (the owner may still be starting it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                conn = Client(address, family="AF_UNIX")
+                break
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    raise EngineProcessError(f"no engine process at {address} ({e})") from None
+                time.sleep(0.2)
+        kind, info = conn.recv()
+        if kind != "hello":
+            conn.close()
+            raise EngineProcessError(f"unexpected first message {kind!r} from the engine process")
+        return cls(conn, info, on_message, on_close)
+
+    def add(self, rid: str, prompt_ids: list, params: SamplingParams) -> None:
+        self._send(("add", rid, prompt_ids, params))
+
+    def abort(self, rid: str) -> None:
+        self._send(("abort", rid))
+
+    def _send(self, msg: tuple) -> None:
+        if self.closed:
+            raise EngineProcessError("the engine process is gone")
+        try:
+            with self._send_lock:
+                self.conn.send(msg)
+        except (OSError, ValueError) as e:
+            raise EngineProcessError(f"the engine process is gone ({e})") from None
+
+    def _read(self) -> None:
+        try:
+            while True:
+                msg = self.conn.recv()
+                try:
+                    self._on_message(msg)
+                except Exception:
+                    log.exception("handling %r from the engine process failed", msg[0])
+        except (EOFError, OSError):
+            pass
+        finally:
+            self.closed = True
+            self.conn.close()
+            self._on_close()
+
+    def close(self) -> None:
+        """Shut the connection down; the reader thread sees the end, closes it and calls on_close."""
+        self.closed = True
+        try:
+            sock = socket.socket(fileno=self.conn.fileno())
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.detach()
+        except (OSError, ValueError):
+            pass
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout=5)
+
+
+def _python() -> str:
+    """The interpreter for the child. Inside a Triton stub sys.executable is the stub, not Python; the
+    stub's packages come from the `python3` first on PATH (DESIGN section 6), so that is the one to run."""
+    if os.path.basename(sys.executable or "").startswith("python"):
+        return sys.executable
+    found = shutil.which("python3") or shutil.which("python")
+    if not found:
+        raise EngineProcessError("no python3 on PATH to run the engine process")
+    return found
+
+
+def start_engine_process(config: EngineConfig, address: str, on_message, on_close,
+                         metrics_interval_s: float = 0.25) -> tuple[EngineClient, subprocess.Popen]:
+    """Spawn the engine process and wait until its engine is built (weights, KV, CUDA graphs).
+    Returns the owner's client and the process. Raises ConfigError for a bad config or checkpoint (the
+    child's message), EngineProcessError if it died."""
+    parent, child = socket.socketpair()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([_python(), "-m", "ouro_backend.engine_process", "--owner-fd", str(child.fileno()),
+                             "--address", address], pass_fds=[child.fileno()], env=env)
+    child.close()
+    conn = Connection(parent.detach())
+    try:
+        conn.send(("start", config, metrics_interval_s))
+        kind, payload = conn.recv()
+    except (EOFError, OSError):
+        code = proc.wait(timeout=30)
+        conn.close()
+        raise EngineProcessError(f"the engine process exited with code {code} while starting "
+                                 "(its traceback is in the server log)") from None
+    if kind == "init_error":
+        proc.wait(timeout=30)
+        conn.close()
+        raise ConfigError(payload)
+    return EngineClient(conn, payload, on_message, on_close, name="ouro-engine-owner"), proc
+
+
+# ------------------------------------------------------------------------------------------ child side
+class _Peer:
+    __slots__ = ("conn", "lock", "rids", "owner")
+
+    def __init__(self, conn: Connection, owner: bool):
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.rids: set[str] = set()
+        self.owner = owner
+
+    def send(self, msg: tuple) -> bool:
+        try:
+            with self.lock:
+                self.conn.send(msg)
+            return True
+        except (OSError, ValueError):
+            return False
+
+
+class EngineServer:
+    """The child's side: the step loop on the main thread, one reader thread per connection."""
+
+    def __init__(self, engine, owner: Connection, address: str, metrics_interval_s: float):
+        self.engine = engine
+        self.metrics = MetricsBuffer()
+        self.metrics_interval_s = metrics_interval_s
+        self.info = EngineInfo(engine.model_path, str(engine.device), str(engine.dtype).replace("torch.", ""),
+                               engine.model_config.total_ut_steps, engine.max_model_len, engine.kv.num_blocks,
+                               os.getpid())
+        self._lock = threading.Lock()
+        self._routes: dict[str, _Peer] = {}  # request id -> the connection that sent it
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.owner = _Peer(owner, owner=True)
+        if os.path.exists(address):
+            os.unlink(address)  # a previous engine of the same server pid and model name
+        self.address = address
+        self.listener = Listener(address, family="AF_UNIX", backlog=64)
+
+    def serve(self) -> None:
+        threading.Thread(target=self._accept, name="accept", daemon=True).start()
+        threading.Thread(target=self._read, args=(self.owner,), name="owner", daemon=True).start()
+        self.owner.send(("ready", self.info))
+        last_stats = 0.0
+        engine = self.engine
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_stats >= self.metrics_interval_s:
+                last_stats = now
+                self.owner.send(("stats", self.metrics.take(engine.stats())))
+            if not engine.has_unfinished_requests():
+                self._wake.wait(self.metrics_interval_s)
+                self._wake.clear()
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as e:
+                log.exception("engine.step failed")
+                self._fail_all(f"engine error: {type(e).__name__}: {e}")
+                continue
+            self._route(outputs)
+        self.listener.close()
+
+    def _route(self, outputs: list) -> None:
+        batches: dict[int, tuple[_Peer, list]] = {}
+        with self._lock:
+            peers = [self._routes.get(out.request_id) for out in outputs]
+            for out in outputs:
+                if out.finished:
+                    peer = self._routes.pop(out.request_id, None)
+                    if peer is not None:
+                        peer.rids.discard(out.request_id)
+        for out, peer in zip(outputs, peers):
+            self.metrics.record(out)
+            if peer is None:
+                continue
+            batch = batches.setdefault(id(peer), (peer, []))[1]
+            batch.append(Delta(out.request_id, out.new_token_ids, out.new_exit_depths, out.prefix_token_ids,
+                               out.trim_chars, out.finish_reason if out.finished else None))
+        for peer, deltas in batches.values():
+            if not peer.send(("outputs", deltas)):
+                self._drop(peer)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn = self.listener.accept()
+            except OSError:
+                return
+            peer = _Peer(conn, owner=False)
+            if peer.send(("hello", self.info)):
+                threading.Thread(target=self._read, args=(peer,), name="client", daemon=True).start()
+
+    def _read(self, peer: _Peer) -> None:
+        try:
+            while True:
+                msg = peer.conn.recv()
+                if msg[0] == "add":
+                    self._add(peer, *msg[1:])
+                elif msg[0] == "abort":
+                    self.engine.abort_request(msg[1])
+                    self._wake.set()
+        except (EOFError, OSError):
+            pass
+        except Exception:
+            log.exception("engine process: bad message; dropping the connection")
+        self._drop(peer)
+        if peer.owner:
+            self._stop.set()
+            self._wake.set()
+
+    def _add(self, peer: _Peer, rid: str, prompt_ids: list, params: SamplingParams) -> None:
+        with self._lock:
+            self._routes[rid] = peer
+            peer.rids.add(rid)
+        try:
+            self.engine.add_request(rid, prompt_ids, params)
+        except RequestError as e:
+            with self._lock:
+                if self._routes.get(rid) is peer:
+                    del self._routes[rid]
+                peer.rids.discard(rid)
+            self.metrics.add("errors", 1)
+            peer.send(("rejected", rid, str(e)))
+            return
+        self._wake.set()
+
+    def _drop(self, peer: _Peer) -> None:
+        """A client went away: abort its requests, which frees their KV."""
+        with self._lock:
+            rids, peer.rids = list(peer.rids), set()
+            for rid in rids:
+                self._routes.pop(rid, None)
+        for rid in rids:
+            self.engine.abort_request(rid)
+        self._wake.set()
+        try:
+            peer.conn.close()
+        except OSError:
+            pass
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            routes, self._routes = self._routes, {}
+        by_peer: dict[int, tuple[_Peer, list]] = {}
+        for rid, peer in routes.items():
+            peer.rids.discard(rid)
+            by_peer.setdefault(id(peer), (peer, []))[1].append(rid)
+            self.engine.abort_request(rid)
+        self.metrics.add("errors", len(routes))
+        for peer, rids in by_peer.values():
+            peer.send(("failed", rids, message))
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit if the owner dies without closing the channel (SIGKILL of the stub)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(3)
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(description="The Ouro engine process (started by the ouro_engine model)")
+    ap.add_argument("--owner-fd", type=int, required=True)
+    ap.add_argument("--address", required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[ouro engine %(process)d] %(levelname)s %(message)s")
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    owner = Connection(args.owner_fd)
+    kind, config, metrics_interval_s = owner.recv()
+    try:
+        from .engine import LLMEngine
+
+        engine = LLMEngine(config)
+    except ConfigError as e:
+        owner.send(("init_error", str(e)))
+        return 2
+    except Exception as e:
+        traceback.print_exc()
+        owner.send(("init_error", f"the engine failed to start: {type(e).__name__}: {e}"))
+        return 1
+    server = EngineServer(engine, owner, args.address, metrics_interval_s)
+    log.info("serving on %s (pid %d)", args.address, os.getpid())
+    try:
+        server.serve()
+    finally:
+        if os.path.exists(args.address):
+            os.unlink(args.address)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown of CUDA state and daemon threads
+
+
+if __name__ == "__main__":
+    # Run the module under its real name: what crosses the sockets must unpickle as
+    # ouro_backend.engine_process.X on the other side, not as __main__.X.
+    from ouro_backend.engine_process import main as _main
+
+    sys.exit(_main())

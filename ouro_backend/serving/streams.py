@@ -1,0 +1,286 @@
+"""What the two decoupled models (`ouro_engine`, `ouro`) share: requests streamed to and from the engine
+process, and the threads that answer them.
+
+Thread design (as in the vLLM Triton backend, with the engine in its own process):
+* `execute()` only validates and enqueues: it parses the request, registers a `Stream` and sends the
+  request to the engine process; a bad request gets a TritonError response with FINAL at once.
+* The connection's reader thread files each step's `Delta`s into their streams' pending buffers.
+* `response_threads` sender threads send them. Each request is pinned to one sender (by its id), so its
+  responses stay in order; what piles up while a `send()` waits on the server goes out as one response,
+  so a busy server coalesces tokens instead of queueing them. Non-streaming requests get one response.
+* A `CancelWatcher` asks every open request's sender `is_cancelled()` every `cancel_check_interval_s`
+  (a round trip to the server each, so never on a hot thread) and aborts cancelled ones in the engine,
+  which frees their KV; their last response says finish_reason "cancelled".
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import zlib
+from collections import deque
+from typing import Any, Optional
+
+from ..engine_process import Delta, EngineClient, EngineProcessError
+from ..sampling_params import RequestError
+from . import protocol
+
+log = logging.getLogger("ouro_backend.serving")
+
+
+class Stream:
+    """One request between execute() and its FINAL response. `data_lock` guards the pending buffers;
+    `send_lock` orders the FINAL send against is_cancelled(): asking a sender whose final response went
+    out crashes tritonserver 2.51 (the response factory is gone)."""
+
+    __slots__ = ("rid", "sender", "parsed", "num_input", "data_lock", "send_lock", "done", "cancelled",
+                 "ids", "depths", "prefix", "trim", "reason", "error", "queued", "worker")
+
+    def __init__(self, rid: str, sender: Any, parsed: protocol.ParsedRequest, num_input: int, worker: int):
+        self.rid = rid
+        self.sender = sender
+        self.parsed = parsed
+        self.num_input = num_input
+        self.data_lock = threading.Lock()
+        self.send_lock = threading.Lock()
+        self.done = False  # FINAL sent
+        self.cancelled = False
+        self.ids: list[int] = []
+        self.depths: list[int] = []
+        self.prefix: Optional[list[int]] = None
+        self.trim = 0
+        self.reason: Optional[str] = None  # set with the engine's last delta
+        self.error: Optional[str] = None
+        self.queued = False
+        self.worker = worker
+
+
+class Chunk:
+    """What one response carries: the tokens since the previous response."""
+
+    __slots__ = ("ids", "depths", "prefix", "trim", "reason")
+
+    def __init__(self, ids, depths, prefix, trim, reason):
+        self.ids, self.depths, self.prefix, self.trim, self.reason = ids, depths, prefix, trim, reason
+
+
+class StreamingModel:
+    """Base of EngineModel and FrontModel. Subclasses implement `parse` and may override `client_arrays`."""
+
+    model_name = "ouro"
+    metrics = None  # the owner's EngineMetrics: counts the requests refused here
+
+    def setup_streams(self, pb: Any, serving: "ServingOptions") -> None:  # noqa: F821 (options.ServingOptions)
+        from .cancellation import CancelWatcher
+
+        self.pb = pb
+        self._lock = threading.Lock()
+        self._streams: dict[str, Stream] = {}
+        self._queues = [_SendQueue() for _ in range(serving.response_threads)]
+        self._senders = [threading.Thread(target=self._send_loop, args=(q,), name=f"ouro-send-{i}", daemon=True)
+                         for i, q in enumerate(self._queues)]
+        for t in self._senders:
+            t.start()
+        self._watcher = CancelWatcher(serving.cancel_check_interval_s, self._open_streams, self._cancel)
+
+    # ---------------------------------------------------------------- what a subclass provides
+    def engine(self) -> EngineClient:
+        raise NotImplementedError
+
+    def parse(self, request: Any) -> Optional[tuple[protocol.ParsedRequest, list[int], str]]:
+        """(parsed request, prompt ids, request id), or None when the request was a control request that
+        is already answered. Raises RequestError for bad input."""
+        raise NotImplementedError
+
+    def client_arrays(self, stream: Stream, arrays: dict) -> dict:
+        """The engine's response arrays -> what this model returns (the front detokenizes here)."""
+        return arrays
+
+    # ---------------------------------------------------------------- execute (Triton's thread)
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                parsed = self.parse(request)
+                if parsed is None:
+                    sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    continue
+                self._submit(sender, *parsed)
+            except RequestError as e:
+                if self.metrics is not None:
+                    self.metrics.add("errors", 1)
+                self.send_error(sender, f"{self.model_name}: invalid request: {e}")
+            except EngineProcessError as e:
+                self.send_error(sender, f"{self.model_name}: {e}")
+            except Exception as e:  # a bug, not the client's fault: still answer the request
+                log.exception("execute failed")
+                self.send_error(sender, f"{self.model_name}: internal error: {type(e).__name__}: {e}")
+        return None
+
+    def _submit(self, sender: Any, parsed: protocol.ParsedRequest, prompt_ids: list[int], rid: str) -> None:
+        client = self.engine()
+        stream = Stream(rid, sender, parsed, len(prompt_ids), zlib.crc32(rid.encode()) % len(self._queues))
+        with self._lock:
+            if rid in self._streams:
+                raise RequestError(f"request_id {rid!r} is already running")
+            self._streams[rid] = stream
+        try:
+            client.add(rid, prompt_ids, parsed.params)
+        except BaseException:
+            with self._lock:
+                self._streams.pop(rid, None)
+            raise
+
+    # ---------------------------------------------------------------- from the engine (reader thread)
+    def on_engine_message(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "outputs":
+            for delta in msg[1]:
+                self._deliver(delta)
+        elif kind == "rejected":
+            self._end_with_error(msg[1], f"{self.model_name}: invalid request: {msg[2]}")
+        elif kind == "failed":
+            for rid in msg[1]:
+                self._end_with_error(rid, f"{self.model_name}: {msg[2]}")
+
+    def on_engine_closed(self) -> None:
+        with self._lock:
+            rids = list(self._streams)
+        for rid in rids:
+            self._end_with_error(rid, f"{self.model_name}: the engine process exited; see the server log")
+
+    def _deliver(self, d: Delta) -> None:
+        with self._lock:
+            s = self._streams.get(d.rid)
+            if s is not None and d.finish_reason is not None:
+                del self._streams[d.rid]
+        if s is None:
+            return
+        with s.data_lock:
+            if s.prefix is None:
+                s.prefix = list(d.prefix)
+            s.ids.extend(d.ids)
+            s.depths.extend(d.depths)
+            if d.finish_reason is not None:
+                s.reason, s.trim = d.finish_reason, d.trim
+            ready = d.finish_reason is not None or (s.parsed.stream and s.ids)
+            if not ready or s.queued:
+                return
+            s.queued = True
+        self._queues[s.worker].put(s)
+
+    def _end_with_error(self, rid: str, message: str) -> None:
+        with self._lock:
+            s = self._streams.pop(rid, None)
+        if s is None:
+            return
+        with s.data_lock:
+            s.error = message
+            if s.queued:
+                return
+            s.queued = True
+        self._queues[s.worker].put(s)
+
+    # ---------------------------------------------------------------- sender threads
+    def _send_loop(self, q: "_SendQueue") -> None:
+        while True:
+            s = q.get()
+            if s is None:
+                return
+            try:
+                self._send_pending(s)
+            except Exception:
+                log.exception("sending a response for %s failed", s.rid)
+
+    def _send_pending(self, s: Stream) -> None:
+        with s.data_lock:
+            s.queued = False
+            error = s.error
+            chunk = Chunk(s.ids, s.depths, s.prefix or [], s.trim, s.reason)
+            s.ids, s.depths, s.prefix = [], [], None
+        pb = self.pb
+        if error is not None:
+            with s.send_lock:
+                if not s.done:
+                    s.done = True
+                    self.send_error(s.sender, error)
+            return
+        final = chunk.reason is not None
+        p = s.parsed
+        arrays = protocol.engine_response_arrays(
+            chunk.ids, chunk.prefix, chunk.depths, chunk.trim, s.num_input, chunk.reason,
+            echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
+            return_flags=(p.return_num_input_tokens, p.return_num_output_tokens, p.return_finish_reason))
+        try:
+            arrays = self.client_arrays(s, arrays)
+            response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()])
+        except RequestError as e:  # e.g. the front's detokenizer: end the request, stop the engine
+            self._cancel(s)
+            with s.send_lock:
+                if not s.done:
+                    s.done = True
+                    self.send_error(s.sender, f"{self.model_name}: {e}")
+            return
+        with s.send_lock:
+            if s.done:
+                return
+            try:
+                s.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            except Exception as e:  # the client is gone; the watcher aborts the request
+                log.debug("send failed for %s: %s", s.rid, e)
+            s.done = final
+
+    def send_error(self, sender: Any, message: str) -> None:
+        pb = self.pb
+        try:
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
+                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as e:
+            log.debug("error response failed: %s", e)
+
+    # ---------------------------------------------------------------- cancellation
+    def _open_streams(self) -> list[Stream]:
+        with self._lock:
+            return [s for s in self._streams.values() if not s.cancelled]
+
+    def _cancel(self, s: Stream) -> None:
+        if s.cancelled:
+            return
+        s.cancelled = True
+        try:
+            self.engine().abort(s.rid)
+        except EngineProcessError:
+            pass
+
+    # ---------------------------------------------------------------- unload
+    def close_streams(self, message: str) -> None:
+        if not hasattr(self, "_watcher"):
+            return
+        self._watcher.stop()
+        with self._lock:
+            rids = list(self._streams)
+        for rid in rids:
+            self._end_with_error(rid, message)
+        for q in self._queues:
+            q.put(None)
+        for t in self._senders:
+            t.join(timeout=10)
+
+
+class _SendQueue:
+    """A FIFO of streams with something to send (each stream is in it at most once)."""
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._cond = threading.Condition()
+
+    def put(self, s: Optional[Stream]) -> None:
+        with self._cond:
+            self._items.append(s)
+            self._cond.notify()
+
+    def get(self) -> Optional[Stream]:
+        with self._cond:
+            while not self._items:
+                self._cond.wait()
+            return self._items.popleft()
+

@@ -1,0 +1,145 @@
+"""The engine process (ouro_backend.engine_process) on the toy checkpoint, without Triton: the owner
+channel and a second client over the Unix socket get the same tokens as the in-process engine; bad
+requests, aborts, a client that goes away, a bad config and a killed child are all reported."""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+
+import pytest
+
+from ouro_backend import LLM, SamplingParams
+from ouro_backend.config import ConfigError, EngineConfig
+from ouro_backend.engine_process import EngineClient, EngineProcessError, engine_address, start_engine_process
+
+GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
+LONG = 1000  # tokens: far more than a test waits for, within the toy's context
+
+
+class Inbox:
+    """Collects one connection's messages; `finals()` waits for the given requests to end."""
+
+    def __init__(self):
+        self.q: queue.Queue = queue.Queue()
+        self.closed = False
+        self.tokens: dict[str, list] = {}
+        self.depths: dict[str, list] = {}
+        self.reasons: dict[str, str] = {}
+        self.rejected: dict[str, str] = {}
+        self.stats: list = []
+
+    def on_message(self, msg):
+        self.q.put(msg)
+
+    def on_close(self):
+        self.closed = True
+
+    def pump(self, until, timeout=60.0):
+        deadline = time.monotonic() + timeout
+        while not until():
+            msg = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
+            if msg[0] == "outputs":
+                for d in msg[1]:
+                    self.tokens.setdefault(d.rid, []).extend(d.ids)
+                    self.depths.setdefault(d.rid, []).extend(d.depths)
+                    if d.finish_reason is not None:
+                        self.reasons[d.rid] = d.finish_reason
+            elif msg[0] == "rejected":
+                self.rejected[msg[1]] = msg[2]
+            elif msg[0] == "stats":
+                self.stats.append(msg[1])
+
+
+@pytest.fixture(scope="module")
+def engine(toy_path):
+    inbox = Inbox()
+    config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=8)
+    address = engine_address("test-engine", os.getpid())
+    client, proc = start_engine_process(config, address, inbox.on_message, inbox.on_close, metrics_interval_s=0.1)
+    yield client, proc, inbox, address
+    client.close()
+    proc.wait(timeout=30)
+    assert not os.path.exists(address), "the engine process leaves no socket behind"
+
+
+def test_owner_and_socket_client_match_offline_engine(engine, toy_path):
+    client, _, inbox, address = engine
+    other = Inbox()
+    second = EngineClient.connect(address, other.on_message, other.on_close)
+    try:
+        prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+        params = SamplingParams(**GREEDY, exit_threshold=0.7)
+        for i, p in enumerate(prompts):
+            (client if i % 2 == 0 else second).add(f"r{i}", p, params)
+        inbox.pump(lambda: {"r0", "r2"} <= set(inbox.reasons))
+        other.pump(lambda: "r1" in other.reasons)
+        assert "r1" not in inbox.tokens and "r0" not in other.tokens, "each client gets only its own requests"
+        ref = LLM(model=toy_path, device="cpu", dtype="float32").generate(prompts, params)
+        got = [inbox.tokens["r0"], other.tokens["r1"], inbox.tokens["r2"]]
+        assert got == [r.token_ids for r in ref]
+        assert [inbox.depths["r0"], other.depths["r1"], inbox.depths["r2"]] == [r.exit_depths for r in ref]
+        assert inbox.reasons["r0"] == "length"
+        # Metrics go to the owner only, and count every client's requests.
+        inbox.pump(lambda: sum(s.counters.get("generation_tokens", 0) for s in inbox.stats) >= 36)
+        assert sum(s.finished.get("length", 0) for s in inbox.stats) >= 3
+        assert not other.stats
+    finally:
+        second.close()
+    assert other.closed
+
+
+def test_rejected_request_and_abort(engine):
+    client, _, inbox, _ = engine
+    client.add("too-long", [5] * 10, SamplingParams(max_tokens=10**6))
+    inbox.pump(lambda: "too-long" in inbox.rejected)
+    assert "context limit" in inbox.rejected["too-long"]
+    client.add("long", [5, 6], SamplingParams(max_tokens=LONG, ignore_eos=True, temperature=0.0))
+    inbox.pump(lambda: len(inbox.tokens.get("long", [])) >= 2)
+    client.abort("long")
+    inbox.pump(lambda: "long" in inbox.reasons)
+    assert inbox.reasons["long"] == "abort" and len(inbox.tokens["long"]) < LONG
+    inbox.pump(lambda: inbox.stats and inbox.stats[-1].stats and inbox.stats[-1].stats["num_running"] == 0
+               and inbox.stats[-1].stats["kv_usage"] == 0)
+
+
+def test_client_that_goes_away_frees_its_requests(engine):
+    _, _, inbox, address = engine
+    other = Inbox()
+    second = EngineClient.connect(address, other.on_message, other.on_close)
+    second.add("orphan", [5, 6, 7], SamplingParams(max_tokens=LONG, ignore_eos=True, temperature=0.0))
+    other.pump(lambda: "orphan" in other.tokens)
+    second.close()
+    inbox.stats.clear()
+    inbox.pump(lambda: any(s.finished.get("cancelled") for s in inbox.stats))
+    inbox.pump(lambda: inbox.stats[-1].stats and inbox.stats[-1].stats["num_running"] == 0
+               and inbox.stats[-1].stats["kv_usage"] == 0)
+
+
+def test_no_engine_at_address():
+    with pytest.raises(EngineProcessError, match="no engine process"):
+        EngineClient.connect(engine_address("nobody", 1), print, print, timeout_s=0.3)
+
+
+def test_bad_checkpoint_fails_start_with_its_message(tmp_path):
+    config = EngineConfig(model=str(tmp_path), device="cpu")
+    with pytest.raises(ConfigError, match="config.json"):
+        start_engine_process(config, engine_address("bad", os.getpid()), print, print)
+
+
+def test_killed_engine_process_is_reported(toy_path):
+    inbox = Inbox()
+    config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=2)
+    client, proc = start_engine_process(config, engine_address("killed", os.getpid()), inbox.on_message,
+                                        inbox.on_close)
+    client.add("x", [5, 6], SamplingParams(max_tokens=LONG, ignore_eos=True, temperature=0.0))
+    inbox.pump(lambda: "x" in inbox.tokens)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while not inbox.closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert inbox.closed
+    with pytest.raises(EngineProcessError, match="gone"):
+        client.add("y", [5], SamplingParams())
