@@ -455,15 +455,64 @@ def test_perf_analyzer(server, tmp_path):
 # ------------------------------------------------------------------------------------------- load failures
 
 
-def test_bad_engine_option_fails_model_load(tmp_path):
-    """A bad `parameters` entry in ouro_engine/config.pbtxt fails the load with a readable message."""
+def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
+    """If the engine process dies, open requests end with an error (none hangs), the server keeps serving,
+    a new engine process takes over (the front reconnects) and shutdown is clean."""
+    import signal
+
+    srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS)
+    srv.start(timeout=300)
+    try:
+        pid = int(re.search(r"engine ready \(process (\d+)\)", srv.log_text()).group(1))
+        opts = request_options(max_tokens=1500, ignore_eos=True, temperature=0.0, stream=True)
+        started = threading.Semaphore(0)
+        results = {}
+
+        def run(model):
+            results[model] = generate(srv.grpc_url, model, PROMPT, opts, timeout=60,
+                                      on_chunk=lambda c: started.release())
+
+        threads = [threading.Thread(target=run, args=(m,)) for m in ("ouro", "ouro_ensemble")]
+        for t in threads:
+            t.start()
+        for _ in range(2):
+            assert started.acquire(timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        for t in threads:
+            t.join(timeout=60)
+        for model in ("ouro", "ouro_ensemble"):
+            assert "the engine process exited" in (results[model].error or ""), (model, results[model].error)
+        assert urllib.request.urlopen(f"http://{srv.http_url}/v2/health/live", timeout=10).status == 200
+        ref = offline(llm, PROMPT, max_tokens=8, temperature=0.0)
+        short = request_options(max_tokens=8, temperature=0.0, stream=True)
+
+        def served_again():
+            r = generate(srv.grpc_url, "ouro", PROMPT, short, timeout=60)
+            assert r.end - r.start < 10, "a request refused while the engine restarts does not wait"
+            return r.error is None and r
+
+        again = wait_for(served_again, timeout=120, interval=0.5)
+        assert again and again.text == ref.text
+        new_pid = int(re.findall(r"engine process (\d+) ready", srv.log_text())[-1])
+        assert new_pid != pid
+    finally:
+        code = srv.stop()
+    assert code == 0, srv.log_tail()
+
+
+
+@pytest.mark.parametrize("model, message", [
+    ("ouro_engine", "ouro_engine: invalid engine configuration: unknown engine option 'bogus_option'"),
+    ("ouro", "ouro: unknown parameter 'bogus_option'"),
+])
+def test_bad_option_fails_model_load(tmp_path, model, message):
+    """A bad `parameters` entry in a model's config.pbtxt fails its load with a readable message."""
     repo = tmp_path / "repo"
-    (repo / "ouro_engine" / "1").mkdir(parents=True)
-    os.symlink(os.path.join(ROOT, "model_repository", "ouro_engine", "1", "model.py"),
-               repo / "ouro_engine" / "1" / "model.py")
-    config = open(os.path.join(ROOT, "model_repository", "ouro_engine", "config.pbtxt")).read()
+    (repo / model / "1").mkdir(parents=True)
+    os.symlink(os.path.join(ROOT, "model_repository", model, "1", "model.py"), repo / model / "1" / "model.py")
+    config = open(os.path.join(ROOT, "model_repository", model, "config.pbtxt")).read()
     config += 'parameters { key: "bogus_option" value: { string_value: "1" } }\n'
-    (repo / "ouro_engine" / "config.pbtxt").write_text(config)
+    (repo / model / "config.pbtxt").write_text(config)
     srv = _server_or_skip(model_repository=str(repo))
     try:
         with pytest.raises(ServerError, match="exited"):
@@ -471,8 +520,8 @@ def test_bad_engine_option_fails_model_load(tmp_path):
     finally:
         srv.stop()
     log = srv.log_text()
-    assert "failed to load 'ouro_engine'" in log
-    assert "invalid engine configuration: unknown engine option 'bogus_option'" in log, srv.log_tail()
+    assert f"failed to load '{model}'" in log
+    assert message in log, srv.log_tail()
 
 
 def test_launcher_rejects_bad_engine_arg():

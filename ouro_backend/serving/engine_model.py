@@ -7,7 +7,8 @@ the `ouro` front of the same server sends its requests to that process directly,
 * The engine process reports metrics here (it sees every request, the front's too); a reporter thread
   publishes them through pb_utils.MetricFamily (ouro_backend.serving.metrics).
 * A control request with `abort_request_id` aborts a running request by id.
-* If the engine process dies, every open request gets an error response and new ones are refused.
+* If the engine process dies, every open request gets an error response, and a new engine process is
+  started (requests are refused with a clear error until it is ready; the front reconnects by itself).
 * `finalize()` answers what is left with an error and stops the engine process.
 
 Metadata travels in tensors (24.10 cannot attach response parameters): see protocol.ENGINE_OUTPUTS.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from typing import Any, Optional
 
@@ -44,9 +46,11 @@ class EngineModel(StreamingModel):
             config = EngineConfig.from_strings(options)
             config.model = resolve_model_path(options)["model"]
             self.setup_streams(pb_utils, serving)
-            self.client, self.process = start_engine_process(
-                config, engine_address(self.model_name, os.getppid()), self._on_message, self.on_engine_closed,
+            self._start = lambda: start_engine_process(
+                config, engine_address(self.model_name, os.getppid()), self._on_message, self._on_closed,
                 serving.metrics_interval_s)
+            self._unloading = False
+            self.client, self.process = self._start()
         except ConfigError as e:
             self.close_streams("")
             # The message is what `tritonserver` prints for the failed load: make it the whole story.
@@ -66,8 +70,25 @@ class EngineModel(StreamingModel):
 
     def engine(self) -> EngineClient:
         if self.client.closed:
-            raise EngineProcessError("the engine process exited; see the server log (reload the model)")
+            raise EngineProcessError("the engine process exited and is being restarted; see the server log")
         return self.client
+
+    def _on_closed(self) -> None:
+        self.on_engine_closed()
+        if not self._unloading:
+            threading.Thread(target=self._restart, name="ouro-engine-restart", daemon=True).start()
+
+    def _restart(self) -> None:
+        code = self.process.wait()
+        self.pb.Logger.log_error(f"{self.model_name}: the engine process {self.process.pid} exited with code "
+                                 f"{code}; starting a new one")
+        try:
+            self.client, self.process = self._start()
+        except Exception as e:
+            self.pb.Logger.log_error(f"{self.model_name}: the engine process could not be restarted ({e}); "
+                                     "reload the model")
+            return
+        self.pb.Logger.log_info(f"{self.model_name}: engine process {self.client.info.pid} ready")
 
     def _on_message(self, msg: tuple) -> None:
         if msg[0] == "stats":
@@ -87,6 +108,7 @@ class EngineModel(StreamingModel):
         return parsed, parsed.prompt, parsed.request_id or f"ouro-engine-{uuid.uuid4().hex}"
 
     def finalize(self) -> None:
+        self._unloading = True
         self.close_streams(f"{self.model_name}: the model is being unloaded")
         client = getattr(self, "client", None)
         if client is not None:

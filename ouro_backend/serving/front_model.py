@@ -57,7 +57,7 @@ class FrontModel(StreamingModel):
         except EngineProcessError as e:
             log.warning("%s: %s (requests will retry)", self.model_name, e)
 
-    def engine(self, timeout_s: float = 5.0) -> EngineClient:
+    def engine(self, timeout_s: float = 0.0) -> EngineClient:
         """The connection to the engine process; (re)connects when there is none. Requests that come
         while the start-up connect is still waiting for the engine queue on the lock behind it."""
         client = self._client

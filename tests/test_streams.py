@@ -1,0 +1,245 @@
+"""The streaming layer the two decoupled models share (ouro_backend.serving.streams), without a server:
+a stand-in for `triton_python_backend_utils` records what each response sender was given.
+Covers coalescing while a send waits, order, FINAL, non-streaming, engine rejections and failures, a lost
+engine, cancellation and the typed options."""
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import pytest
+
+from ouro_backend.config import ConfigError
+from ouro_backend.engine_process import Delta, EngineProcessError
+from ouro_backend.sampling_params import RequestError, SamplingParams
+from ouro_backend.serving import protocol
+from ouro_backend.serving.options import FrontOptions, ServingOptions, typed_options
+from ouro_backend.serving.streams import StreamingModel
+
+FINAL = 1
+
+
+def fake_pb():
+    pb = types.SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL)
+    pb.Tensor = lambda name, arr: (name, arr)
+    pb.TritonError = lambda message: message
+    pb.InferenceResponse = lambda output_tensors, error=None: dict(outputs=dict(output_tensors), error=error)
+    return pb
+
+
+class Sender:
+    """Records responses; the first `send` waits for `gate` when one is given (a busy server)."""
+
+    def __init__(self, gate: threading.Event = None):
+        self.sent: list[tuple[dict, int]] = []
+        self.gate = gate
+        self.cancelled = False
+        self.finished = threading.Event()
+
+    def send(self, response=None, flags=0):
+        if self.gate is not None:
+            self.gate.wait(10)
+            self.gate = None
+        self.sent.append((response, flags))
+        if flags & FINAL:
+            self.finished.set()
+
+    def is_cancelled(self):
+        assert not self.finished.is_set(), "is_cancelled() after FINAL crashes tritonserver 2.51"
+        return self.cancelled
+
+    def tokens(self):
+        return [int(t) for r, _ in self.sent if r and r["outputs"] for t in r["outputs"]["output_ids"].reshape(-1)]
+
+
+class Client:
+    closed = False
+
+    def __init__(self):
+        self.added, self.aborted = [], []
+
+    def add(self, rid, ids, params):
+        self.added.append((rid, ids, params))
+
+    def abort(self, rid):
+        self.aborted.append(rid)
+
+
+class Model(StreamingModel):
+    model_name = "test"
+
+    def __init__(self, threads=2, cancel_interval=0.01):
+        self.client = Client()
+        self.setup_streams(fake_pb(), ServingOptions(cancel_check_interval_s=cancel_interval,
+                                                     response_threads=threads))
+
+    def engine(self):
+        if self.client.closed:
+            raise EngineProcessError("the engine process is gone")
+        return self.client
+
+    def parse(self, request):
+        stream, rid = request
+        parsed = protocol.ParsedRequest([1, 2, 3], SamplingParams(max_tokens=8), stream=stream,
+                                        exclude_input_in_output=True, return_finish_reason=True)
+        return parsed, [1, 2, 3], rid
+
+
+class Request:
+    def __init__(self, sender, stream=True, rid="r"):
+        self.sender, self.payload = sender, (stream, rid)
+
+    def get_response_sender(self):
+        return self.sender
+
+
+class ParsingModel(Model):
+    def parse(self, request):
+        return super().parse(request.payload)
+
+
+def delta(rid, ids, reason=None):
+    return Delta(rid, ids, [4] * len(ids), [9], 0, reason)
+
+
+def wait(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def model():
+    m = ParsingModel()
+    yield m
+    m.close_streams("closed")
+
+
+def test_streaming_coalesces_while_a_send_waits_and_keeps_order(model):
+    gate = threading.Event()
+    sender = Sender(gate)
+    model.execute([Request(sender)])
+    assert model.client.added[0][0] == "r" and model.client.added[0][1] == [1, 2, 3]
+    model.on_engine_message(("outputs", [delta("r", [10])]))
+    wait(lambda: sender.gate is gate and model._streams["r"].queued is False)  # the sender holds [10]
+    for t in (11, 12, 13):
+        model.on_engine_message(("outputs", [delta("r", [t])]))
+    model.on_engine_message(("outputs", [delta("r", [14], "length")]))
+    gate.set()
+    assert sender.finished.wait(5)
+    assert sender.tokens() == [10, 11, 12, 13, 14]
+    assert len(sender.sent) == 2, "what piled up during the first send goes out as one response"
+    flags = [f for _, f in sender.sent]
+    assert flags == [0, FINAL]
+    last = sender.sent[-1][0]["outputs"]
+    assert list(last["exit_depths"].reshape(-1)) == [4] * 4
+    assert last["finish_reason"][0][0] == b"length"
+    assert "r" not in model._streams
+
+
+def test_non_streaming_gets_one_response(model):
+    sender = Sender()
+    model.execute([Request(sender, stream=False)])
+    for t in (10, 11):
+        model.on_engine_message(("outputs", [delta("r", [t])]))
+    time.sleep(0.05)
+    assert sender.sent == []
+    model.on_engine_message(("outputs", [delta("r", [12], "stop")]))
+    assert sender.finished.wait(5)
+    assert len(sender.sent) == 1 and sender.tokens() == [10, 11, 12] and sender.sent[0][1] == FINAL
+
+
+def test_many_streams_each_in_order(model):
+    senders = {f"r{i}": Sender() for i in range(16)}
+    model.execute([Request(s, rid=rid) for rid, s in senders.items()])
+    for step in range(20):
+        model.on_engine_message(("outputs", [delta(rid, [step], "length" if step == 19 else None)
+                                             for rid in senders]))
+    for s in senders.values():
+        assert s.finished.wait(5)
+        assert s.tokens() == list(range(20))
+
+
+def test_rejected_and_failed_requests_get_errors(model):
+    a, b_ = Sender(), Sender()
+    model.execute([Request(a, rid="a"), Request(b_, rid="b")])
+    model.on_engine_message(("rejected", "a", "prompt too long"))
+    model.on_engine_message(("failed", ["b"], "engine error: boom"))
+    assert a.finished.wait(5) and b_.finished.wait(5)
+    assert a.sent == [(dict(outputs={}, error="test: invalid request: prompt too long"), FINAL)]
+    assert b_.sent[0][0]["error"] == "test: engine error: boom"
+    assert not model._streams
+
+
+def test_lost_engine_ends_open_requests_and_refuses_new_ones(model):
+    a = Sender()
+    model.execute([Request(a, rid="a")])
+    model.client.closed = True
+    model.on_engine_closed()
+    assert a.finished.wait(5) and "engine process exited" in a.sent[0][0]["error"]
+    c = Sender()
+    model.execute([Request(c, rid="c")])
+    assert c.sent[0][0]["error"] == "test: the engine process is gone"
+
+
+def test_duplicate_request_id_is_refused(model):
+    a, b_ = Sender(), Sender()
+    model.execute([Request(a, rid="same"), Request(b_, rid="same")])
+    assert "already running" in b_.sent[0][0]["error"] and a.sent == []
+    assert len(model.client.added) == 1
+
+
+def test_cancelled_client_aborts_the_engine_request(model):
+    a = Sender()
+    model.execute([Request(a, rid="a")])
+    a.cancelled = True
+    wait(lambda: model.client.aborted == ["a"])
+    model.on_engine_message(("outputs", [delta("a", [], "abort")]))
+    assert a.finished.wait(5)
+    assert a.sent[-1][0]["outputs"]["finish_reason"][0][0] == b"cancelled" and a.sent[-1][1] == FINAL
+    time.sleep(0.05)  # the watcher must not ask the sender again (Sender.is_cancelled asserts that)
+    assert model.client.aborted == ["a"]
+
+
+def test_bad_response_conversion_ends_the_request_and_aborts_it():
+    class Failing(ParsingModel):
+        def client_arrays(self, stream, arrays):
+            raise RequestError("cannot detokenize")
+
+    m = Failing()
+    try:
+        a = Sender()
+        m.execute([Request(a, rid="a")])
+        m.on_engine_message(("outputs", [delta("a", [1])]))
+        assert a.finished.wait(5)
+        assert a.sent[0][0]["error"] == "test: cannot detokenize" and m.client.aborted == ["a"]
+        m.on_engine_message(("outputs", [delta("a", [2], "abort")]))  # the engine's last word is dropped
+        time.sleep(0.05)
+        assert len(a.sent) == 1
+    finally:
+        m.close_streams("closed")
+
+
+def test_unload_answers_open_requests():
+    m = ParsingModel()
+    a = Sender()
+    m.execute([Request(a, rid="a")])
+    m.close_streams("test: the model is being unloaded")
+    assert a.sent == [(dict(outputs={}, error="test: the model is being unloaded"), FINAL)]
+
+
+def test_typed_options():
+    assert typed_options(ServingOptions, {}) == ServingOptions()
+    opts = typed_options(FrontOptions, {"engine_model": "eng", "response_threads": "3",
+                                        "EXECUTION_ENV_PATH": "/x"})
+    assert opts.engine_model == "eng" and opts.response_threads == 3
+    for cls, values, match in [
+        (ServingOptions, {"response_threads": "0"}, "response_threads=0 must be > 0"),
+        (ServingOptions, {"cancel_check_interval_s": "soon"}, "not a valid float"),
+        (ServingOptions, {"engine_model": "x"}, "unknown parameter 'engine_model'"),
+        (FrontOptions, {"metrics_interval_s": "1"}, "unknown parameter 'metrics_interval_s'"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            typed_options(cls, values)
