@@ -203,10 +203,14 @@ def test_cancelled_client_aborts_the_engine_request(model):
     assert model.client.aborted == ["a"]
 
 
-def test_bad_response_conversion_ends_the_request_and_aborts_it():
+@pytest.mark.parametrize("error, message", [
+    (RequestError("cannot detokenize"), "test: cannot detokenize"),
+    (KeyError("bug"), "test: internal error: KeyError: 'bug'"),
+])
+def test_bad_response_conversion_ends_the_request_and_aborts_it(error, message):
     class Failing(ParsingModel):
         def client_arrays(self, stream, arrays):
-            raise RequestError("cannot detokenize")
+            raise error
 
     m = Failing()
     try:
@@ -214,7 +218,7 @@ def test_bad_response_conversion_ends_the_request_and_aborts_it():
         m.execute([Request(a, rid="a")])
         m.on_engine_message(("outputs", [delta("a", [1])]))
         assert a.finished.wait(5)
-        assert a.sent[0][0]["error"] == "test: cannot detokenize" and m.client.aborted == ["a"]
+        assert a.sent[0][0]["error"] == message and m.client.aborted == ["a"]
         m.on_engine_message(("outputs", [delta("a", [2], "abort")]))  # the engine's last word is dropped
         time.sleep(0.05)
         assert len(a.sent) == 1

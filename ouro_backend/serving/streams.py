@@ -23,6 +23,8 @@ from typing import Any, Optional
 from ..engine_process import Delta, EngineClient, EngineProcessError
 from ..sampling_params import RequestError
 from . import protocol
+from .cancellation import CancelWatcher
+from .options import StreamOptions
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -69,9 +71,7 @@ class StreamingModel:
     model_name = "ouro"
     metrics = None  # the owner's EngineMetrics: counts the requests refused here
 
-    def setup_streams(self, pb: Any, serving: "ServingOptions") -> None:  # noqa: F821 (options.ServingOptions)
-        from .cancellation import CancelWatcher
-
+    def setup_streams(self, pb: Any, serving: StreamOptions) -> None:
         self.pb = pb
         self._lock = threading.Lock()
         self._streams: dict[str, Stream] = {}
@@ -213,12 +213,15 @@ class StreamingModel:
         try:
             arrays = self.client_arrays(s, arrays)
             response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()])
-        except RequestError as e:  # e.g. the front's detokenizer: end the request, stop the engine
+        except Exception as e:  # e.g. the front's detokenizer: end the request, stop the engine
+            if not isinstance(e, RequestError):
+                log.exception("building the response of %s failed", s.rid)
+            message = str(e) if isinstance(e, RequestError) else f"internal error: {type(e).__name__}: {e}"
             self._cancel(s)
             with s.send_lock:
                 if not s.done:
                     s.done = True
-                    self.send_error(s.sender, f"{self.model_name}: {e}")
+                    self.send_error(s.sender, f"{self.model_name}: {message}")
             return
         with s.send_lock:
             if s.done:
