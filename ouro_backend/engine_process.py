@@ -253,6 +253,7 @@ class EngineServer:
             except Exception as e:
                 log.exception("engine.step failed")
                 self._fail_all(f"engine error: {type(e).__name__}: {e}")
+                time.sleep(0.1)  # no busy loop if every step fails
                 continue
             self._route(outputs)
         self.listener.close()
@@ -307,17 +308,24 @@ class EngineServer:
 
     def _add(self, peer: _Peer, rid: str, prompt_ids: list, params: SamplingParams) -> None:
         with self._lock:
-            self._routes[rid] = peer
-            peer.rids.add(rid)
+            taken = rid in self._routes
+            if not taken:
+                self._routes[rid] = peer
+                peer.rids.add(rid)
         try:
+            if taken:  # checked here: the engine would refuse it too, but only after the route was replaced
+                raise RequestError(f"request id {rid!r} is already in use")
             self.engine.add_request(rid, prompt_ids, params)
-        except RequestError as e:
+        except Exception as e:
+            if not isinstance(e, RequestError):
+                log.exception("add_request(%r) failed", rid)
             with self._lock:
-                if self._routes.get(rid) is peer:
+                if not taken:
                     del self._routes[rid]
-                peer.rids.discard(rid)
+                    peer.rids.discard(rid)
             self.metrics.add("errors", 1)
-            peer.send(("rejected", rid, str(e)))
+            message = str(e) if isinstance(e, RequestError) else f"internal error: {type(e).__name__}: {e}"
+            peer.send(("rejected", rid, message))
             return
         self._wake.set()
 

@@ -104,6 +104,24 @@ def test_rejected_request_and_abort(engine):
                and inbox.stats[-1].stats["kv_usage"] == 0)
 
 
+def test_request_id_in_use_by_another_client_is_refused(engine):
+    client, _, inbox, address = engine
+    other = Inbox()
+    second = EngineClient.connect(address, other.on_message, other.on_close)
+    try:
+        client.add("shared-id", [5, 6], SamplingParams(max_tokens=LONG, ignore_eos=True, temperature=0.0))
+        inbox.pump(lambda: "shared-id" in inbox.tokens)
+        second.add("shared-id", [7, 8], SamplingParams(max_tokens=4))
+        other.pump(lambda: "shared-id" in other.rejected)
+        assert "already in use" in other.rejected["shared-id"]
+        n = len(inbox.tokens["shared-id"])
+        inbox.pump(lambda: len(inbox.tokens["shared-id"]) > n + 2)  # the first request still streams
+        client.abort("shared-id")
+        inbox.pump(lambda: "shared-id" in inbox.reasons)
+    finally:
+        second.close()
+
+
 def test_client_that_goes_away_frees_its_requests(engine):
     _, _, inbox, address = engine
     other = Inbox()
