@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -227,6 +228,7 @@ class EngineServer:
         self._routes: dict[str, _Peer] = {}  # request id -> the connection that sent it
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # step loop -> output thread
         self.owner = _Peer(owner, owner=True)
         if os.path.exists(address):
             os.unlink(address)  # a previous engine of the same server pid and model name
@@ -234,8 +236,12 @@ class EngineServer:
         self.listener = Listener(address, family="AF_UNIX", backlog=64)
 
     def serve(self) -> None:
+        """The step loop. It only steps: recording metrics, pickling and sending outputs happen on the
+        output thread, which runs while the next step waits on the GPU (the GIL is free then)."""
         threading.Thread(target=self._accept, name="accept", daemon=True).start()
         threading.Thread(target=self._read, args=(self.owner,), name="owner", daemon=True).start()
+        output_thread = threading.Thread(target=self._output_loop, name="outputs", daemon=True)
+        output_thread.start()
         self.owner.send(("ready", self.info))
         last_stats = 0.0
         engine = self.engine
@@ -243,7 +249,7 @@ class EngineServer:
             now = time.monotonic()
             if now - last_stats >= self.metrics_interval_s:
                 last_stats = now
-                self.owner.send(("stats", self.metrics.take(engine.stats())))
+                self._outbox.put(("stats", engine.stats()))
             if not engine.has_unfinished_requests():
                 self._wake.wait(self.metrics_interval_s)
                 self._wake.clear()
@@ -252,11 +258,31 @@ class EngineServer:
                 outputs = engine.step()
             except Exception as e:
                 log.exception("engine.step failed")
-                self._fail_all(f"engine error: {type(e).__name__}: {e}")
+                self._outbox.put(("fail", f"engine error: {type(e).__name__}: {e}"))
                 time.sleep(0.1)  # no busy loop if every step fails
                 continue
-            self._route(outputs)
+            if outputs:
+                self._outbox.put(("outputs", outputs))
+        self._outbox.put(None)
+        output_thread.join(timeout=10)
         self.listener.close()
+
+    def _output_loop(self) -> None:
+        """In order: outputs to the connections that sent their requests, stats to the owner."""
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            kind, payload = item
+            try:
+                if kind == "outputs":
+                    self._route(payload)
+                elif kind == "stats":
+                    self.owner.send(("stats", self.metrics.take(payload)))
+                else:
+                    self._fail_all(payload)
+            except Exception:
+                log.exception("engine process: handling %s failed", kind)
 
     def _route(self, outputs: list) -> None:
         batches: dict[int, tuple[_Peer, list]] = {}
