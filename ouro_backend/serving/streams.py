@@ -56,15 +56,6 @@ class Stream:
         self.worker = worker
 
 
-class Chunk:
-    """What one response carries: the tokens since the previous response."""
-
-    __slots__ = ("ids", "depths", "prefix", "trim", "reason")
-
-    def __init__(self, ids, depths, prefix, trim, reason):
-        self.ids, self.depths, self.prefix, self.trim, self.reason = ids, depths, prefix, trim, reason
-
-
 class StreamingModel:
     """Base of EngineModel and FrontModel. Subclasses implement `parse` and may override `client_arrays`."""
 
@@ -192,10 +183,11 @@ class StreamingModel:
                 log.exception("sending a response for %s failed", s.rid)
 
     def _send_pending(self, s: Stream) -> None:
+        """One response with everything the stream got since its previous one."""
         with s.data_lock:
             s.queued = False
-            error = s.error
-            chunk = Chunk(s.ids, s.depths, s.prefix or [], s.trim, s.reason)
+            error, reason, trim = s.error, s.reason, s.trim
+            ids, depths, prefix = s.ids, s.depths, s.prefix or []
             s.ids, s.depths, s.prefix = [], [], None
         pb = self.pb
         if error is not None:
@@ -204,10 +196,10 @@ class StreamingModel:
                     s.done = True
                     self.send_error(s.sender, error)
             return
-        final = chunk.reason is not None
+        final = reason is not None
         p = s.parsed
         arrays = protocol.engine_response_arrays(
-            chunk.ids, chunk.prefix, chunk.depths, chunk.trim, s.num_input, chunk.reason,
+            ids, prefix, depths, trim, s.num_input, reason,
             echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
             return_flags=(p.return_num_input_tokens, p.return_num_output_tokens, p.return_finish_reason))
         try:
