@@ -101,18 +101,19 @@ class EngineClient:
         """Connect to a running engine process; retries until `timeout_s` (the owner may still be starting it)."""
         deadline = time.monotonic() + timeout_s
         while True:
+            conn = None
             try:
                 conn = Client(address, family="AF_UNIX")
-                break
-            except OSError as e:
+                kind, info = conn.recv()
+                if kind != "hello":
+                    raise OSError(f"unexpected first message {kind!r}")
+                return cls(conn, info, on_message, on_close)
+            except (OSError, EOFError) as e:  # not there yet, or gone during the handshake
+                if conn is not None:
+                    conn.close()
                 if time.monotonic() >= deadline:
-                    raise EngineProcessError(f"no engine process at {address} ({e})") from None
+                    raise EngineProcessError(f"no engine process at {address} ({e or type(e).__name__})") from None
                 time.sleep(0.2)
-        kind, info = conn.recv()
-        if kind != "hello":
-            conn.close()
-            raise EngineProcessError(f"unexpected first message {kind!r} from the engine process")
-        return cls(conn, info, on_message, on_close)
 
     def add(self, rid: str, prompt_ids: list, params: SamplingParams) -> None:
         self._send(("add", rid, prompt_ids, params))

@@ -472,22 +472,23 @@ def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
     try:
         pid = int(re.search(r"engine ready \(process (\d+)\)", srv.log_text()).group(1))
         opts = request_options(max_tokens=1500, ignore_eos=True, temperature=0.0, stream=True)
-        started = threading.Semaphore(0)
+        models = ("ouro", "ouro_ensemble")
+        started = {m: threading.Event() for m in models}
         results = {}
 
         def run(model):
             results[model] = generate(srv.grpc_url, model, PROMPT, opts, timeout=60,
-                                      on_chunk=lambda c: started.release())
+                                      on_chunk=lambda c: started[model].set())
 
-        threads = [threading.Thread(target=run, args=(m,)) for m in ("ouro", "ouro_ensemble")]
+        threads = [threading.Thread(target=run, args=(m,)) for m in models]
         for t in threads:
             t.start()
-        for _ in range(2):
-            assert started.acquire(timeout=60)
+        for m in models:
+            assert started[m].wait(timeout=60), f"{m} did not start streaming"
         os.kill(pid, signal.SIGKILL)
         for t in threads:
             t.join(timeout=60)
-        for model in ("ouro", "ouro_ensemble"):
+        for model in models:
             assert "the engine process exited" in (results[model].error or ""), (model, results[model].error)
         assert urllib.request.urlopen(f"http://{srv.http_url}/v2/health/live", timeout=10).status == 200
         ref = offline(llm, PROMPT, max_tokens=8, temperature=0.0)
