@@ -14,6 +14,7 @@ Who talks to it:
 
 Messages (pickled by multiprocessing.connection), in order per connection:
   client -> engine   ("add", rid, prompt_ids, SamplingParams)   ("abort", rid)
+                     ("error",)   the client answered a request with an error of its own (for the metrics)
   engine -> client   ("hello", EngineInfo)                       on connect (on the owner channel: "ready")
                      ("outputs", [Delta, ...])                   after each step that moved its requests
                      ("rejected", rid, message)                  add_request refused it (a RequestError)
@@ -120,6 +121,9 @@ class EngineClient:
 
     def abort(self, rid: str) -> None:
         self._send(("abort", rid))
+
+    def count_error(self) -> None:
+        self._send(("error",))
 
     def _send(self, msg: tuple) -> None:
         if self.closed:
@@ -324,6 +328,8 @@ class EngineServer:
                 elif msg[0] == "abort":
                     self.engine.abort_request(msg[1])
                     self._wake.set()
+                elif msg[0] == "error":
+                    self.metrics.add("errors", 1)
         except (EOFError, OSError):
             pass
         except Exception:

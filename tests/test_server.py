@@ -431,7 +431,9 @@ def test_bad_requests_http(server, model):
 
 
 def test_metrics(server):
-    m = metrics(server)
+    # Published within about 2 x metrics_interval_s (engine process -> ouro_engine -> server).
+    m = wait_for(lambda: (lambda m: m if m.get("ouro_request_success_total") else None)(metrics(server)))
+    assert m, metrics(server)
     for name in ("ouro_prompt_tokens_total", "ouro_generation_tokens_total", "ouro_requests_aborted_total",
                  "ouro_kv_cache_usage_ratio", "ouro_num_requests_running", "ouro_num_requests_waiting",
                  "ouro_time_to_first_token_seconds_count", "ouro_time_per_output_token_seconds_count",
@@ -442,6 +444,21 @@ def test_metrics(server):
     # exit depths are integers 1..4: the le="1" .. le="4" buckets hold them all, some below depth 4
     assert m["ouro_exit_depth_bucket{4}"] == m["ouro_exit_depth_count"]
     assert m["ouro_exit_depth_bucket{3}"] > 0
+
+
+def test_error_metric_counts_errors_of_every_model(server):
+    """ouro_request_errors_total counts the front's own refusals, ouro_engine's and the engine's."""
+    import tritonclient.grpc as grpcclient
+
+    before = metrics(server).get("ouro_request_errors_total", 0)
+    assert "max_tokens" in _grpc_error(server, "ouro", PROMPT, request_options(max_tokens=0))  # the front
+    assert "context limit" in _grpc_error(server, "ouro", PROMPT, request_options(max_tokens=100000))  # engine
+    ids = grpcclient.InferInput("input_ids", [1, 2], "INT32")
+    ids.set_data_from_numpy(np.array([[5, 6]], np.int32))
+    top_k = grpcclient.InferInput("top_k", [1, 1], "INT32")
+    top_k.set_data_from_numpy(np.array([[-5]], np.int32))
+    assert "top_k" in _grpc_error(server, "ouro_engine", None, None, raw_inputs=[ids, top_k])  # ouro_engine
+    assert wait_for(lambda: metrics(server).get("ouro_request_errors_total", 0) >= before + 3), metrics(server)
 
 
 def test_perf_analyzer(server, tmp_path):

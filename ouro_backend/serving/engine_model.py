@@ -35,6 +35,7 @@ log = logging.getLogger("ouro_backend.serving")
 class EngineModel(StreamingModel):
     """The logic of model_repository/ouro_engine/1/model.py (which only subclasses it)."""
 
+    metrics = None  # made once the engine process is up
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
 
@@ -72,6 +73,10 @@ class EngineModel(StreamingModel):
         if self.client.closed:
             raise EngineProcessError("the engine process exited and is being restarted; see the server log")
         return self.client
+
+    def count_error(self) -> None:
+        if self.metrics is not None:
+            self.metrics.add("errors", 1)
 
     def _on_closed(self) -> None:
         self.on_engine_closed()

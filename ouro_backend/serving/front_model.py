@@ -88,6 +88,15 @@ class FrontModel(StreamingModel):
     def client_arrays(self, stream: Stream, arrays: dict) -> dict:
         return protocol.postprocess_arrays(self._tokenizer, arrays)
 
+    def count_error(self) -> None:
+        """The metrics live in `ouro_engine`: the engine process counts this error for it."""
+        client = self._client
+        if client is not None and not client.closed:
+            try:
+                client.count_error()
+            except EngineProcessError:
+                pass
+
     def finalize(self) -> None:
         self.close_streams(f"{self.model_name}: the model is being unloaded")
         client = getattr(self, "_client", None)

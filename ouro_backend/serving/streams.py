@@ -60,7 +60,6 @@ class StreamingModel:
     """Base of EngineModel and FrontModel. Subclasses implement `parse` and may override `client_arrays`."""
 
     model_name = "ouro"
-    metrics = None  # the owner's EngineMetrics: counts the requests refused here
 
     def setup_streams(self, pb: Any, serving: StreamOptions) -> None:
         self.pb = pb
@@ -86,6 +85,9 @@ class StreamingModel:
         """The engine's response arrays -> what this model returns (the front detokenizes here)."""
         return arrays
 
+    def count_error(self) -> None:
+        """A request ended with an error made here, not in the engine (`ouro_request_errors_total`)."""
+
     # ---------------------------------------------------------------- execute (Triton's thread)
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -97,8 +99,7 @@ class StreamingModel:
                     continue
                 self._submit(sender, *parsed)
             except RequestError as e:
-                if self.metrics is not None:
-                    self.metrics.add("errors", 1)
+                self.count_error()
                 self.send_error(sender, f"{self.model_name}: invalid request: {e}")
             except EngineProcessError as e:
                 self.send_error(sender, f"{self.model_name}: {e}")
@@ -209,6 +210,7 @@ class StreamingModel:
             if not isinstance(e, RequestError):
                 log.exception("building the response of %s failed", s.rid)
             message = str(e) if isinstance(e, RequestError) else f"internal error: {type(e).__name__}: {e}"
+            self.count_error()
             self._cancel(s)
             with s.send_lock:
                 if not s.done:
