@@ -65,7 +65,7 @@ RETURN_FLAGS = _spec(
 TEXT_INPUT = InputSpec("text_input", "STRING", "str", doc="the prompt (required)")
 # What a client may send to `ouro` / `ouro_ensemble`.
 CLIENT_INPUTS = {TEXT_INPUT.name: TEXT_INPUT, **SAMPLING_INPUTS, **RETURN_FLAGS}
-# What `ouro_engine` takes: token ids instead of text, plus the two control inputs of the `ouro` front.
+# What `ouro_engine` takes: token ids instead of text, plus two control inputs (choose the request id; abort by id).
 # `text_input` and the `return_*` flags only pass through to the outputs (an ensemble step after a decoupled
 # model may only read that model's outputs, so post-processing gets them from the engine).
 ENGINE_INPUTS = _spec(
