@@ -10,7 +10,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import pytest
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.serve import ServerError, TritonServer, free_port
 
-from client.ouro_client import build_inputs, generate, request_options, stream_grpc, stream_http
+from client.ouro_client import build_inputs, generate, request_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)
