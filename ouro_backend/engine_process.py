@@ -1,14 +1,15 @@
 """The engine in a process of its own, reached over sockets (the shape of vLLM V1's EngineCore).
 
 Why a process: inside a Python-backend stub, the engine loop shares one GIL with every request and
-response IPC of Triton (each `send()` and `is_cancelled()` is a round trip to the server); measured on the
-H200, that held the engine thread to a fraction of the GPU's pace. Here the child owns the GPU and runs
-`LLMEngine.step()` back to back; the Triton models only parse, route and send.
+response IPC of Triton (each `send()` and `is_cancelled()` is a round trip to the server). With the engine
+thread in the stub, the served path reached 19% of engine-direct on the H200
+(benchmarks/results/2026-11-29-h200/RESULTS.md). Here the child owns the GPU and runs `LLMEngine.step()`
+back to back; the Triton models only parse, route and send.
 
 Who talks to it:
 * the owner (the `ouro_engine` model) spawns it and holds a socketpair to it. That channel carries the
   engine config, the start-up result, the owner's own requests and the engine's metrics. The child exits
-  when it closes (the owner was unloaded or died).
+  when it closes: the owner was unloaded, or died (the kernel closes a killed process's end).
 * other clients (the `ouro` front) connect to its Unix socket at `address` and send requests directly,
   with no Triton hop in between.
 
@@ -389,21 +390,12 @@ class EngineServer:
             peer.send(("failed", rids, message))
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit if the owner dies without closing the channel (SIGKILL of the stub)."""
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent_pid:
-            os._exit(3)
-
-
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description="The Ouro engine process (started by the ouro_engine model)")
     ap.add_argument("--owner-fd", type=int, required=True)
     ap.add_argument("--address", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[ouro engine %(process)d] %(levelname)s %(message)s")
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     owner = Connection(args.owner_fd)
     kind, config, metrics_interval_s = owner.recv()
     try:

@@ -146,6 +146,38 @@ def test_bad_checkpoint_fails_start_with_its_message(tmp_path):
         start_engine_process(config, engine_address("bad", os.getpid()), print, print)
 
 
+def test_engine_process_exits_when_its_owner_is_killed(toy_path, tmp_path):
+    """The owner channel's end closes when the owner dies, even by SIGKILL: the engine must not outlive it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from ouro_backend.config import EngineConfig\n"
+        "from ouro_backend.engine_process import engine_address, start_engine_process\n"
+        f"config = EngineConfig(model={toy_path!r}, device='cpu', dtype='float32', max_num_seqs=2)\n"
+        "client, proc = start_engine_process(config, engine_address('orphan', 0), lambda m: None, lambda: None)\n"
+        "print(proc.pid, flush=True)\n"
+        "sys.stdin.read()\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        child = int(owner.stdout.readline())
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the engine process outlived its owner")
+    finally:
+        owner.kill()
+
+
 def test_killed_engine_process_is_reported(toy_path):
     inbox = Inbox()
     config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=2)

@@ -80,7 +80,7 @@ class Model(StreamingModel):
         return self.client
 
     def parse(self, request):
-        stream, rid = request
+        stream, rid = request.payload
         parsed = protocol.ParsedRequest([1, 2, 3], SamplingParams(max_tokens=8), stream=stream,
                                         exclude_input_in_output=True, return_finish_reason=True)
         return parsed, [1, 2, 3], rid
@@ -92,11 +92,6 @@ class Request:
 
     def get_response_sender(self):
         return self.sender
-
-
-class ParsingModel(Model):
-    def parse(self, request):
-        return super().parse(request.payload)
 
 
 def delta(rid, ids, reason=None):
@@ -112,7 +107,7 @@ def wait(cond, timeout=5.0):
 
 @pytest.fixture
 def model():
-    m = ParsingModel()
+    m = Model()
     yield m
     m.close_streams("closed")
 
@@ -208,7 +203,7 @@ def test_cancelled_client_aborts_the_engine_request(model):
     (KeyError("bug"), "test: internal error: KeyError: 'bug'"),
 ])
 def test_bad_response_conversion_ends_the_request_and_aborts_it(error, message):
-    class Failing(ParsingModel):
+    class Failing(Model):
         def client_arrays(self, stream, arrays):
             raise error
 
@@ -227,7 +222,7 @@ def test_bad_response_conversion_ends_the_request_and_aborts_it(error, message):
 
 
 def test_unload_answers_open_requests():
-    m = ParsingModel()
+    m = Model()
     a = Sender()
     m.execute([Request(a, rid="a")])
     m.close_streams("test: the model is being unloaded")

@@ -47,11 +47,9 @@ class EngineModel(StreamingModel):
             config = EngineConfig.from_strings(options)
             config.model = resolve_model_path(options)["model"]
             self.setup_streams(pb_utils, serving)
-            self._start = lambda: start_engine_process(
-                config, engine_address(self.model_name, os.getppid()), self._on_message, self._on_closed,
-                serving.metrics_interval_s)
+            self._engine_config, self._metrics_interval_s = config, serving.metrics_interval_s
             self._unloading = False
-            self.client, self.process = self._start()
+            self.client, self.process = self._start_engine()
         except ConfigError as e:
             self.close_streams("")
             # The message is what `tritonserver` prints for the failed load: make it the whole story.
@@ -74,6 +72,10 @@ class EngineModel(StreamingModel):
             raise EngineProcessError("the engine process exited and is being restarted; see the server log")
         return self.client
 
+    def _start_engine(self):
+        return start_engine_process(self._engine_config, engine_address(self.model_name, os.getppid()),
+                                    self._on_message, self._on_closed, self._metrics_interval_s)
+
     def count_error(self) -> None:
         if self.metrics is not None:
             self.metrics.add("errors", 1)
@@ -88,7 +90,7 @@ class EngineModel(StreamingModel):
         self.pb.Logger.log_error(f"{self.model_name}: the engine process {self.process.pid} exited with code "
                                  f"{code}; starting a new one")
         try:
-            self.client, self.process = self._start()
+            self.client, self.process = self._start_engine()
         except Exception as e:
             self.pb.Logger.log_error(f"{self.model_name}: the engine process could not be restarted ({e}); "
                                      "reload the model")

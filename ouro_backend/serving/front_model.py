@@ -4,15 +4,15 @@ It does what the ensemble `preprocessing` -> `ouro_engine` -> `postprocessing` d
 protocol functions (tokenize, detokenize: protocol.py), but in-process and talking to the engine process
 of `ouro_engine` directly over its socket (engine_process.engine_address):
 * no BLS: a decoupled BLS stream per request (`exec(decoupled=True)`) crashed the 24.10 stub in a native
-  thread under concurrent load, and each BLS hop per token cost throughput (measured: see
-  benchmarks/results/2026-11-29-h200/RESULTS.md);
+  thread under concurrent load (it failed CI), and every BLS hop adds a server round trip per token;
 * cancellation works (the reason this model exists, DESIGN section 5): the watcher sees a gRPC
   `stop_stream(cancel_requests=True)`, a cancelled call or an HTTP disconnect through `is_cancelled()`
   and aborts the request in the engine, which frees its KV within a round.
 
 The engine must be `engine_model` of the same server (default `ouro_engine`). The front connects in the
-background at load; a request that comes before the engine is up waits up to `engine_connect_timeout_s`.
-If `ouro_engine` is reloaded, the next request reconnects.
+background at load, waiting up to `engine_connect_timeout_s` for the engine; requests that come meanwhile
+queue behind it. Later, a request that finds no connection tries once, and fails at once if no engine is
+there; after `ouro_engine` restarts its engine, the next request reconnects.
 """
 from __future__ import annotations
 

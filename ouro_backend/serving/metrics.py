@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from .protocol import finish_reason_name
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -39,9 +42,9 @@ GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_
 
 @dataclass
 class MetricsSnapshot:
-    counters: dict = field(default_factory=dict)  # key of EngineMetrics.counters -> increment
+    counters: Counter = field(default_factory=Counter)  # key of EngineMetrics.counters -> increment
     observations: list = field(default_factory=list)  # (histogram key, value)
-    finished: dict = field(default_factory=dict)  # finish reason -> requests
+    finished: Counter = field(default_factory=Counter)  # finish reason -> requests
     stats: Optional[dict] = None  # LLMEngine.stats(): gauges and engine counters
 
 
@@ -54,47 +57,36 @@ class MetricsBuffer:
         self._started: set[str] = set()  # requests whose prompt tokens are counted (record() is single-threaded)
 
     def add(self, key: str, n: float) -> None:
-        if n:
-            with self._lock:
-                self._snap.counters[key] = self._snap.counters.get(key, 0) + n
-
-    def observe_many(self, key: str, values) -> None:
         with self._lock:
-            self._snap.observations.extend((key, float(v)) for v in values if v is not None and v >= 0)
+            self._snap.counters[key] += n
 
     def record(self, out) -> None:
         """Count one engine RequestOutput (intermediate or final)."""
-        from .protocol import finish_reason_name
-
+        counters: Counter = Counter(generation_tokens=len(out.new_token_ids))
+        obs = [("depth", float(d)) for d in out.new_exit_depths]
         if out.new_token_ids and out.request_id not in self._started:
             self._started.add(out.request_id)
-            self.add("prompt_tokens", len(out.prompt_token_ids))
-        self.add("generation_tokens", len(out.new_token_ids))
-        self.observe_many("depth", out.new_exit_depths)
-        if not out.finished:
-            return
-        self._started.discard(out.request_id)
-        reason = finish_reason_name(out.finish_reason)
-        if reason == "cancelled":
-            self.add("aborted", 1)
-        obs = []
-        if out.first_token_time is not None:
-            obs.append(("ttft", out.first_token_time - out.arrival_time))
-            if len(out.token_ids) > 1 and out.finish_time is not None:
-                obs.append(("tpot", (out.finish_time - out.first_token_time) / (len(out.token_ids) - 1)))
-        if out.finish_time is not None:
-            obs.append(("latency", out.finish_time - out.arrival_time))
-        with self._lock:
-            self._snap.observations.extend(obs)
-            self._snap.finished[reason] = self._snap.finished.get(reason, 0) + 1
+            counters["prompt_tokens"] = len(out.prompt_token_ids)
+        finished = Counter()
+        if out.finished:
+            self._started.discard(out.request_id)
+            reason = finish_reason_name(out.finish_reason)
+            finished[reason] = 1
+            if reason == "cancelled":
+                counters["aborted"] = 1
+            if out.first_token_time is not None:
+                obs.append(("ttft", out.first_token_time - out.arrival_time))
+                if len(out.token_ids) > 1 and out.finish_time is not None:
+                    obs.append(("tpot", (out.finish_time - out.first_token_time) / (len(out.token_ids) - 1)))
+            if out.finish_time is not None:
+                obs.append(("latency", out.finish_time - out.arrival_time))
+        self.merge(MetricsSnapshot(counters, obs, finished))
 
     def merge(self, snap: MetricsSnapshot) -> None:
         with self._lock:
-            for key, n in snap.counters.items():
-                self._snap.counters[key] = self._snap.counters.get(key, 0) + n
+            self._snap.counters.update(snap.counters)
             self._snap.observations.extend(snap.observations)
-            for reason, n in snap.finished.items():
-                self._snap.finished[reason] = self._snap.finished.get(reason, 0) + n
+            self._snap.finished.update(snap.finished)
             if snap.stats is not None:
                 self._snap.stats = snap.stats
 
@@ -171,7 +163,8 @@ class EngineMetrics:
         self._thread.start()
 
     def add(self, key: str, n: float) -> None:
-        self.pending.add(key, n)
+        if self.enabled:  # nothing would ever take it otherwise
+            self.pending.add(key, n)
 
     def merge(self, snap: MetricsSnapshot) -> None:
         if self.enabled:

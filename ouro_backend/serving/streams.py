@@ -14,6 +14,7 @@ Thread design (as in the vLLM Triton backend, with the engine in its own process
 """
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 import zlib
@@ -56,8 +57,9 @@ class Stream:
         self.worker = worker
 
 
-class StreamingModel:
-    """Base of EngineModel and FrontModel. Subclasses implement `parse` and may override `client_arrays`."""
+class StreamingModel(abc.ABC):
+    """Base of EngineModel and FrontModel: they say how to reach the engine and how to read a request,
+    and may convert responses (`client_arrays`) and count their own errors (`count_error`)."""
 
     model_name = "ouro"
 
@@ -73,13 +75,14 @@ class StreamingModel:
         self._watcher = CancelWatcher(serving.cancel_check_interval_s, self._open_streams, self._cancel)
 
     # ---------------------------------------------------------------- what a subclass provides
+    @abc.abstractmethod
     def engine(self) -> EngineClient:
-        raise NotImplementedError
+        """The connection to the engine process; raises EngineProcessError when there is none."""
 
+    @abc.abstractmethod
     def parse(self, request: Any) -> Optional[tuple[protocol.ParsedRequest, list[int], str]]:
         """(parsed request, prompt ids, request id), or None when the request was a control request that
         is already answered. Raises RequestError for bad input."""
-        raise NotImplementedError
 
     def client_arrays(self, stream: Stream, arrays: dict) -> dict:
         """The engine's response arrays -> what this model returns (the front detokenizes here)."""
