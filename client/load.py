@@ -4,7 +4,8 @@
     python client/load.py --concurrency 16 --requests 64 --max-tokens 64
     python client/load.py --model ouro_ensemble --concurrency 8 --duration 30 --json out.json
 
-N workers each keep one streaming request in flight (a new one as soon as the previous finishes) until
+N workers each keep one streaming request in flight (a new one as soon as the previous finishes; over gRPC
+each worker keeps one connection and one ModelStreamInfer stream open for all its requests) until
 `--requests` requests were sent or `--duration` seconds passed (both bound the run; the run also stops at
 `--timeout` for stuck requests). Reports time to first token, inter-token latency (between streamed
 responses, per token), request latency and throughput, as percentiles: a table on stderr and JSON on stdout
@@ -22,7 +23,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from client.ouro_client import SAMPLE_PROMPTS as PROMPTS, Result, generate, request_options  # noqa: E402
+from client.ouro_client import SAMPLE_PROMPTS as PROMPTS, GrpcStream, Result, generate, request_options  # noqa: E402
 
 
 def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, Optional[float]]:
@@ -47,11 +48,9 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
     stop_at = start + duration
 
     def worker() -> None:
-        client = None
-        if protocol == "grpc":  # one connection per worker, reused: connecting is not part of a request
-            import tritonclient.grpc as grpcclient
-
-            client = grpcclient.InferenceServerClient(url)
+        # gRPC: one connection and one open stream per worker, reused request after request
+        # (perf_analyzer's streaming mode): connecting is not part of a request.
+        stream = GrpcStream(url) if protocol == "grpc" else None
         try:
             while True:
                 with lock:
@@ -59,12 +58,12 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
                         return
                     i = issued[0]
                     issued[0] += 1
-                r = generate(url, model, prompts[i % len(prompts)], options, protocol, timeout, client=client)
+                r = generate(url, model, prompts[i % len(prompts)], options, protocol, timeout, grpc_stream=stream)
                 with lock:
                     results.append(r)
         finally:
-            if client is not None:
-                client.close()
+            if stream is not None:
+                stream.close()
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
     for t in threads:

@@ -8,14 +8,16 @@
 
 gRPC uses tritonclient's `start_stream` / `async_stream_infer` (ModelStreamInfer); HTTP uses only the
 standard library. After the text, a summary: tokens, time to first token, tokens/s, mean exit depth.
-The functions here (`build_inputs`, `stream_grpc`, `stream_http`, `generate`) are what the tests and the
+The functions here (`build_inputs`, `GrpcStream`, `stream_grpc`, `stream_http`, `generate`) are what the tests and the
 load generator use.
 """
 from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
+import os
 import queue
 import sys
 import time
@@ -152,33 +154,70 @@ def _chunk_from_arrays(get) -> Chunk:
                  finish_reason=scalar("finish_reason"), time=time.perf_counter())
 
 
-def stream_grpc(url: str, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0,
-                client: Any = None) -> Iterator[Chunk]:
-    """Send one request over ModelStreamInfer and yield its responses until the final one."""
-    import tritonclient.grpc as grpcclient
+class GrpcStream:
+    """One ModelStreamInfer stream kept open for request after request, one request at a time, the way
+    perf_analyzer's streaming mode drives a server. Opening a stream per request costs the client a
+    handler thread and, on closing, a round trip to the server before the next request can go out.
 
-    own = client is None
-    client = client or grpcclient.InferenceServerClient(url)
-    responses: "queue.Queue" = queue.Queue()
-    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    A request that does not end with its final response (error, timeout, the caller stopping early)
+    closes the stream, so nothing late from it can reach the next request; the next one opens a new one."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc as grpcclient
+
+        self._grpc = grpcclient
+        self.client = grpcclient.InferenceServerClient(url)
+        self._responses: "queue.Queue" = queue.Queue()
+        self._open = False
+        self._ids = itertools.count()
+
+    def request(self, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0
+                ) -> Iterator[Chunk]:
+        """Send one request and yield its responses until the final one."""
+        if not self._open:
+            responses = self._responses = queue.Queue()
+            self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
+            self._open = True
+        rid = f"load-{os.getpid()}-{id(self):x}-{next(self._ids)}"
+        finished = False
+        try:
+            self.client.async_stream_infer(model, build_inputs(self._grpc, prompt, options), request_id=rid,
+                                           enable_empty_final_response=True)
+            deadline = time.monotonic() + timeout
+            while True:
+                result, error = self._responses.get(timeout=max(0.01, deadline - time.monotonic()))
+                if error is not None:
+                    raise RuntimeError(str(error))
+                response = result.get_response()
+                final = response.parameters.get("triton_final_response")
+                is_final = final is not None and final.bool_param
+                if response.outputs:
+                    yield _chunk_from_arrays(result.as_numpy)
+                if is_final:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.close_stream()
+
+    def close_stream(self) -> None:
+        if self._open:
+            self._open = False
+            self.client.stop_stream()
+
+    def close(self) -> None:
+        self.close_stream()
+        self.client.close()
+
+
+def stream_grpc(url: str, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0
+                ) -> Iterator[Chunk]:
+    """Send one request over a ModelStreamInfer stream of its own and yield its responses until the final one."""
+    stream = GrpcStream(url)
     try:
-        client.async_stream_infer(model, build_inputs(grpcclient, prompt, options),
-                                  enable_empty_final_response=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            result, error = responses.get(timeout=max(0.01, deadline - time.monotonic()))
-            if error is not None:
-                raise RuntimeError(str(error))
-            final = result.get_response().parameters.get("triton_final_response")
-            is_final = final is not None and final.bool_param
-            if result.get_response().outputs:
-                yield _chunk_from_arrays(result.as_numpy)
-            if is_final:
-                return
+        yield from stream.request(model, prompt, options, timeout)
     finally:
-        client.stop_stream()
-        if own:
-            client.close()
+        stream.close()
 
 
 def _json_to_chunk(d: dict) -> Chunk:
@@ -228,12 +267,14 @@ def stream_http(url: str, model: str, prompt: str, options: dict[str, Any], time
 
 
 def generate(url: str, model: str, prompt: str, options: dict[str, Any], protocol: str = "grpc",
-             timeout: float = 600.0, on_chunk=None, client: Any = None) -> Result:
-    """Run one request to completion; errors end up in Result.error. `client`: a gRPC
-    InferenceServerClient to reuse (a load generator's worker keeps one, as a real client would)."""
+             timeout: float = 600.0, on_chunk=None, grpc_stream: Optional[GrpcStream] = None) -> Result:
+    """Run one request to completion; errors end up in Result.error. `grpc_stream`: an open stream to
+    reuse (a load generator's worker keeps one, as perf_analyzer does)."""
     result = Result(start=time.perf_counter())
-    if protocol == "grpc":
-        stream = stream_grpc(url, model, prompt, options, timeout, client=client)
+    if grpc_stream is not None:
+        stream = grpc_stream.request(model, prompt, options, timeout)
+    elif protocol == "grpc":
+        stream = stream_grpc(url, model, prompt, options, timeout)
     else:
         stream = stream_http(url, model, prompt, options, timeout)
     try:

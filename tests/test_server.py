@@ -24,7 +24,7 @@ import pytest
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.serve import ServerError, TritonServer, free_port
 
-from client.ouro_client import build_inputs, generate, request_options
+from client.ouro_client import GrpcStream, build_inputs, generate, request_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)
@@ -269,6 +269,37 @@ def test_concurrent_streams(server, llm):
         assert len(r.chunks) > 1
 
 
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+def test_one_grpc_stream_for_many_requests(server, llm, model):
+    """The load generator's way: one open stream, request after request. A failed request in between
+    (the stream is reopened after it) does not disturb the ones after it."""
+    refs = [offline(llm, p, max_tokens=12, temperature=0.0) for p in PROMPTS[:3]]
+    opts = all_flags(max_tokens=12, temperature=0.0)
+    stream = GrpcStream(server.grpc_url)
+    try:
+        first = [generate(server.grpc_url, model, p, opts, grpc_stream=stream) for p in PROMPTS[:3]]
+        bad = generate(server.grpc_url, model, PROMPT, dict(opts, temperature=-1.0), grpc_stream=stream)
+        after = [generate(server.grpc_url, model, p, opts, grpc_stream=stream) for p in PROMPTS[:3]]
+    finally:
+        stream.close()
+    assert bad.error is not None and "temperature must be >= 0" in bad.error
+    for r, ref in zip(first + after, refs + refs):
+        assert r.error is None, r.error
+        assert r.text == ref.text and r.exit_depths == ref.exit_depths and r.finish_reason == ref.finish_reason
+
+
+def test_load_generator(server):
+    """client/load.py's closed loop: every request done, every token counted, no errors."""
+    from client.load import run_load
+
+    opts = request_options(max_tokens=8, stream=True, ignore_eos=True, exclude_input_in_output=True,
+                           return_num_output_tokens=True)
+    report = run_load(server.grpc_url, "ouro", 4, 12, 120.0, opts, PROMPTS)
+    assert report["errors"] == 0, report["error_samples"]
+    assert report["requests"] == 12 and report["output_tokens"] == 12 * 8
+    assert report["unfinished_workers"] == 0 and report["ttft_s"]["p50"] > 0
+
+
 # ------------------------------------------------------------------------------------------- cancellation
 
 
@@ -430,8 +461,12 @@ def test_bad_requests_http(server, model):
 
 
 def test_metrics(server):
+    # A request of its own that exits at mixed depths (see test_grpc_streaming_matches_offline).
+    r = generate(server.grpc_url, "ouro", PROMPT, all_flags(max_tokens=24, temperature=0.0, exit_threshold=0.7))
+    assert r.error is None and min(r.exit_depths) < 4
     # Published within about 2 x metrics_interval_s (engine process -> ouro_engine -> server).
-    m = wait_for(lambda: (lambda m: m if m.get("ouro_request_success_total") else None)(metrics(server)))
+    m = wait_for(lambda: (lambda m: m if m.get("ouro_request_success_total") and m.get("ouro_exit_depth_bucket{3}")
+                          else None)(metrics(server)))
     assert m, metrics(server)
     for name in ("ouro_prompt_tokens_total", "ouro_generation_tokens_total", "ouro_requests_aborted_total",
                  "ouro_kv_cache_usage_ratio", "ouro_num_requests_running", "ouro_num_requests_waiting",
@@ -467,12 +502,15 @@ def test_perf_analyzer(server, tmp_path):
 
     try:
         report = run(server.grpc_url, models=("ouro", "ouro_ensemble"), concurrency=(2,), max_tokens=8,
-                     measurement_ms=1000, max_trials=3, timeout=120, out_dir=str(tmp_path))
+                     measurement_ms=1000, max_trials=3, timeout=120, out_dir=str(tmp_path), exit_threshold=1.0,
+                     prompts=[PROMPT])
     except PerfAnalyzerUnavailable as e:
         pytest.skip(f"perf_analyzer cannot run here: {e}")
     for r in report["runs"]:
         assert r["ok"], json.dumps(r, indent=1)
         assert r["response_throughput_per_s"] > r["throughput_infer_per_s"] > 0  # several responses per request
+    data = json.loads((tmp_path / "input_data.json").read_text())["data"]
+    assert {e["text_input"][0] for e in data} == {PROMPT} and all(e["exit_threshold"] == [1.0] for e in data)
 
 
 # ------------------------------------------------------------------------------------------- load failures

@@ -21,10 +21,13 @@ from client.ouro_client import SAMPLE_PROMPTS as PROMPTS  # noqa: E402
 
 
 def make_input_data(num_prompts: int = 8, max_tokens: int = 32, temperature: float = 0.0,
-                    exit_threshold: Optional[float] = None, prompt_words: int = 0, stream: bool = True) -> dict:
+                    exit_threshold: Optional[float] = None, prompt_words: int = 0, stream: bool = True,
+                    prompts: Optional[list[str]] = None) -> dict:
+    """`prompts` replaces the built-in sample prompts (num_prompts entries are made, cycling through them)."""
+    prompts = prompts or PROMPTS
     entries = []
     for i in range(num_prompts):
-        prompt = PROMPTS[i % len(PROMPTS)]
+        prompt = prompts[i % len(prompts)]
         if prompt_words:  # a longer prompt of about this many words
             words = (" ".join(PROMPTS[(i + k) % len(PROMPTS)] for k in range(len(PROMPTS)))).split()
             prompt = " ".join((words * (prompt_words // len(words) + 1))[:prompt_words])
@@ -45,9 +48,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--exit-threshold", type=float, default=None)
     p.add_argument("--prompt-words", type=int, default=0, help="make prompts about this many words long")
     p.add_argument("--no-stream", action="store_true")
+    p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
     args = p.parse_args(argv)
     data = make_input_data(args.num_prompts, args.max_tokens, args.temperature, args.exit_threshold,
-                           args.prompt_words, not args.no_stream)
+                           args.prompt_words, not args.no_stream, args.prompt)
     text = json.dumps(data, indent=1, ensure_ascii=False)
     if args.out == "-":
         print(text)

@@ -6,7 +6,8 @@
 
 For each model and concurrency: `perf_analyzer -m MODEL -i grpc --streaming --input-data FILE
 --concurrency-range C` (decoupled models: latency is to the first response, "Response Throughput" counts
-streamed responses). perf_analyzer comes from client/perf_analyzer/locate.py (downloaded on first use).
+streamed responses, which may carry several tokens each; output tok/s is requests/s x max_tokens, exact
+because EOS is ignored). perf_analyzer comes from client/perf_analyzer/locate.py (downloaded on first use).
 Writes each run's CSV (`-f`) and stdout log to --out-dir and prints a JSON summary; exits 1 if any run failed.
 """
 from __future__ import annotations
@@ -69,16 +70,20 @@ def run_one(binary: str, env: dict, url: str, model: str, concurrency: int, inpu
 def run(url: str = "localhost:8001", models: tuple[str, ...] = ("ouro", "ouro_ensemble"),
         concurrency: tuple[int, ...] = (1, 4), max_tokens: int = 32, num_prompts: int = 8,
         measurement_ms: int = 3000, max_trials: int = 5, timeout: float = 300.0, out_dir: Optional[str] = None,
-        exit_threshold: Optional[float] = None, extra: Optional[list[str]] = None) -> dict[str, Any]:
+        exit_threshold: Optional[float] = None, extra: Optional[list[str]] = None,
+        prompts: Optional[list[str]] = None) -> dict[str, Any]:
     binary, env = locate()
     check(binary, env)
     out_dir = out_dir or tempfile.mkdtemp(prefix="ouro-perf-")
     os.makedirs(out_dir, exist_ok=True)
     input_file = os.path.join(out_dir, "input_data.json")
     with open(input_file, "w", encoding="utf-8") as f:
-        json.dump(make_input_data(num_prompts, max_tokens, exit_threshold=exit_threshold), f, ensure_ascii=False)
+        json.dump(make_input_data(num_prompts, max_tokens, exit_threshold=exit_threshold, prompts=prompts), f,
+                  ensure_ascii=False)
     runs = [run_one(binary, env, url, m, c, input_file, out_dir, measurement_ms, max_trials, timeout, extra or [])
             for m in models for c in concurrency]
+    for r in runs:  # EOS is ignored, so every request makes exactly max_tokens tokens
+        r["output_tok_s"] = r["throughput_infer_per_s"] * max_tokens if r["throughput_infer_per_s"] else None
     return {"perf_analyzer": binary, "out_dir": out_dir, "ok": all(r["ok"] for r in runs), "runs": runs}
 
 
@@ -94,18 +99,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--max-trials", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per perf_analyzer run")
     p.add_argument("--out-dir", default=None)
+    p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
     p.add_argument("extra", nargs="*", help="extra perf_analyzer arguments (after --)")
     args = p.parse_args(argv)
     try:
         report = run(args.url, tuple(args.models), tuple(args.concurrency), args.max_tokens, args.num_prompts,
                      args.measurement_interval, args.max_trials, args.timeout, args.out_dir, args.exit_threshold,
-                     args.extra)
+                     args.extra, args.prompt)
     except PerfAnalyzerUnavailable as e:
         print(f"perf_analyzer unavailable: {e}", file=sys.stderr)
         return 2
     for r in report["runs"]:
         print(f"{r['model']:<14} c={r['concurrency']:<3} {'ok ' if r['ok'] else 'FAIL'} "
-              f"{r['throughput_infer_per_s'] or 0:8.2f} req/s {r['response_throughput_per_s'] or 0:9.1f} resp/s "
+              f"{r['throughput_infer_per_s'] or 0:8.2f} req/s {r['output_tok_s'] or 0:9.1f} output tok/s "
+              f"{r['response_throughput_per_s'] or 0:9.1f} resp/s "
               f"first-response latency avg {(r['avg_latency_us'] or 0) / 1e3:8.1f} ms", file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
