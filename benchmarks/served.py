@@ -4,7 +4,12 @@ greedy, EOS ignored, full depth.
 1. engine-direct: `ouro_backend.bench.run_closed_loop` in a subprocess (its GPU memory is gone when the
    server starts), median of --repeats;
 2. served: `ouro-serve` on the same checkpoint, then `client/load.py` (gRPC streaming, closed loop)
-   against `ouro` (median of --repeats) and perf_analyzer (`-i grpc --streaming`) against `ouro`.
+   against `ouro` (median of --repeats) and perf_analyzer (`-i grpc --streaming`) against `ouro`, both
+   with the same prompt and a stream per worker kept open across requests.
+
+With --trace the served engine records its rounds (see `_RoundTrace` in ouro_backend/engine_process.py): a
+served run that falls behind engine-direct shows whether the engine was slower per round or had fewer
+requests running.
 
     python benchmarks/served.py --shape ouro-1.4b --concurrency 64 --out results/
 """
@@ -15,10 +20,12 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -55,6 +62,83 @@ def direct(args) -> None:
     print(json.dumps(dict(median=median_of(reps), repeats=reps)))
 
 
+def process_loop(args) -> None:
+    """The same closed loop through the engine process, from a plain Python client on its owner channel:
+    what the process boundary costs without Triton."""
+    import queue
+    import tempfile
+
+    from ouro_backend import EngineConfig, SamplingParams
+    from ouro_backend.bench import median_of, percentiles
+    from ouro_backend.engine_process import start_engine_process
+
+    prompt_ids = json.loads(Path(args.prompt_ids).read_text())
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, exit_threshold=1.0)
+    finished: "queue.Queue[str]" = queue.Queue()
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    tokens: dict[str, int] = {}
+
+    def on_message(msg: tuple) -> None:
+        if msg[0] != "outputs":
+            return
+        now = time.perf_counter()
+        for d in msg[1]:
+            first.setdefault(d.rid, now)
+            tokens[d.rid] = tokens.get(d.rid, 0) + len(d.ids)
+            if d.finish_reason:
+                last[d.rid] = now
+                finished.put(d.rid)
+
+    address = os.path.join(tempfile.mkdtemp(prefix="ouro-bench-"), "engine.sock")
+    client, proc = start_engine_process(EngineConfig(model=args.model, max_num_seqs=args.concurrency), address,
+                                        on_message, lambda: None)
+    try:
+        reps = []
+        for rep in range(args.repeats + 1):  # the first one warms up
+            sent: dict[str, float] = {}
+
+            def submit() -> None:
+                rid = f"r{rep}-{len(sent)}"
+                sent[rid] = time.perf_counter()
+                client.add(rid, prompt_ids, params)
+
+            t0 = time.perf_counter()
+            for _ in range(min(args.concurrency, args.requests)):
+                submit()
+            for _ in range(args.requests):
+                finished.get(timeout=600)
+                if len(sent) < args.requests:
+                    submit()
+            wall = time.perf_counter() - t0
+            gen = sum(tokens[r] for r in sent)
+            reps.append(dict(output_tok_s=gen / wall, wall_s=wall,
+                             ttft_s=percentiles([first[r] - sent[r] for r in sent]),
+                             tpot_s=percentiles([(last[r] - first[r]) / (tokens[r] - 1) for r in sent if tokens[r] > 1])))
+        reps = reps[1:]
+    finally:
+        client.close()
+        proc.wait(timeout=60)
+    print(json.dumps(dict(median=median_of(reps), repeats=reps)))
+
+
+def summarize_trace(path: Path) -> dict:
+    """The served engine's rounds over the whole server run (warm-up and every repeat): how many, how long
+    the engine was busy, how many carried prompt work, and how many requests were running on average."""
+    trace = json.loads(path.read_text())
+    rows = trace["rows"]
+    col = {name: i for i, name in enumerate(trace["columns"])}
+    busy = sum(r[col["step_s"]] for r in rows)
+    prefill = [r for r in rows if r[col["prefill_tokens"]]]
+    full = max((r[col["running"]] for r in rows), default=0)
+    steady = [r[col["step_s"]] for r in rows if not r[col["prefill_tokens"]] and r[col["running"]] == full]
+    return dict(steps=len(rows), busy_s=busy,
+                span_s=rows[-1][col["start_s"]] + rows[-1][col["step_s"]] - rows[0][col["start_s"]] if rows else 0.0,
+                prefill_steps=len(prefill), prefill_busy_s=sum(r[col["step_s"]] for r in prefill),
+                steady_round_ms=1e3 * statistics.median(steady) if steady else None,
+                mean_running=sum(r[col["step_s"]] * r[col["running"]] for r in rows) / busy if busy else 0.0)
+
+
 def wait_ready(url: str, model: str, timeout: float, proc: subprocess.Popen) -> None:
     import tritonclient.grpc as grpc
 
@@ -86,12 +170,22 @@ def main() -> int:
     p.add_argument("--skip-perf-analyzer", action="store_true")
     p.add_argument("--models", nargs="+", default=["ouro"], help="served models to load-test")
     p.add_argument("--skip-direct", action="store_true", help="served only (diagnostics)")
+    p.add_argument("--trace", action="store_true",
+                   help="record the served engine's rounds (OURO_ENGINE_TRACE) to OUT/engine_trace.json and "
+                        "summarize them: steps, busy time, prefill steps, mean running requests")
     p.add_argument("--out", default="served-results")
+    p.add_argument("--process", action="store_true",
+                   help="also run the closed loop through the engine process without Triton (a Python client on "
+                        "its owner channel), to split the serving overhead into process and Triton")
     p.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--process-loop", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--prompt-ids", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.direct:
         direct(args)
+        return 0
+    if args.process_loop:
+        process_loop(args)
         return 0
 
     from ouro_backend.bench import ensure_shape_checkpoint, median_of
@@ -108,27 +202,35 @@ def main() -> int:
     print(f"prompt: {len(ids)} tokens; {args.requests} requests x {args.output_len} tokens at concurrency "
           f"{args.concurrency}", flush=True)
 
-    if args.skip_direct:
-        res = None
-    else:
-        res = subprocess.run([sys.executable, __file__, "--direct", "--model", model, "--prompt-ids",
-                          str(out / "prompt_ids.json"), "--concurrency", str(args.concurrency), "--requests",
-                          str(args.requests), "--output-len", str(args.output_len), "--repeats", str(args.repeats)],
-                             capture_output=True, text=True)
-    if res is not None and res.returncode:
-        print(res.stderr[-3000:])
-        return 1
-    direct_res = json.loads(res.stdout.strip().splitlines()[-1]) if res is not None else None
+    def phase(flag: str, env: Optional[dict] = None) -> dict:
+        """One closed-loop phase in a subprocess (its GPU memory is freed before the next phase starts)."""
+        res = subprocess.run([sys.executable, __file__, flag, "--model", model, "--prompt-ids",
+                              str(out / "prompt_ids.json"), "--concurrency", str(args.concurrency), "--requests",
+                              str(args.requests), "--output-len", str(args.output_len), "--repeats",
+                              str(args.repeats)], capture_output=True, text=True, env=env)
+        if res.returncode:
+            raise SystemExit(f"{flag} failed:\n{res.stderr[-3000:]}")
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    direct_res = None if args.skip_direct else phase("--direct")
     if direct_res:
         (out / "direct.json").write_text(json.dumps(direct_res, indent=1))
+    process_res = None
+    if args.process:
+        env = dict(os.environ, OURO_ENGINE_TRACE=str((out / "process_trace.json").resolve())) if args.trace else None
+        process_res = phase("--process-loop", env)
+        (out / "process.json").write_text(json.dumps(process_res, indent=1))
+        print(f"engine process, closed loop on its owner channel: "
+              f"{[round(x['output_tok_s']) for x in process_res['repeats']]} output tok/s", flush=True)
 
     http_port, grpc_port, metrics_port = args.port_base, args.port_base + 1, args.port_base + 2
     serve = [sys.executable, "-m", "ouro_backend.serve", "--model", model, "--http-port", str(http_port),
              "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--log-file",
              str(out / "tritonserver.log"), "--engine-arg", f"max_num_seqs={args.concurrency}",
              *[a for kv in args.engine_arg for a in ("--engine-arg", kv)]]
+    env = dict(os.environ, OURO_ENGINE_TRACE=str((out / "engine_trace.json").resolve())) if args.trace else None
     server = subprocess.Popen(serve, stdout=open(out / "ouro-serve.out", "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+                              start_new_session=True, env=env)
     try:
         wait_ready(f"localhost:{grpc_port}", "ouro", 600, server)
         per_model = {}
@@ -151,10 +253,14 @@ def main() -> int:
         if not args.skip_perf_analyzer:
             r = subprocess.run([sys.executable, str(ROOT / "client" / "perf_analyzer" / "run_perf.py"), "--url",
                                 f"localhost:{grpc_port}", "--models", "ouro", "--concurrency", str(args.concurrency),
-                                "--max-tokens", str(args.output_len), "--out-dir", str(out / "perf_analyzer")],
+                                "--max-tokens", str(args.output_len), "--exit-threshold", "1.0", "--prompt", text,
+                                "--out-dir", str(out / "perf_analyzer")],
                                capture_output=True, text=True)
             (out / "perf_analyzer.log").write_text(r.stdout + r.stderr)
-            pa = r.stdout[-2500:]
+            try:
+                pa = json.loads(r.stdout)["runs"][0]
+            except (ValueError, KeyError, IndexError):
+                print("perf_analyzer failed:\n" + (r.stdout + r.stderr)[-2500:], flush=True)
     finally:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
@@ -170,10 +276,20 @@ def main() -> int:
                    direct_tpot_p50_s=d["tpot_s"]["p50"], served_itl_p50_s=s["itl_s"]["p50"],
                    served_repeats=[x["output_tokens_per_s"] for x in served],
                    direct_repeats=[x["output_tok_s"] for x in direct_res["repeats"]])
+    if pa and pa.get("output_tok_s"):
+        summary.update(perf_analyzer_output_tok_s=pa["output_tok_s"], perf_analyzer_ok=pa["ok"],
+                       perf_analyzer_ratio=pa["output_tok_s"] / d["output_tok_s"])
+    if process_res:
+        summary.update(process_output_tok_s=process_res["median"]["output_tok_s"],
+                       process_ratio=process_res["median"]["output_tok_s"] / d["output_tok_s"],
+                       process_repeats=[x["output_tok_s"] for x in process_res["repeats"]])
+    summary["direct_steady_round_ms"] = d.get("steady_round_ms")
+    if args.trace:
+        summary["engine_rounds"] = summarize_trace(out / "engine_trace.json")
+        if process_res:
+            summary["process_rounds"] = summarize_trace(out / "process_trace.json")
     (out / "served_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
-    if pa:
-        print("perf_analyzer:\n" + pa)
     return 0
 
 

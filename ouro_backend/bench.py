@@ -124,6 +124,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         prefill_tok_s=num_requests * input_len / pre_t if pre_t else None,
         decode_tok_s=sum(r[3] for r in dec) / sum(r[0] for r in dec) if dec else None,
         steady_decode_tok_s=sum(r[3] for r in steady) / sum(r[0] for r in steady) if steady else None,
+        steady_round_ms=1e3 * statistics.median(r[0] for r in steady) if steady else None,
         ttft_s=percentiles(ttft), tpot_s=percentiles(tpot),
         mean_exit_depth=sum(depths) / len(depths) if depths else None, peak_kv_usage=peak_kv,
         rounds=len(rounds), mean_round_ms=1e3 * wall / len(rounds),

@@ -26,9 +26,9 @@ Messages (pickled by multiprocessing.connection), in order per connection:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
-import queue
 import shutil
 import socket
 import subprocess
@@ -234,7 +234,7 @@ class EngineServer:
         self._routes: dict[str, _Peer] = {}  # request id -> the connection that sent it
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # step loop -> output thread
+        self._pending: list = []  # the last step's outputs, sent during the next step
         self.owner = _Peer(owner, owner=True)
         if os.path.exists(address):
             os.unlink(address)  # a previous engine of the same server pid and model name
@@ -242,53 +242,56 @@ class EngineServer:
         self.listener = Listener(address, family="AF_UNIX", backlog=64)
 
     def serve(self) -> None:
-        """The step loop. It only steps: recording metrics, pickling and sending outputs happen on the
-        output thread, which runs while the next step waits on the GPU (the GIL is free then)."""
+        """The step loop, on the main thread. Each step's outputs are routed, counted and sent during the
+        next step, while the GPU runs its loop (`ModelRunner.overlap`): host work the step loop does
+        anyway, hidden behind the GPU. A thread for it was slower: it contends for the GIL with the
+        host-bound step loop, which then stalls on every hand-back (a full decode round took 4.24 ms
+        instead of 3.22 ms; RESULTS.md). Sending a step's tokens one round later costs them that round of
+        latency."""
         threading.Thread(target=self._accept, name="accept", daemon=True).start()
         threading.Thread(target=self._read, args=(self.owner,), name="owner", daemon=True).start()
-        output_thread = threading.Thread(target=self._output_loop, name="outputs", daemon=True)
-        output_thread.start()
+        engine = self.engine
+        engine.runner.overlap = self._send_pending
+        trace = _RoundTrace.from_env(engine)
         self.owner.send(("ready", self.info))
         last_stats = 0.0
-        engine = self.engine
         while not self._stop.is_set():
             now = time.monotonic()
             if now - last_stats >= self.metrics_interval_s:
                 last_stats = now
-                self._outbox.put(("stats", engine.stats()))
+                self._send_pending()
+                self.owner.send(("stats", self.metrics.take(engine.stats())))
             if not engine.has_unfinished_requests():
+                self._send_pending()
                 self._wake.wait(self.metrics_interval_s)
                 self._wake.clear()
                 continue
             try:
+                if trace:
+                    trace.begin()
                 outputs = engine.step()
+                if trace:
+                    trace.end()
             except Exception as e:
                 log.exception("engine.step failed")
-                self._outbox.put(("fail", f"engine error: {type(e).__name__}: {e}"))
+                self._send_pending()
+                self._fail_all(f"engine error: {type(e).__name__}: {e}")
                 time.sleep(0.1)  # no busy loop if every step fails
                 continue
-            if outputs:
-                self._outbox.put(("outputs", outputs))
-        self._outbox.put(None)
-        output_thread.join(timeout=10)
+            self._send_pending()  # what this step did not send (it had no GPU work to hide it behind)
+            self._pending = outputs
+        self._send_pending()
         self.listener.close()
+        if trace:
+            trace.write()
 
-    def _output_loop(self) -> None:
-        """In order: outputs to the connections that sent their requests, stats to the owner."""
-        while True:
-            item = self._outbox.get()
-            if item is None:
-                return
-            kind, payload = item
+    def _send_pending(self) -> None:
+        outputs, self._pending = self._pending, []
+        if outputs:
             try:
-                if kind == "outputs":
-                    self._route(payload)
-                elif kind == "stats":
-                    self.owner.send(("stats", self.metrics.take(payload)))
-                else:
-                    self._fail_all(payload)
-            except Exception:
-                log.exception("engine process: handling %s failed", kind)
+                self._route(outputs)
+            except Exception:  # a bug here must not fail the step it runs in
+                log.exception("engine process: sending outputs failed")
 
     def _route(self, outputs: list) -> None:
         batches: dict[int, tuple[_Peer, list]] = {}
@@ -299,8 +302,8 @@ class EngineServer:
                     peer = self._routes.pop(out.request_id, None)
                     if peer is not None:
                         peer.rids.discard(out.request_id)
+        self.metrics.record(outputs)
         for out, peer in zip(outputs, peers):
-            self.metrics.record(out)
             if peer is None:
                 continue
             batch = batches.setdefault(id(peer), (peer, []))[1]
@@ -388,6 +391,36 @@ class EngineServer:
         self.metrics.add("errors", len(routes))
         for peer, rids in by_peer.values():
             peer.send(("failed", rids, message))
+
+
+class _RoundTrace:
+    """Diagnostics: with OURO_ENGINE_TRACE=PATH set, every step's start, duration and round shape
+    (runner.last_round) are written to PATH as JSON when the engine process stops. The served path's
+    rounds can then be compared with engine-direct's (benchmarks/served.py --trace)."""
+
+    def __init__(self, engine, path: str):
+        self.engine, self.path = engine, path
+        self.rows: list[tuple] = []
+        self._t0 = 0.0
+
+    @classmethod
+    def from_env(cls, engine) -> Optional["_RoundTrace"]:
+        path = os.environ.get("OURO_ENGINE_TRACE")
+        return cls(engine, path) if path else None
+
+    def begin(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def end(self) -> None:
+        r = self.engine.runner.last_round
+        self.rows.append((self._t0, time.perf_counter() - self._t0, r.get("prefill_tokens", 0),
+                          r.get("decode_rows", 0), r.get("emitted", 0), r.get("running", 0)))
+
+    def write(self) -> None:
+        with open(self.path, "w") as f:
+            json.dump(dict(columns=["start_s", "step_s", "prefill_tokens", "decode_rows", "emitted", "running"],
+                           rows=self.rows), f)
+        log.info("round trace: %d steps written to %s", len(self.rows), self.path)
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -6,7 +6,7 @@ LAST_EXITED exit fill -> coda (LM head + sampling) for rows that finished their 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -89,6 +89,9 @@ class ModelRunner:
         self.graph_memory = 0
         self.graph_rounds = self.eager_rounds = 0
         self.last_round: dict[str, int] = {}
+        # Host work to do while the GPU runs a round's loop (the engine process sends the previous step's
+        # outputs here). It must not call into the engine.
+        self.overlap: Optional[Callable[[], None]] = None
         self.staging = HostStaging(self.device) if self.device.type == "cuda" else None
 
     def _to_dev(self, data: list, dtype: torch.dtype) -> torch.Tensor:
@@ -247,12 +250,16 @@ class ModelRunner:
         packed = None
         if graph is not None:
             out, gate, cu = self._run_graph(batch, graph)
+            if self.overlap is not None:
+                self.overlap()
             if graph.packed is not None:
                 packed = graph.packed[:, : len(batch)].tolist()  # the round's one sync
             self.graph_rounds += 1
         else:
             h, positions, meta = self._prepare(batch)
             out = self.model.loop(h, positions, meta, self.kv.kv)
+            if self.overlap is not None:
+                self.overlap()
             cu, gate = meta.cu_seqlens_q_host, None
             self.eager_rounds += 1
         lams: list[float] = []

@@ -3,10 +3,13 @@ channel and a second client over the Unix socket get the same tokens as the in-p
 requests, aborts, a client that goes away, a bad config and a killed child are all reported."""
 from __future__ import annotations
 
+import json
 import os
 import queue
+import sys
 import signal
 import time
+from collections import Counter
 
 import pytest
 
@@ -84,6 +87,8 @@ def test_owner_and_socket_client_match_offline_engine(engine, toy_path):
         # Metrics go to the owner only, and count every client's requests.
         inbox.pump(lambda: sum(s.counters.get("generation_tokens", 0) for s in inbox.stats) >= 36)
         assert sum(s.finished.get("length", 0) for s in inbox.stats) >= 3
+        depths = sum((s.depths for s in inbox.stats), Counter())
+        assert depths == Counter(d for r in ref for d in r.exit_depths), "one exit-depth count per token"
         assert not other.stats
     finally:
         second.close()
@@ -193,3 +198,48 @@ def test_killed_engine_process_is_reported(toy_path):
     assert inbox.closed
     with pytest.raises(EngineProcessError, match="gone"):
         client.add("y", [5], SamplingParams())
+
+
+def test_overlap_hook_runs_every_round_and_changes_nothing(toy_path):
+    """The engine process sends outputs from ModelRunner.overlap; the hook must run once per round."""
+    llm = LLM(model=toy_path, device="cpu", dtype="float32")
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    params = SamplingParams(**GREEDY, exit_threshold=0.7)
+    ref = llm.generate(prompts, params)
+    runner = llm.engine.runner
+    rounds_before = runner.graph_rounds + runner.eager_rounds
+    calls = []
+    runner.overlap = lambda: calls.append(1)
+    got = llm.generate(prompts, params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in ref]
+    assert [r.exit_depths for r in got] == [r.exit_depths for r in ref]
+    assert len(calls) == runner.graph_rounds + runner.eager_rounds - rounds_before > 0
+
+
+def test_round_trace(toy_path, tmp_path, monkeypatch):
+    """OURO_ENGINE_TRACE: every step of the engine process, written when it stops; benchmarks/served.py
+    summarizes it."""
+    path = tmp_path / "trace.json"
+    monkeypatch.setenv("OURO_ENGINE_TRACE", str(path))
+    inbox = Inbox()
+    config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=8)
+    client, proc = start_engine_process(config, str(tmp_path / "engine.sock"), inbox.on_message, inbox.on_close)
+    try:
+        for i in range(2):
+            client.add(f"t{i}", [5, 6, 7, 8], SamplingParams(**GREEDY))
+        inbox.pump(lambda: {"t0", "t1"} <= set(inbox.reasons))
+    finally:
+        client.close()
+        proc.wait(timeout=30)
+    trace = json.loads(path.read_text())
+    col = {name: i for i, name in enumerate(trace["columns"])}
+    rows = trace["rows"]
+    assert sum(r[col["emitted"]] for r in rows) == 2 * GREEDY["max_tokens"]
+    assert sum(r[col["prefill_tokens"]] for r in rows) == 2 * 4 * 4  # two 4-token prompts, 4 loops each
+    assert all(r[col["step_s"]] > 0 for r in rows)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from served import summarize_trace
+
+    summary = summarize_trace(path)
+    assert summary["steps"] == len(rows) and summary["prefill_steps"] >= 4
+    assert 0 < summary["mean_running"] <= 2

@@ -44,6 +44,7 @@ GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_
 class MetricsSnapshot:
     counters: Counter = field(default_factory=Counter)  # key of EngineMetrics.counters -> increment
     observations: list = field(default_factory=list)  # (histogram key, value)
+    depths: Counter = field(default_factory=Counter)  # exit depth -> generated tokens
     finished: Counter = field(default_factory=Counter)  # finish reason -> requests
     stats: Optional[dict] = None  # LLMEngine.stats(): gauges and engine counters
 
@@ -60,32 +61,49 @@ class MetricsBuffer:
         with self._lock:
             self._snap.counters[key] += n
 
-    def record(self, out) -> None:
-        """Count one engine RequestOutput (intermediate or final)."""
-        counters: Counter = Counter(generation_tokens=len(out.new_token_ids))
-        obs = [("depth", float(d)) for d in out.new_exit_depths]
-        if out.new_token_ids and out.request_id not in self._started:
-            self._started.add(out.request_id)
-            counters["prompt_tokens"] = len(out.prompt_token_ids)
-        finished = Counter()
-        if out.finished:
+    def record(self, outputs: list) -> None:
+        """Count one step's engine RequestOutputs (intermediate or final). One pass and one lock per step:
+        this runs on the engine process's step loop."""
+        generated = prompt = aborted = 0
+        depths: Counter = Counter()
+        obs: list = []
+        finished: Counter = Counter()
+        for out in outputs:
+            new = out.new_token_ids
+            if new:
+                generated += len(new)
+                depths.update(out.new_exit_depths)
+                if out.request_id not in self._started:
+                    self._started.add(out.request_id)
+                    prompt += len(out.prompt_token_ids)
+            if not out.finished:
+                continue
             self._started.discard(out.request_id)
             reason = finish_reason_name(out.finish_reason)
-            finished[reason] = 1
-            if reason == "cancelled":
-                counters["aborted"] = 1
+            finished[reason] += 1
+            aborted += reason == "cancelled"
             if out.first_token_time is not None:
                 obs.append(("ttft", out.first_token_time - out.arrival_time))
                 if len(out.token_ids) > 1 and out.finish_time is not None:
                     obs.append(("tpot", (out.finish_time - out.first_token_time) / (len(out.token_ids) - 1)))
             if out.finish_time is not None:
                 obs.append(("latency", out.finish_time - out.arrival_time))
-        self.merge(MetricsSnapshot(counters, obs, finished))
+        with self._lock:
+            snap = self._snap
+            snap.counters["generation_tokens"] += generated
+            if prompt:
+                snap.counters["prompt_tokens"] += prompt
+            if aborted:
+                snap.counters["aborted"] += aborted
+            snap.depths.update(depths)
+            snap.observations.extend(obs)
+            snap.finished.update(finished)
 
     def merge(self, snap: MetricsSnapshot) -> None:
         with self._lock:
             self._snap.counters.update(snap.counters)
             self._snap.observations.extend(snap.observations)
+            self._snap.depths.update(snap.depths)
             self._snap.finished.update(snap.finished)
             if snap.stats is not None:
                 self._snap.stats = snap.stats
@@ -183,11 +201,16 @@ class EngineMetrics:
         pending, obs, finished, stats = snap.counters, snap.observations, snap.finished, snap.stats
         try:
             for key, n in pending.items():
-                self.counters[key].increment(n)
+                if n:
+                    self.counters[key].increment(n)
             for key, v in obs:
                 h = self.hists.get(key)
                 if h is not None:
                     h.observe(v)
+            depth = self.hists.get("depth")
+            for d, n in snap.depths.items() if depth is not None else ():
+                for _ in range(n):  # pb_utils histograms observe one value per call
+                    depth.observe(float(d))
             for reason, n in finished.items():
                 m = self._success_metrics.get(reason)
                 if m is None:
