@@ -402,16 +402,23 @@ class _RoundTrace:
         self.engine, self.path = engine, path
         self.rows: list[tuple] = []
         self._t0 = 0.0
+        self._rounds0 = 0
 
     @classmethod
     def from_env(cls, engine) -> Optional["_RoundTrace"]:
         path = os.environ.get("OURO_ENGINE_TRACE")
         return cls(engine, path) if path else None
 
+    def _rounds(self) -> int:
+        return self.engine.runner.graph_rounds + self.engine.runner.eager_rounds
+
     def begin(self) -> None:
         self._t0 = time.perf_counter()
+        self._rounds0 = self._rounds()
 
     def end(self) -> None:
+        if self._rounds() == self._rounds0:
+            return  # the step ran no round (only aborts, say): last_round is an older round's
         r = self.engine.runner.last_round
         self.rows.append((self._t0, time.perf_counter() - self._t0, r.get("prefill_tokens", 0),
                           r.get("decode_rows", 0), r.get("emitted", 0), r.get("running", 0)))
