@@ -13,19 +13,6 @@ from typing import Any, Callable
 log = logging.getLogger("ouro_backend.serving")
 
 
-def client_cancelled(sender: Any, lock: Any, finished: Callable[[], bool]) -> bool:
-    """Whether the client behind `sender` went away. Holds the request's `lock` (the one its FINAL send
-    takes) and never asks once FINAL is out: asking a released sender crashes tritonserver 2.51, so
-    `finished` is read under the lock, not before it."""
-    with lock:
-        if finished():
-            return False
-        try:
-            return bool(sender.is_cancelled())
-        except Exception:
-            return False
-
-
 class CancelWatcher:
     """Every `interval_s`: `on_cancel(s)` for each stream of `streams()` whose client is gone.
     A stream has `sender`, `send_lock` and `done` (FINAL sent)."""
@@ -42,10 +29,22 @@ class CancelWatcher:
         while not self._stop.wait(self.interval_s):
             try:
                 for s in self._streams():
-                    if client_cancelled(s.sender, s.send_lock, lambda: s.done):
+                    if self._client_cancelled(s):
                         self._on_cancel(s)
             except Exception:
                 log.exception("cancellation check failed")
+
+    @staticmethod
+    def _client_cancelled(s: Any) -> bool:
+        """Asked under the stream's `send_lock` (the one its FINAL send takes), and never once FINAL is
+        out: asking a released sender crashes tritonserver 2.51, so `done` is read under the lock."""
+        with s.send_lock:
+            if s.done:
+                return False
+            try:
+                return bool(s.sender.is_cancelled())
+            except Exception:
+                return False
 
     def stop(self) -> None:
         self._stop.set()

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import abc
 import logging
+import queue
 import threading
 import zlib
-from collections import deque
 from typing import Any, Optional
 
 from ..engine_process import Delta, EngineClient, EngineProcessError
@@ -67,7 +67,8 @@ class StreamingModel(abc.ABC):
         self.pb = pb
         self._lock = threading.Lock()
         self._streams: dict[str, Stream] = {}
-        self._queues = [_SendQueue() for _ in range(serving.response_threads)]
+        # A FIFO per sender; a stream is in it at most once (Stream.queued).
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(serving.response_threads)]
         self._senders = [threading.Thread(target=self._send_loop, args=(q,), name=f"ouro-send-{i}", daemon=True)
                          for i, q in enumerate(self._queues)]
         for t in self._senders:
@@ -176,7 +177,7 @@ class StreamingModel(abc.ABC):
         self._queues[s.worker].put(s)
 
     # ---------------------------------------------------------------- sender threads
-    def _send_loop(self, q: "_SendQueue") -> None:
+    def _send_loop(self, q: queue.SimpleQueue) -> None:
         while True:
             s = q.get()
             if s is None:
@@ -264,23 +265,3 @@ class StreamingModel(abc.ABC):
             q.put(None)
         for t in self._senders:
             t.join(timeout=10)
-
-
-class _SendQueue:
-    """A FIFO of streams with something to send (each stream is in it at most once)."""
-
-    def __init__(self):
-        self._items: deque = deque()
-        self._cond = threading.Condition()
-
-    def put(self, s: Optional[Stream]) -> None:
-        with self._cond:
-            self._items.append(s)
-            self._cond.notify()
-
-    def get(self) -> Optional[Stream]:
-        with self._cond:
-            while not self._items:
-                self._cond.wait()
-            return self._items.popleft()
-
