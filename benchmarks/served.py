@@ -7,7 +7,7 @@ greedy, EOS ignored, full depth.
    against `ouro` (median of --repeats) and perf_analyzer (`-i grpc --streaming`) against `ouro`, both
    with the same prompt and a stream per worker kept open across requests.
 
-With --trace the served engine records its rounds (see `_RoundTrace` in ouro_backend/engine_process.py): a
+With --trace the served engine records its rounds (ouro_backend/round_trace.py): a
 served run that falls behind engine-direct shows whether the engine was slower per round or had fewer
 requests running.
 
@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -122,23 +121,6 @@ def process_loop(args) -> None:
     print(json.dumps(dict(median=median_of(reps), repeats=reps)))
 
 
-def summarize_trace(path: Path) -> dict:
-    """The served engine's rounds over the whole server run (warm-up and every repeat): how many, how long
-    the engine was busy, how many carried prompt work, and how many requests were running on average."""
-    trace = json.loads(path.read_text())
-    rows = trace["rows"]
-    col = {name: i for i, name in enumerate(trace["columns"])}
-    busy = sum(r[col["step_s"]] for r in rows)
-    prefill = [r for r in rows if r[col["prefill_tokens"]]]
-    full = max((r[col["running"]] for r in rows), default=0)
-    steady = [r[col["step_s"]] for r in rows if not r[col["prefill_tokens"]] and r[col["running"]] == full]
-    return dict(steps=len(rows), busy_s=busy,
-                span_s=rows[-1][col["start_s"]] + rows[-1][col["step_s"]] - rows[0][col["start_s"]] if rows else 0.0,
-                prefill_steps=len(prefill), prefill_busy_s=sum(r[col["step_s"]] for r in prefill),
-                steady_round_ms=1e3 * statistics.median(steady) if steady else None,
-                mean_running=sum(r[col["step_s"]] * r[col["running"]] for r in rows) / busy if busy else 0.0)
-
-
 def wait_ready(url: str, model: str, timeout: float, proc: subprocess.Popen) -> None:
     import tritonclient.grpc as grpc
 
@@ -189,6 +171,7 @@ def main() -> int:
         return 0
 
     from ouro_backend.bench import ensure_shape_checkpoint, median_of
+    from ouro_backend.round_trace import ENV as TRACE_ENV, summarize
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -217,7 +200,7 @@ def main() -> int:
         (out / "direct.json").write_text(json.dumps(direct_res, indent=1))
     process_res = None
     if args.process:
-        env = dict(os.environ, OURO_ENGINE_TRACE=str((out / "process_trace.json").resolve())) if args.trace else None
+        env = dict(os.environ, **{TRACE_ENV: str((out / "process_trace.json").resolve())}) if args.trace else None
         process_res = phase("--process-loop", env)
         (out / "process.json").write_text(json.dumps(process_res, indent=1))
         print(f"engine process, closed loop on its owner channel: "
@@ -228,7 +211,7 @@ def main() -> int:
              "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--log-file",
              str(out / "tritonserver.log"), "--engine-arg", f"max_num_seqs={args.concurrency}",
              *[a for kv in args.engine_arg for a in ("--engine-arg", kv)]]
-    env = dict(os.environ, OURO_ENGINE_TRACE=str((out / "engine_trace.json").resolve())) if args.trace else None
+    env = dict(os.environ, **{TRACE_ENV: str((out / "engine_trace.json").resolve())}) if args.trace else None
     server = subprocess.Popen(serve, stdout=open(out / "ouro-serve.out", "w"), stderr=subprocess.STDOUT,
                               start_new_session=True, env=env)
     try:
@@ -285,9 +268,9 @@ def main() -> int:
                        process_repeats=[x["output_tok_s"] for x in process_res["repeats"]])
     summary["direct_steady_round_ms"] = d.get("steady_round_ms")
     if args.trace:
-        summary["engine_rounds"] = summarize_trace(out / "engine_trace.json")
+        summary["engine_rounds"] = summarize(str(out / "engine_trace.json"))
         if process_res:
-            summary["process_rounds"] = summarize_trace(out / "process_trace.json")
+            summary["process_rounds"] = summarize(str(out / "process_trace.json"))
     (out / "served_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0

@@ -26,7 +26,6 @@ Messages (pickled by multiprocessing.connection), in order per connection:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -42,6 +41,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from typing import Callable, NamedTuple, Optional
 
 from .config import ConfigError, EngineConfig
+from .round_trace import RoundTrace
 from .sampling_params import RequestError, SamplingParams
 from .serving.metrics import MetricsBuffer
 
@@ -252,7 +252,8 @@ class EngineServer:
         threading.Thread(target=self._read, args=(self.owner,), name="owner", daemon=True).start()
         engine = self.engine
         engine.runner.overlap = self._send_pending
-        trace = _RoundTrace.from_env(engine)
+        trace = RoundTrace.from_env(engine)
+        step = trace.step if trace else engine.step
         self.owner.send(("ready", self.info))
         last_stats = 0.0
         while not self._stop.is_set():
@@ -267,11 +268,7 @@ class EngineServer:
                 self._wake.clear()
                 continue
             try:
-                if trace:
-                    trace.begin()
-                outputs = engine.step()
-                if trace:
-                    trace.end()
+                outputs = step()
             except Exception as e:
                 log.exception("engine.step failed")
                 self._send_pending()
@@ -391,43 +388,6 @@ class EngineServer:
         self.metrics.add("errors", len(routes))
         for peer, rids in by_peer.values():
             peer.send(("failed", rids, message))
-
-
-class _RoundTrace:
-    """Diagnostics: with OURO_ENGINE_TRACE=PATH set, every step's start, duration and round shape
-    (runner.last_round) are written to PATH as JSON when the engine process stops. The served path's
-    rounds can then be compared with engine-direct's (benchmarks/served.py --trace)."""
-
-    def __init__(self, engine, path: str):
-        self.engine, self.path = engine, path
-        self.rows: list[tuple] = []
-        self._t0 = 0.0
-        self._rounds0 = 0
-
-    @classmethod
-    def from_env(cls, engine) -> Optional["_RoundTrace"]:
-        path = os.environ.get("OURO_ENGINE_TRACE")
-        return cls(engine, path) if path else None
-
-    def _rounds(self) -> int:
-        return self.engine.runner.graph_rounds + self.engine.runner.eager_rounds
-
-    def begin(self) -> None:
-        self._t0 = time.perf_counter()
-        self._rounds0 = self._rounds()
-
-    def end(self) -> None:
-        if self._rounds() == self._rounds0:
-            return  # the step ran no round (only aborts, say): last_round is an older round's
-        r = self.engine.runner.last_round
-        self.rows.append((self._t0, time.perf_counter() - self._t0, r.get("prefill_tokens", 0),
-                          r.get("decode_rows", 0), r.get("emitted", 0), r.get("running", 0)))
-
-    def write(self) -> None:
-        with open(self.path, "w") as f:
-            json.dump(dict(columns=["start_s", "step_s", "prefill_tokens", "decode_rows", "emitted", "running"],
-                           rows=self.rows), f)
-        log.info("round trace: %d steps written to %s", len(self.rows), self.path)
 
 
 def main(argv: Optional[list] = None) -> int:

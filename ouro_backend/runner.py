@@ -250,18 +250,16 @@ class ModelRunner:
         packed = None
         if graph is not None:
             out, gate, cu = self._run_graph(batch, graph)
-            if self.overlap is not None:
-                self.overlap()
-            if graph.packed is not None:
-                packed = graph.packed[:, : len(batch)].tolist()  # the round's one sync
             self.graph_rounds += 1
         else:
             h, positions, meta = self._prepare(batch)
             out = self.model.loop(h, positions, meta, self.kv.kv)
-            if self.overlap is not None:
-                self.overlap()
             cu, gate = meta.cu_seqlens_q_host, None
             self.eager_rounds += 1
+        if self.overlap is not None:  # the GPU is busy with the loop until the first read-back below
+            self.overlap()
+        if graph is not None and graph.packed is not None:
+            packed = graph.packed[:, : len(batch)].tolist()  # the round's one sync
         lams: list[float] = []
         if packed is not None:
             lams = packed[0]

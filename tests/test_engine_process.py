@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import sys
 import signal
 import time
 from collections import Counter
@@ -15,6 +14,8 @@ import pytest
 
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
+from ouro_backend import round_trace
+from ouro_backend.round_trace import summarize
 from ouro_backend.engine_process import EngineClient, EngineProcessError, engine_address, start_engine_process
 
 GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -217,10 +218,9 @@ def test_overlap_hook_runs_every_round_and_changes_nothing(toy_path):
 
 
 def test_round_trace(toy_path, tmp_path, monkeypatch):
-    """OURO_ENGINE_TRACE: every step of the engine process, written when it stops; benchmarks/served.py
-    summarizes it."""
+    """OURO_ENGINE_TRACE: every step of the engine process that ran a round, written when it stops."""
     path = tmp_path / "trace.json"
-    monkeypatch.setenv("OURO_ENGINE_TRACE", str(path))
+    monkeypatch.setenv(round_trace.ENV, str(path))
     inbox = Inbox()
     config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=8)
     client, proc = start_engine_process(config, str(tmp_path / "engine.sock"), inbox.on_message, inbox.on_close)
@@ -237,9 +237,6 @@ def test_round_trace(toy_path, tmp_path, monkeypatch):
     assert sum(r[col["emitted"]] for r in rows) == 2 * GREEDY["max_tokens"]
     assert sum(r[col["prefill_tokens"]] for r in rows) == 2 * 4 * 4  # two 4-token prompts, 4 loops each
     assert all(r[col["step_s"]] > 0 for r in rows)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    from served import summarize_trace
-
-    summary = summarize_trace(path)
+    summary = summarize(str(path))
     assert summary["steps"] == len(rows) and summary["prefill_steps"] >= 4
     assert 0 < summary["mean_running"] <= 2

@@ -1,0 +1,68 @@
+"""Diagnostics: a record of every engine step, to compare the served engine's rounds with engine-direct's.
+
+With OURO_ENGINE_TRACE=PATH set, the engine process (ouro_backend/engine_process.py) records each step
+that ran a round: its start, its duration and the round's shape (ModelRunner.last_round). It writes
+them to PATH as JSON when it stops. `summarize` reduces such a file to a few numbers;
+`benchmarks/served.py --trace` prints them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from typing import Optional
+
+log = logging.getLogger("ouro_backend.round_trace")
+
+ENV = "OURO_ENGINE_TRACE"
+COLUMNS = ["start_s", "step_s", "prefill_tokens", "decode_rows", "emitted", "running"]
+
+
+class RoundTrace:
+    def __init__(self, engine, path: str):
+        self.engine, self.path = engine, path
+        self.rows: list[tuple] = []
+
+    @classmethod
+    def from_env(cls, engine) -> Optional["RoundTrace"]:
+        path = os.environ.get(ENV)
+        return cls(engine, path) if path else None
+
+    def step(self) -> list:
+        """engine.step(), recorded when it ran a round (a step with only aborts runs none)."""
+        runner = self.engine.runner
+        rounds = runner.graph_rounds + runner.eager_rounds
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        if runner.graph_rounds + runner.eager_rounds != rounds:
+            r = runner.last_round
+            self.rows.append((t0, time.perf_counter() - t0, r["prefill_tokens"], r["decode_rows"], r["emitted"],
+                              r["running"]))
+        return outputs
+
+    def write(self) -> None:
+        with open(self.path, "w") as f:
+            json.dump(dict(columns=COLUMNS, rows=self.rows), f)
+        log.info("round trace: %d steps written to %s", len(self.rows), self.path)
+
+
+def summarize(path: str) -> dict:
+    """A trace file in numbers: steps, busy and wall time, steps with prompt work, the median full decode
+    round (the most rows seen, no prompt work) and the mean number of running requests (time-weighted)."""
+    with open(path) as f:
+        trace = json.load(f)
+    col = {name: i for i, name in enumerate(trace["columns"])}
+    rows = trace["rows"]
+    if not rows:
+        return dict(steps=0)
+    step, prefill, running = col["step_s"], col["prefill_tokens"], col["running"]
+    busy = sum(r[step] for r in rows)
+    with_prompt = [r[step] for r in rows if r[prefill]]
+    full = max(r[running] for r in rows)
+    steady = [r[step] for r in rows if not r[prefill] and r[running] == full]
+    return dict(steps=len(rows), busy_s=busy, span_s=rows[-1][col["start_s"]] + rows[-1][step] - rows[0][col["start_s"]],
+                prefill_steps=len(with_prompt), prefill_busy_s=sum(with_prompt),
+                steady_round_ms=1e3 * statistics.median(steady) if steady else None,
+                mean_running=sum(r[step] * r[running] for r in rows) / busy if busy else 0.0)
