@@ -88,6 +88,9 @@ def test_owner_and_socket_client_match_offline_engine(engine, toy_path):
         # Metrics go to the owner only, and count every client's requests.
         inbox.pump(lambda: sum(s.counters.get("generation_tokens", 0) for s in inbox.stats) >= 36)
         assert sum(s.finished.get("length", 0) for s in inbox.stats) >= 3
+        # The token counters come from the engine's own counters (growth between snapshots).
+        assert sum(s.counters.get("generation_tokens", 0) for s in inbox.stats) == 36
+        assert sum(s.counters.get("prompt_tokens", 0) for s in inbox.stats) == sum(map(len, prompts))
         depths = sum((s.depths for s in inbox.stats), Counter())
         assert depths == Counter(d for r in ref for d in r.exit_depths), "one exit-depth count per token"
         assert not other.stats

@@ -49,39 +49,34 @@ class MetricsSnapshot:
     stats: Optional[dict] = None  # LLMEngine.stats(): gauges and engine counters
 
 
+# Counters the engine keeps anyway (LLMEngine.counters, in its stats): the Prometheus counter that each feeds.
+ENGINE_COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
+                   "num_aborted": "aborted"}
+
+
 class MetricsBuffer:
     """Counts between two snapshots; thread-safe, no Triton."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._snap = MetricsSnapshot()
-        self._started: set[str] = set()  # requests whose prompt tokens are counted (record() is single-threaded)
+        self._engine_counters = dict.fromkeys(ENGINE_COUNTERS, 0)  # their values at the last take(stats)
 
     def add(self, key: str, n: float) -> None:
         with self._lock:
             self._snap.counters[key] += n
 
     def record(self, outputs: list) -> None:
-        """Count one step's engine RequestOutputs (intermediate or final). One pass and one lock per step:
-        this runs on the engine process's step loop."""
-        generated = prompt = aborted = 0
+        """What the engine does not count itself, from one step's RequestOutputs: exit depths, finish
+        reasons and the latency histograms. One pass and one lock per step: this runs on the step loop."""
         depths: Counter = Counter()
         obs: list = []
         finished: Counter = Counter()
         for out in outputs:
-            new = out.new_token_ids
-            if new:
-                generated += len(new)
-                depths.update(out.new_exit_depths)
-                if out.request_id not in self._started:
-                    self._started.add(out.request_id)
-                    prompt += len(out.prompt_token_ids)
+            depths.update(out.new_exit_depths)
             if not out.finished:
                 continue
-            self._started.discard(out.request_id)
-            reason = finish_reason_name(out.finish_reason)
-            finished[reason] += 1
-            aborted += reason == "cancelled"
+            finished[finish_reason_name(out.finish_reason)] += 1
             if out.first_token_time is not None:
                 obs.append(("ttft", out.first_token_time - out.arrival_time))
                 if len(out.token_ids) > 1 and out.finish_time is not None:
@@ -89,15 +84,9 @@ class MetricsBuffer:
             if out.finish_time is not None:
                 obs.append(("latency", out.finish_time - out.arrival_time))
         with self._lock:
-            snap = self._snap
-            snap.counters["generation_tokens"] += generated
-            if prompt:
-                snap.counters["prompt_tokens"] += prompt
-            if aborted:
-                snap.counters["aborted"] += aborted
-            snap.depths.update(depths)
-            snap.observations.extend(obs)
-            snap.finished.update(finished)
+            self._snap.depths.update(depths)
+            self._snap.observations.extend(obs)
+            self._snap.finished.update(finished)
 
     def merge(self, snap: MetricsSnapshot) -> None:
         with self._lock:
@@ -109,10 +98,17 @@ class MetricsBuffer:
                 self._snap.stats = snap.stats
 
     def take(self, stats: Optional[dict] = None) -> MetricsSnapshot:
+        """The counts since the last take. With `stats` (LLMEngine.stats()), also what the engine's own
+        counters grew by since then."""
         with self._lock:
             snap, self._snap = self._snap, MetricsSnapshot()
         if stats is not None:
             snap.stats = dict(stats)
+            for key, name in ENGINE_COUNTERS.items():
+                grown = stats[key] - self._engine_counters[key]
+                if grown:
+                    snap.counters[name] += grown
+                self._engine_counters[key] = stats[key]
         return snap
 
 
@@ -125,7 +121,6 @@ class EngineMetrics:
         self.pending = MetricsBuffer()  # what the engine process and this model counted, not yet published
         self._stop = threading.Event()
         self.interval_s = interval_s
-        self.num_loops = num_loops
         if not self.enabled:
             return
         MF = pb_utils.MetricFamily
@@ -208,9 +203,10 @@ class EngineMetrics:
                 if h is not None:
                     h.observe(v)
             depth = self.hists.get("depth")
-            for d, n in snap.depths.items() if depth is not None else ():
-                for _ in range(n):  # pb_utils histograms observe one value per call
-                    depth.observe(float(d))
+            if depth is not None:
+                for d, n in snap.depths.items():
+                    for _ in range(n):  # pb_utils histograms observe one value per call
+                        depth.observe(float(d))
             for reason, n in finished.items():
                 m = self._success_metrics.get(reason)
                 if m is None:
