@@ -23,11 +23,15 @@ from ..config import MODEL_PATH_ENV, ConfigError, parse_value
 ENGINE_ARGS_ENV = "OURO_ENGINE_ARGS"
 
 
+def _option(default: Any, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     """What both decoupled models (`ouro_engine`, `ouro`) take as config.pbtxt parameters."""
-    cancel_check_interval_s: float = 0.05  # how often open requests are checked for client cancellation
-    response_threads: int = 8  # threads sending responses (a request always uses the same one)
+    cancel_check_interval_s: float = _option(0.05, "how often open requests are checked for client cancellation")
+    response_threads: int = _option(8, "threads sending responses; a request always uses the same one")
 
     def validate(self):
         for f in dataclasses.fields(self):
@@ -40,14 +44,20 @@ class StreamOptions:
 @dataclass(frozen=True)
 class ServingOptions(StreamOptions):
     """`ouro_engine` parameters that configure the serving layer, not the engine."""
-    metrics_interval_s: float = 0.25  # how often the engine process reports metrics
+    metrics_interval_s: float = _option(0.25, "how often the engine process reports metrics")
 
 
 @dataclass(frozen=True)
 class FrontOptions(StreamOptions):
     """`ouro` parameters."""
-    engine_model: str = "ouro_engine"  # the model whose engine process this front sends requests to
-    engine_connect_timeout_s: float = 300.0  # how long the front waits at load for that engine to come up
+    engine_model: str = _option("ouro_engine", "the model whose engine process serves this front's requests")
+    engine_connect_timeout_s: float = _option(300.0, "how long the front waits at load for that engine to come up")
+
+
+def option_docs(cls: type) -> list[tuple[str, str]]:
+    """(name, "help (default)") for each field of an options dataclass: what config.pbtxt documents."""
+    return [(f.name, f"{f.metadata['help']} ({f.default:g})" if isinstance(f.default, float)
+             else f"{f.metadata['help']} ({f.default})") for f in dataclasses.fields(cls)]
 
 
 # Parameters in config.pbtxt that configure the serving layer, not the engine.

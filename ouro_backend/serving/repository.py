@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from . import protocol
+from .options import FrontOptions, ServingOptions, option_docs
 
 REPO_DIR = Path(__file__).resolve().parents[2] / "model_repository"
 PRE_POST_MAX_BATCH = 64
@@ -40,19 +41,6 @@ ENGINE_PARAMETERS = [
     ("cuda_graph_max_tokens", "largest round captured in a CUDA graph; larger ones run eagerly (1024)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
 ]
-STREAM_PARAMETERS = [
-    ("cancel_check_interval_s", "how often open requests are checked for client cancellation (0.05)"),
-    ("response_threads", "threads sending responses; a request always uses the same one (8)"),
-]
-SERVING_PARAMETERS = STREAM_PARAMETERS + [
-    ("metrics_interval_s", "how often the engine process reports metrics (0.25)"),
-]
-FRONT_PARAMETERS = [
-    ("engine_model", "the model whose engine process serves this front's requests (ouro_engine)"),
-    ("engine_connect_timeout_s", "how long the front waits at load for that engine to come up (300)"),
-] + STREAM_PARAMETERS
-
-
 def _tensor(name: str, dtype: str, dims: str, optional: bool = False, ragged: bool = False) -> str:
     extra = ""
     if optional:
@@ -103,7 +91,7 @@ Engine options: the parameters below (empty = default), then $OURO_ENGINE_ARGS, 
         + _outputs(protocol.ENGINE_OUTPUTS, engine_lists)
         + "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
         + _params(ENGINE_PARAMETERS, "Engine options (ouro_backend/config.py EngineConfig); empty: default")
-        + _params(SERVING_PARAMETERS, "Serving options")
+        + _params(option_docs(ServingOptions), "Serving options")
     )
     files["preprocessing"] = (
         _header("preprocessing: text_input -> input_ids (ouro_backend/serving/text_models.py).\n"
@@ -139,7 +127,7 @@ shapes are [1, 1] (batch 1) for scalars; /v2/models/ouro/generate and /generate_
         + _inputs(protocol.CLIENT_INPUTS.values(), required=["text_input"])
         + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths"])
         + "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
-        + _params(FRONT_PARAMETERS, "Options (empty: default)")
+        + _params(option_docs(FrontOptions), "Options (empty: default)")
     )
     files["ouro_ensemble"] = _ensemble()
     return files
