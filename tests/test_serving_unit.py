@@ -12,7 +12,7 @@ import pytest
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.sampling_params import RequestError
 from ouro_backend.serving import protocol
-from ouro_backend.serving.options import engine_options, parse_engine_args, resolve_model_path
+from ouro_backend.serving.options import SERVING_KEYS, engine_options, parse_engine_args, resolve_model_path
 from ouro_backend.serving.protocol import (CLIENT_INPUTS, ENGINE_INPUTS, check_parameters, engine_response_arrays,
                                           parse_request, postprocess_arrays)
 
@@ -304,7 +304,7 @@ def test_repository_declarations():
     assert cfgs["postprocessing"].dynamic_batching.preserve_ordering
     assert cfgs["postprocessing"].instance_group[0].count >= 2
     assert cfgs["preprocessing"].instance_group[0].count >= 2
-    engine_params = set(cfgs["ouro_engine"].parameters) - {k for k, _ in repository.SERVING_PARAMETERS}
+    engine_params = set(cfgs["ouro_engine"].parameters) - SERVING_KEYS
     assert engine_params <= set(EngineConfig.field_names()), engine_params - set(EngineConfig.field_names())
 
 
