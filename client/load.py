@@ -121,7 +121,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--ignore-eos", action="store_true", default=True)
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="generate exactly --max-tokens tokens (default; --no-ignore-eos stops at EOS)")
     p.add_argument("--exit-threshold", type=float, default=None)
     p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
     p.add_argument("--json", default=None, help="write the JSON report here (default: stdout)")

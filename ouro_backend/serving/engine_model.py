@@ -36,6 +36,7 @@ class EngineModel(StreamingModel):
     """The logic of model_repository/ouro_engine/1/model.py (which only subclasses it)."""
 
     metrics = None  # made once the engine process is up
+
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
 
