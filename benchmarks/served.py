@@ -185,6 +185,10 @@ def main() -> int:
     print(f"prompt: {len(ids)} tokens; {args.requests} requests x {args.output_len} tokens at concurrency "
           f"{args.concurrency}", flush=True)
 
+    def trace_env(name: str) -> Optional[dict]:
+        """The environment of a phase: with --trace, its engine records its rounds to OUT/name."""
+        return dict(os.environ, **{TRACE_ENV: str((out / name).resolve())}) if args.trace else None
+
     def phase(flag: str, env: Optional[dict] = None) -> dict:
         """One closed-loop phase in a subprocess (its GPU memory is freed before the next phase starts)."""
         res = subprocess.run([sys.executable, __file__, flag, "--model", model, "--prompt-ids",
@@ -200,8 +204,7 @@ def main() -> int:
         (out / "direct.json").write_text(json.dumps(direct_res, indent=1))
     process_res = None
     if args.process:
-        env = dict(os.environ, **{TRACE_ENV: str((out / "process_trace.json").resolve())}) if args.trace else None
-        process_res = phase("--process-loop", env)
+        process_res = phase("--process-loop", trace_env("process_trace.json"))
         (out / "process.json").write_text(json.dumps(process_res, indent=1))
         print(f"engine process, closed loop on its owner channel: "
               f"{[round(x['output_tok_s']) for x in process_res['repeats']]} output tok/s", flush=True)
@@ -211,9 +214,8 @@ def main() -> int:
              "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--log-file",
              str(out / "tritonserver.log"), "--engine-arg", f"max_num_seqs={args.concurrency}",
              *[a for kv in args.engine_arg for a in ("--engine-arg", kv)]]
-    env = dict(os.environ, **{TRACE_ENV: str((out / "engine_trace.json").resolve())}) if args.trace else None
     server = subprocess.Popen(serve, stdout=open(out / "ouro-serve.out", "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True, env=env)
+                              start_new_session=True, env=trace_env("engine_trace.json"))
     try:
         wait_ready(f"localhost:{grpc_port}", "ouro", 600, server)
         per_model = {}
@@ -248,11 +250,17 @@ def main() -> int:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
 
-    if direct_res is None:
+    summary: dict = {}
+    if args.trace:
+        summary["engine_rounds"] = summarize(str(out / "engine_trace.json"))
+        if process_res:
+            summary["process_rounds"] = summarize(str(out / "process_trace.json"))
+    if direct_res is None:  # --skip-direct: no ratios
+        print(json.dumps(summary, indent=1))
         return 0
     d = direct_res["median"]
     s = median_of([{k: v for k, v in x.items() if isinstance(v, (int, float, dict))} for x in served])
-    summary = dict(direct_output_tok_s=d["output_tok_s"], served_output_tok_s=s["output_tokens_per_s"],
+    summary.update(direct_output_tok_s=d["output_tok_s"], served_output_tok_s=s["output_tokens_per_s"],
                    ratio=s["output_tokens_per_s"] / d["output_tok_s"],
                    served_errors=sum(x["errors"] for x in served),
                    direct_ttft_p50_s=d["ttft_s"]["p50"], served_ttft_p50_s=s["ttft_s"]["p50"],
@@ -267,10 +275,6 @@ def main() -> int:
                        process_ratio=process_res["median"]["output_tok_s"] / d["output_tok_s"],
                        process_repeats=[x["output_tok_s"] for x in process_res["repeats"]])
     summary["direct_steady_round_ms"] = d.get("steady_round_ms")
-    if args.trace:
-        summary["engine_rounds"] = summarize(str(out / "engine_trace.json"))
-        if process_res:
-            summary["process_rounds"] = summarize(str(out / "process_trace.json"))
     (out / "served_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
