@@ -1,5 +1,6 @@
 """Where a round's time goes on the GPU: cProfile of the engine loop (sync points show GPU time)."""
 import cProfile
+import os
 import pstats
 import sys
 
@@ -15,4 +16,4 @@ for w in workloads:
     r = run_closed_loop(eng, 128, 64, 64, 128, w)
     pr.disable()
     print(f"== {w}: {r['output_tok_s']:.0f} tok/s, {r['rounds']} rounds, {r['mean_round_ms']:.2f} ms/round")
-    pstats.Stats(pr).sort_stats("tottime").print_stats(16)
+    pstats.Stats(pr).sort_stats("tottime").print_stats(int(os.environ.get("TOP", "16")))

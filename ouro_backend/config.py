@@ -179,7 +179,13 @@ class EngineConfig:
     eos_token_ids: Optional[list[int]] = None  # None: generation_config.json / config.json
     seed: int = 0  # seeds random_lookahead's gate and unseeded sampling
     cuda_graphs: bool = True  # capture the recurrent core per row/token bucket (CUDA + triton backend)
-    cuda_graph_max_tokens: int = 1024  # larger rounds (long prompt chunks) are compute-bound: run eagerly
+    # Larger rounds run eagerly. Eager rounds are bound by the host launching ~220 kernels: on the H200 an
+    # eager 2,048-token round took 13-22 ms against 9 ms as a graph (benchmarks/round_anatomy.py).
+    cuda_graph_max_tokens: int = 2048
+    # Launch round N+1 before reading round N's tokens back, so host work overlaps the GPU (DESIGN
+    # section 4). Rounds whose exits need this round's gate values (exit_threshold < 1 in ouro mode)
+    # still read those back before scheduling on. False: every round is read back before the next.
+    async_scheduling: bool = True
     cpu_kv_cache_bytes: int = 256 << 20  # KV budget on CPU when num_blocks/kv_cache_bytes are unset
     extra: dict[str, Any] = field(default_factory=dict)
 

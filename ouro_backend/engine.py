@@ -16,7 +16,7 @@ from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
 from .model import OuroModel
 from .outputs import RequestOutput
-from .runner import Emitted, ModelRunner
+from .runner import Emitted, ModelRunner, Round
 from .sampling_params import RequestError, SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, StopChecker
@@ -79,6 +79,7 @@ class LLMEngine:
                  cfg.kv_layout, self.kv.kv.numel() * self.kv.kv.element_size() / 2**30)
         self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
         self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps, self.exit_threshold)
+        self._in_flight: Optional[Round] = None  # launched, not collected (asynchronous scheduling)
         self.runner = ModelRunner(self.model, self.kv, self.policy)
         if cfg.cuda_graphs and self.device.type == "cuda" and getattr(self.model.backend, "graph_safe", False):
             t0 = time.monotonic()
@@ -167,11 +168,15 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         with self._lock:
             pending = bool(self._inbox)
-        return pending or self.scheduler.has_unfinished()
+        return pending or self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ---- the loop ----
     def step(self) -> list[RequestOutput]:
-        """One recurrent round. Returns an output for every request that produced tokens or finished."""
+        """One recurrent round. Returns an output for every request that produced tokens or finished.
+
+        With async_scheduling, a round's tokens are read back during the next step (after that step has
+        launched its own round), so they come out one step later; a request that stops on a token
+        (EOS, stop string) has run one extra loop then, which is dropped."""
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
@@ -185,9 +190,16 @@ class LLMEngine:
                 self.counters["num_aborted"] += 1
                 changed[rid] = seq
         batch = self.scheduler.schedule()
+        launched = None
         if batch:
             self.counters["steps"] += 1
-            for e in self.runner.run(batch):
+            launched = self.runner.launch(batch)
+        if self.config.async_scheduling:
+            done, self._in_flight = self._in_flight, launched
+        else:
+            done = launched
+        for e in self.runner.collect(done) if done is not None else []:
+            if not e.seq.finished:  # else aborted, or stopped on an earlier token, while this one was out
                 self._append(e)
                 changed[e.seq.request_id] = e.seq
         outputs = []
@@ -215,7 +227,7 @@ class LLMEngine:
             elif stop_text:
                 seq.trim_chars = len(seq.stop.text) - seq.stop.cut
                 reason = "stop"
-        if reason is None and (n >= p.max_tokens or seq.num_tokens >= self.max_model_len):
+        if reason is None and (n >= p.max_tokens or len(seq.prompt_ids) + n >= self.max_model_len):
             reason = "length"
         if reason:
             self.scheduler.finish(seq, reason)

@@ -2,6 +2,11 @@
 
 Prelude (embed rows entering loop 1) -> one loop over all rows -> exit check for decode rows ->
 LAST_EXITED exit fill -> coda (LM head + sampling) for rows that finished their last loop.
+
+`launch` enqueues a round and returns at once unless an exit needs this round's gate values; the
+sampled tokens stay on the device (the next round's prelude embeds them from there) and are copied
+back asynchronously. `collect` waits for that copy. The engine launches round N+1 before collecting
+round N, so the host's bookkeeping overlaps the GPU (DESIGN section 4).
 """
 from __future__ import annotations
 
@@ -19,6 +24,15 @@ from .sequence import Sequence
 
 
 @dataclass
+class Round:
+    """A launched round's emitted rows and where their sampled tokens land."""
+    emits: list[tuple[Sequence, int]]  # (sequence, exit depth) per emitted row
+    host: Optional[torch.Tensor] = None  # [2, E] fp32 token ids and logprobs, filled once `ready` fires
+    ready: Optional[torch.cuda.Event] = None
+    logits: Optional[torch.Tensor] = None  # only when the runner records logits
+
+
+@dataclass
 class Emitted:
     seq: Sequence
     token: int
@@ -28,25 +42,27 @@ class Emitted:
 
 
 class HostStaging:
-    """Persistent pinned buffers for a round's small host->device transfers.
+    """Persistent pinned buffers for a round's small host<->device transfers.
 
     Pinning fresh tensors every round is slow (page-locked allocations); instead each round bump-allocates
-    from one of two pinned halves, and an event guards a half until the copies that read it have run.
+    from one of two pinned halves, and an event guards a half until the copies that use it have run. A
+    half also holds the round's read-back, which the engine collects before the half comes round again.
     """
 
     def __init__(self, device: torch.device, size: int = 1 << 20):
         self.device = device
         self.halves = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         self.views = [h.numpy() for h in self.halves]
+        self.back = [torch.empty(size // 8, dtype=torch.float32, pin_memory=True) for _ in range(2)]
         self.events = [None, None]
-        self.cur, self.off = 0, 0
+        self.cur, self.off, self.back_off = 0, 0, 0
 
     def next_round(self) -> None:
         ev = torch.cuda.Event()
         ev.record()
         self.events[self.cur] = ev
         self.cur ^= 1
-        self.off = 0
+        self.off = self.back_off = 0
         if self.events[self.cur] is not None:
             self.events[self.cur].synchronize()
 
@@ -59,6 +75,20 @@ class HostStaging:
         self.off += n
         dev = host.to(self.device, non_blocking=True)
         return dev if dtype == torch.int64 else dev.to(dtype)
+
+    def readback(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """Start copying fp32 device tensor t to pinned host memory; returns the host tensor and an event
+        that fires once it is filled."""
+        n = t.numel()
+        if self.back_off + n > self.back[self.cur].shape[0]:
+            host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)  # oversized
+        else:
+            host = self.back[self.cur][self.back_off: self.back_off + n].view(t.shape)
+            self.back_off += n
+        host.copy_(t, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
 
 
 @dataclass
@@ -124,19 +154,30 @@ class ModelRunner:
         return positions, slots, cu, lens, tables
 
     def _gather_inputs(self, batch: list[Sequence]) -> torch.Tensor:
-        """The round's input rows in batch order: embeddings for rows entering loop 1, else the rows of
-        the previous round's output they left off at. One embedding call and one gather."""
-        ids, sources, index = [], {}, []
+        """The round's input rows in batch order: embeddings for rows entering loop 1 (token ids from the
+        host, or still on the device for a token not read back yet), else the rows of the previous round's
+        output they left off at. One embedding call and one gather."""
+        ids, on_device, sources, index = [], {}, {}, []
         for seq in batch:
             item = seq.item
-            if item.src is None:
+            if item.src is not None:
+                index.append((sources.setdefault(id(item.src), item.src), item.src_row, item.n))
+            elif item.token_src is not None:  # a decode item: n == 1
+                t, i = item.token_src
+                group = on_device.setdefault(id(t), (t, []))[1]
+                index.append((t, len(group), 1))
+                group.append(i)
+            else:
                 index.append((None, len(ids), item.n))
                 ids.extend(seq.token_ids(item.start, item.start + item.n))
-            else:
-                index.append((sources.setdefault(id(item.src), item.src), item.src_row, item.n))
-        pool = [self.model.embed(self._to_dev(ids, torch.long))] if ids else []
         offsets = {None: 0}
+        token_parts = [self._to_dev(ids, torch.long)] if ids else []
         base = len(ids)
+        for key, (t, idx) in on_device.items():
+            offsets[key] = base
+            base += len(idx)
+            token_parts.append(t[0].index_select(0, self._to_dev(idx, torch.long)).long())
+        pool = [self.model.embed(token_parts[0] if len(token_parts) == 1 else torch.cat(token_parts))] if base else []
         for key, src in sources.items():
             offsets[key] = base
             base += src.shape[0]
@@ -229,25 +270,14 @@ class ModelRunner:
         return g.out[:N].clone(), g.gate[:N], cu
 
     @torch.inference_mode()
-    def run(self, batch: list[Sequence]) -> list[Emitted]:
-        """Advance every row of the batch one loop; return the tokens of rows that finished their loops."""
+    def launch(self, batch: list[Sequence]) -> Round:
+        """Advance every row of the batch one loop. Enqueues the round's GPU work and returns without
+        waiting for it, except to read gate values when an exit rule needs them this round."""
         if self.staging is not None:
             self.staging.next_round()
         decode_rows = [r for r, s in enumerate(batch) if not s.item.is_prefill]
         prefill_tokens = sum(s.item.n for s in batch if s.item.is_prefill)
-        out, cu, lams, graph, packed = self._forward(batch, decode_rows, prefill_tokens)
-        coda, coda_rows = self._advance(batch, out, cu, dict(zip(decode_rows, lams)))
-        self.rows_run += len(batch)
-        self.tokens_run += cu[-1]
-        self.last_round = dict(prefill_tokens=prefill_tokens, decode_rows=len(decode_rows), emitted=len(coda),
-                               running=len(batch))
-        return self._coda(coda, coda_rows, out, graph, packed) if coda else []
-
-    def _forward(self, batch: list[Sequence], decode_rows: list[int], prefill_tokens: int):
-        """The loop itself, through a CUDA graph when one fits; returns (out, cu_seqlens_q, gate values of the
-        decode rows, graph, packed in-graph coda of a decode graph)."""
         graph = self._pick_graph(batch, prefill_tokens + len(decode_rows), not prefill_tokens)
-        packed = None
         if graph is not None:
             out, gate, cu = self._run_graph(batch, graph)
             self.graph_rounds += 1
@@ -256,18 +286,47 @@ class ModelRunner:
             out = self.model.loop(h, positions, meta, self.kv.kv)
             cu, gate = meta.cu_seqlens_q_host, None
             self.eager_rounds += 1
-        if self.overlap is not None:  # the GPU is busy with the loop until the first read-back below
+        if self.overlap is not None:  # the GPU is busy with the loop
             self.overlap()
-        if graph is not None and graph.packed is not None:
-            packed = graph.packed[:, : len(batch)].tolist()  # the round's one sync
-        lams: list[float] = []
-        if packed is not None:
-            lams = packed[0]
-        elif decode_rows and self.policy.needs_gate:
-            idx = self._to_dev([cu[r] for r in decode_rows], torch.long)
-            lams = (gate.index_select(0, idx) if gate is not None
-                    else self.policy.gate_values(self.model, out.index_select(0, idx))).tolist()
-        return out, cu, lams, graph, packed
+        lam_of = self._gates_needed_now(batch, decode_rows, out, cu, gate, graph)
+        coda, coda_rows = self._advance(batch, out, cu, lam_of)
+        self.rows_run += len(batch)
+        self.tokens_run += cu[-1]
+        self.last_round = dict(prefill_tokens=prefill_tokens, decode_rows=len(decode_rows), emitted=len(coda),
+                               running=len(batch))
+        return self._coda(coda, coda_rows, out, graph)
+
+    @torch.inference_mode()
+    def collect(self, rnd: Round) -> list[Emitted]:
+        """The round's sampled tokens, once their copy to the host has landed."""
+        if not rnd.emits:
+            return []
+        if rnd.ready is not None:
+            rnd.ready.synchronize()
+        tokens, logprobs = rnd.host.tolist()
+        rec = rnd.logits.cpu() if rnd.logits is not None else [None] * len(rnd.emits)
+        return [Emitted(s, int(t), lp, d, lg) for (s, d), t, lp, lg in zip(rnd.emits, tokens, logprobs, rec)]
+
+    def run(self, batch: list[Sequence]) -> list[Emitted]:
+        """launch + collect: one round, synchronously."""
+        return self.collect(self.launch(batch))
+
+    def _gates_needed_now(self, batch: list[Sequence], decode_rows: list[int], out: torch.Tensor,
+                          cu: list[int], gate: Optional[torch.Tensor], graph: Optional[_Graph]) -> dict[int, float]:
+        """Gate values of the decode rows whose exit rule reads them after this loop (a read-back, so the
+        round is synchronous); {} when every exit is decided on the host."""
+        if not self.policy.needs_gate:
+            return {}
+        need = [r for r in decode_rows if not self.policy.decides_on_host(batch[r].item.bounds)]
+        if not need:
+            return {}
+        if graph is not None and graph.packed is not None:  # decode graph: row r is token r
+            lams = graph.packed[0, : len(batch)].tolist()
+            return {r: lams[r] for r in need}
+        idx = self._to_dev([cu[r] for r in need], torch.long)
+        lams = (gate.index_select(0, idx) if gate is not None
+                else self.policy.gate_values(self.model, out.index_select(0, idx))).tolist()
+        return dict(zip(need, lams))
 
     def _advance(self, batch: list[Sequence], out: torch.Tensor, cu: list[int], lam_of: dict[int, float]):
         """Move every item one loop on; returns the (sequence, depth) pairs that need a token, with their rows."""
@@ -298,15 +357,28 @@ class ModelRunner:
                                              self._to_dev(list(dst), torch.long))
         return coda, coda_rows
 
-    def _coda(self, coda, coda_rows: list[int], out: torch.Tensor, graph: Optional[_Graph], packed) -> list[Emitted]:
-        """LM head + sampling for the rows that finished their loops."""
+    def _coda(self, coda, coda_rows: list[int], out: torch.Tensor, graph: Optional[_Graph]) -> Round:
+        """LM head + sampling for the rows that finished their loops, left on the device; the copy back
+        to the host is started here and awaited by `collect`."""
+        if not coda:
+            return Round([])
         seqs = [s for s, _ in coda]
-        if packed is not None and not self.record_logits and all(s.params.temperature == 0 for s in seqs):
-            # Greedy rows of a decode graph: the graph already computed token and logprob.
-            return [Emitted(s, int(packed[1][r]), packed[2][r], d) for (s, d), r in zip(coda, coda_rows)]
         rows = self._to_dev(coda_rows, torch.long)
-        logits = (graph.logits.index_select(0, rows) if packed is not None
-                  else self.model.logits(out.index_select(0, rows)))
-        tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        rec = logits.cpu() if self.record_logits else [None] * len(seqs)
-        return [Emitted(s, t, lp, d, lg) for (s, d), t, lp, lg in zip(coda, tokens, logprobs, rec)]
+        in_graph = graph is not None and graph.packed is not None
+        logits = None
+        if in_graph and not self.record_logits and all(s.params.temperature == 0 for s in seqs):
+            # Greedy rows of a decode graph: the graph already computed token and logprob.
+            result = graph.packed[1:].index_select(1, rows)
+        else:
+            logits = graph.logits.index_select(0, rows) if in_graph else self.model.logits(out.index_select(0, rows))
+            tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+            result = torch.stack([tokens.float(), logprobs.float()])  # ids < 2^24: exact in fp32
+        for i, seq in enumerate(seqs):
+            seq.num_pending += 1
+            seq.token_src = (result, i)
+        rnd = Round(coda, logits=logits if self.record_logits else None)
+        if self.staging is not None:
+            rnd.host, rnd.ready = self.staging.readback(result)
+        else:
+            rnd.host = result
+        return rnd

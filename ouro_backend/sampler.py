@@ -28,8 +28,9 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[Optional[torch.Generator]]) -> tuple[list[int], list[float]]:
-    """logits fp32 [R, V] -> (tokens, logprob of each token under the model's distribution)."""
+           generators: list[Optional[torch.Generator]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits fp32 [R, V] -> (tokens int64 [R], logprob of each token under the model's distribution
+    fp32 [R]), on the logits' device: nothing is read back here."""
     logprobs = torch.log_softmax(logits, dim=-1)
     tokens = logits.argmax(-1)
     for r, p in enumerate(params):
@@ -38,5 +39,4 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         row = apply_top_k_top_p(logits[r] / p.temperature, p.top_k, p.top_p)
         noise = torch.empty_like(row).exponential_(generator=generators[r])
         tokens[r] = (row.softmax(-1) / noise).argmax()
-    chosen = logprobs.gather(-1, tokens[:, None])[:, 0]
-    return tokens.tolist(), chosen.tolist()
+    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]

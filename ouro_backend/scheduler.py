@@ -43,7 +43,8 @@ class Scheduler:
         batch = [s for s in self.running if s.item is not None]
         budget -= sum(s.item.n for s in batch)
         for seq in self.running:
-            if seq.item is None and not seq.in_prefill:
+            # A sequence whose last token reaches max_tokens is finished when that token is read back.
+            if seq.item is None and not seq.in_prefill and seq.num_generated < seq.params.max_tokens:
                 seq.item = self._decode_item(seq)
                 batch.append(seq)
                 budget -= 1
@@ -73,12 +74,13 @@ class Scheduler:
         trace_depth: Optional[int] = None
         if self.exit_mode is ExitMode.TRACE:
             trace = p.exit_trace or [p.max_loops or self.num_loops]
-            trace_depth = trace[(len(seq.output_ids) - 1) % len(trace)]
+            trace_depth = trace[(seq.num_generated - 1) % len(trace)]
         bounds = ExitBounds(
             min_loops=p.min_loops, max_loops=p.max_loops or self.num_loops,
             threshold=self.exit_threshold if p.exit_threshold is None else p.exit_threshold,
             trace_depth=trace_depth)
-        return WorkItem(start=seq.num_tokens - 1, n=1, is_prefill=False, bounds=bounds)
+        return WorkItem(start=seq.num_tokens - 1, n=1, is_prefill=False, bounds=bounds,
+                        token_src=seq.token_src if seq.num_pending else None)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq in self.running:

@@ -37,6 +37,8 @@ class WorkItem:
     src_row: int = 0
     exit_state: ExitState = field(default_factory=ExitState)
     bounds: Optional[ExitBounds] = None
+    # A decode item whose token is not read back yet: (device tensor of a round's sampled tokens, index).
+    token_src: Optional[tuple[torch.Tensor, int]] = None
 
 
 class Sequence:
@@ -48,6 +50,10 @@ class Sequence:
         self.generator = generator
         self.status = Status.WAITING
         self.output_ids: list[int] = []
+        # Tokens sampled on the device and not read back yet (asynchronous scheduling); the newest one's
+        # device location is token_src.
+        self.num_pending = 0
+        self.token_src: Optional[tuple[torch.Tensor, int]] = None
         self.exit_depths: list[int] = []
         self.logprobs: list[float] = []
         self.block_tables: list[list[int]] = []
@@ -62,8 +68,13 @@ class Sequence:
         self.finish_time: Optional[float] = None
 
     @property
+    def num_generated(self) -> int:
+        """Output tokens sampled so far, read back or not."""
+        return len(self.output_ids) + self.num_pending
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.prompt_ids) + self.num_generated
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without building the concatenation."""
@@ -87,8 +98,12 @@ class Sequence:
         self.finish_reason = reason
         self.finish_time = time.monotonic()
         self.item = None
+        self.num_pending = 0  # tokens still on the device are dropped with the request
+        self.token_src = None
 
     def append_token(self, token: int, depth: int, logprob: float) -> None:
+        """A sampled token read back (the oldest pending one)."""
+        self.num_pending -= 1
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
         self.output_ids.append(token)

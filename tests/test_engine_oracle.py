@@ -20,15 +20,16 @@ def make_engine(toy_path, **kw) -> LLMEngine:
     eng = LLMEngine(EngineConfig(model=toy_path, block_size=4, **kw))
     eng.runner.record_logits = True
     eng.recorded = {}
-    run = eng.runner.run
+    collect = eng.runner.collect
 
-    def recording_run(batch):
-        emitted = run(batch)
+    def recording_collect(rnd):
+        emitted = collect(rnd)
         for e in emitted:
-            eng.recorded.setdefault(e.seq.request_id, []).append(e.logits)
+            if not e.seq.finished:  # tokens of a request that already stopped are dropped
+                eng.recorded.setdefault(e.seq.request_id, []).append(e.logits)
         return emitted
 
-    eng.runner.run = recording_run
+    eng.runner.collect = recording_collect
     return eng
 
 

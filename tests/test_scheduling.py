@@ -77,30 +77,30 @@ def test_exited_rows_are_refilled(toy_path):
 def test_depths_mix_inside_one_round(toy_path):
     eng = make_engine(toy_path)
     seen_mixed = False
-    run = eng.runner.run
+    launch = eng.runner.launch
 
     def spy(batch):
         nonlocal seen_mixed
         loops = {s.item.loop for s in batch if not s.item.is_prefill}
         seen_mixed |= len(loops) > 1
-        return run(batch)
+        return launch(batch)
 
-    eng.runner.run = spy
+    eng.runner.launch = spy
     run_all(eng, PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, exit_threshold=0.5))
     assert seen_mixed
 
 
 def test_prefill_interleaves_with_decode_under_token_budget(toy_path):
     eng = make_engine(toy_path, max_num_batched_tokens=8, prefill_chunk_size=8)
-    run = eng.runner.run
+    launch = eng.runner.launch
     sizes = []
 
     def spy(batch):
         sizes.append((sum(s.item.n for s in batch), any(s.item.is_prefill for s in batch),
                       any(not s.item.is_prefill for s in batch)))
-        return run(batch)
+        return launch(batch)
 
-    eng.runner.run = spy
+    eng.runner.launch = spy
     eng.add_request("a", PROMPTS[1], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
     for _ in range(6):
         eng.step()

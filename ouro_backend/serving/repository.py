@@ -38,7 +38,8 @@ ENGINE_PARAMETERS = [
     ("exit_mode", "ouro | ouro_delayed | random_lookahead | trace | fixed"),
     ("exit_threshold", "default per-request exit threshold (default: the checkpoint's)"),
     ("cuda_graphs", "true | false"),
-    ("cuda_graph_max_tokens", "largest round captured in a CUDA graph; larger ones run eagerly (1024)"),
+    ("cuda_graph_max_tokens", "largest round captured in a CUDA graph; larger ones run eagerly (2048)"),
+    ("async_scheduling", "launch each round before reading the previous one back (true)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
 ]
 def _tensor(name: str, dtype: str, dims: str, optional: bool = False, ragged: bool = False) -> str:
