@@ -87,10 +87,14 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     outs = []
     rounds = []  # (seconds, prompt tokens, decode rows, emitted, running)
 
+    # Prompts and params are made before the clock starts: building them is not the engine's work.
+    requests = [(prompt_ids or [rng.randrange(3, vocab) for _ in range(input_len)], params())
+                for _ in range(num_requests)]
+
     def submit():
         nonlocal submitted
-        ids = prompt_ids or [rng.randrange(3, vocab) for _ in range(input_len)]
-        engine.add_request(f"b{submitted}", ids, params())
+        ids, p = requests[submitted]
+        engine.add_request(f"b{submitted}", ids, p)
         submitted += 1
 
     for _ in range(min(concurrency, num_requests)):

@@ -145,10 +145,15 @@ class ModelRunner:
         for seq in batch:
             item = seq.item
             table = seq.block_tables[self._plane(seq)]
-            end = item.start + item.n
-            positions.extend(range(item.start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(item.start, end))
-            cu.append(end - item.start + cu[-1])
+            start = item.start
+            end = start + item.n
+            if item.n == 1:  # decode rows: most rows of most rounds
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                positions.extend(range(start, end))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            cu.append(end - start + cu[-1])
             lens.append(end)
             tables.append(table[: -(-end // bs)])
         return positions, slots, cu, lens, tables

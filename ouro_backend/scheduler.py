@@ -8,6 +8,7 @@ admission is first-come-first-served, bounded by `max_num_seqs` and by KV capaci
 """
 from __future__ import annotations
 
+import functools
 from collections import deque
 from typing import Optional
 
@@ -15,6 +16,11 @@ from .config import EngineConfig, ExitMode
 from .exit_policy import ExitBounds
 from .kv_cache import KVCache
 from .sequence import Sequence, Status, WorkItem
+
+
+@functools.lru_cache(maxsize=4096)
+def _bounds(min_loops: int, max_loops: int, threshold: float, trace_depth: Optional[int]) -> ExitBounds:
+    return ExitBounds(min_loops, max_loops, threshold, trace_depth)  # immutable: shared by every token
 
 
 class Scheduler:
@@ -75,10 +81,8 @@ class Scheduler:
         if self.exit_mode is ExitMode.TRACE:
             trace = p.exit_trace or [p.max_loops or self.num_loops]
             trace_depth = trace[(seq.num_generated - 1) % len(trace)]
-        bounds = ExitBounds(
-            min_loops=p.min_loops, max_loops=p.max_loops or self.num_loops,
-            threshold=self.exit_threshold if p.exit_threshold is None else p.exit_threshold,
-            trace_depth=trace_depth)
+        bounds = _bounds(p.min_loops, p.max_loops or self.num_loops,
+                         self.exit_threshold if p.exit_threshold is None else p.exit_threshold, trace_depth)
         return WorkItem(start=seq.num_tokens - 1, n=1, is_prefill=False, bounds=bounds,
                         token_src=seq.token_src if seq.num_pending else None)
 
