@@ -2,7 +2,9 @@
 
 Closed loop: `concurrency` requests are in flight; each one that finishes is replaced until
 `num_requests` are done. Fixed input/output lengths, random prompt ids, greedy, EOS ignored.
-Every engine round is timed (rounds end in a device sync: the gate/token readback), so time is split:
+Every engine step is timed and labelled with the round it launched. With asynchronous scheduling a step
+waits for the previous round, so the split below is approximate at the boundaries between kinds of rounds
+(exact with async_scheduling=false, where a round that emits tokens ends in their read-back):
 
 * prefill tok/s: prompt tokens / time of the rounds that carry prompt work (mixed rounds count here);
 * decode tok/s: tokens emitted by decode-only rounds / their time; "steady" keeps only the rounds in

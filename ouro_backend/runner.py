@@ -312,10 +312,6 @@ class ModelRunner:
         rec = rnd.logits.cpu() if rnd.logits is not None else [None] * len(rnd.emits)
         return [Emitted(s, int(t), lp, d, lg) for (s, d), t, lp, lg in zip(rnd.emits, tokens, logprobs, rec)]
 
-    def run(self, batch: list[Sequence]) -> list[Emitted]:
-        """launch + collect: one round, synchronously."""
-        return self.collect(self.launch(batch))
-
     def _gates_needed_now(self, batch: list[Sequence], decode_rows: list[int], out: torch.Tensor,
                           cu: list[int], gate: Optional[torch.Tensor], graph: Optional[_Graph]) -> dict[int, float]:
         """Gate values of the decode rows whose exit rule reads them after this loop (a read-back, so the
