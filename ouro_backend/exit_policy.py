@@ -53,7 +53,7 @@ class ExitPolicy:
     def decides_on_host(self, b: ExitBounds) -> bool:
         """True when this token's exits never read a gate value (so a round can be scheduled on before
         its gates are read back)."""
-        return self.mode in (ExitMode.TRACE, ExitMode.FIXED) or b.threshold >= 1.0
+        return not self.needs_gate or b.threshold >= 1.0
 
     def step(self, state: ExitState, r: int, lam: float, b: ExitBounds) -> bool:
         """Update after loop r (1-based) with gate value lam; True if the token exits now."""

@@ -316,8 +316,6 @@ class ModelRunner:
                           cu: list[int], gate: Optional[torch.Tensor], graph: Optional[_Graph]) -> dict[int, float]:
         """Gate values of the decode rows whose exit rule reads them after this loop (a read-back, so the
         round is synchronous); {} when every exit is decided on the host."""
-        if not self.policy.needs_gate:
-            return {}
         need = [r for r in decode_rows if not self.policy.decides_on_host(batch[r].item.bounds)]
         if not need:
             return {}

@@ -84,7 +84,7 @@ class Scheduler:
         bounds = _bounds(p.min_loops, p.max_loops or self.num_loops,
                          self.exit_threshold if p.exit_threshold is None else p.exit_threshold, trace_depth)
         return WorkItem(start=seq.num_tokens - 1, n=1, is_prefill=False, bounds=bounds,
-                        token_src=seq.token_src if seq.num_pending else None)
+                        token_src=seq.token_src)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq in self.running:

@@ -50,8 +50,8 @@ class Sequence:
         self.generator = generator
         self.status = Status.WAITING
         self.output_ids: list[int] = []
-        # Tokens sampled on the device and not read back yet (asynchronous scheduling); the newest one's
-        # device location is token_src.
+        # Tokens sampled on the device and not read back yet (asynchronous scheduling); while there are
+        # any, token_src is where the newest one is on the device.
         self.num_pending = 0
         self.token_src: Optional[tuple[torch.Tensor, int]] = None
         self.exit_depths: list[int] = []
@@ -104,6 +104,8 @@ class Sequence:
     def append_token(self, token: int, depth: int, logprob: float) -> None:
         """A sampled token read back (the oldest pending one)."""
         self.num_pending -= 1
+        if not self.num_pending:
+            self.token_src = None
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
         self.output_ids.append(token)
