@@ -27,7 +27,9 @@ ap.add_argument("--out")
 ap.add_argument("--engine-arg", action="append", default=[])
 args = ap.parse_args()
 options = dict(kv.split("=", 1) for kv in args.engine_arg)
-options.update(model=ensure_shape_checkpoint("ouro-1.4b"), exit_mode="trace")
+options.setdefault("exit_mode", "trace")
+if "model" not in options:
+    options["model"] = ensure_shape_checkpoint("ouro-1.4b")
 eng = LLMEngine(EngineConfig.from_strings(options))
 r = eng.runner
 

@@ -78,7 +78,13 @@ def process_loop(args) -> None:
     last: dict[str, float] = {}
     tokens: dict[str, int] = {}
 
+    errors: list[str] = []
+
     def on_message(msg: tuple) -> None:
+        if msg[0] in ("rejected", "failed"):
+            errors.append(f"{msg[0]}: {msg[2]}")
+            finished.put("")
+            return
         if msg[0] != "outputs":
             return
         now = time.perf_counter()
@@ -107,6 +113,8 @@ def process_loop(args) -> None:
                 submit()
             for _ in range(args.requests):
                 finished.get(timeout=600)
+                if errors:
+                    raise SystemExit(f"--process: the engine process {errors[0]}")
                 if len(sent) < args.requests:
                     submit()
             wall = time.perf_counter() - t0

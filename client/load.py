@@ -50,7 +50,13 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
     def worker() -> None:
         # gRPC: one connection and one open stream per worker, reused request after request
         # (perf_analyzer's streaming mode): connecting is not part of a request.
-        stream = GrpcStream(url) if protocol == "grpc" else None
+        try:
+            stream = GrpcStream(url) if protocol == "grpc" else None
+        except Exception as e:  # noqa: BLE001 - reported as a failed request, like generate's errors
+            with lock:
+                results.append(Result(start=time.perf_counter(), end=time.perf_counter(),
+                                      error=f"opening the gRPC stream failed: {e}"))
+            return
         try:
             while True:
                 with lock:

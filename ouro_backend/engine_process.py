@@ -1,10 +1,10 @@
 """The engine in a process of its own, reached over sockets (the shape of vLLM V1's EngineCore).
 
-Why a process: inside a Python-backend stub, the engine loop shares one GIL with every request and
-response IPC of Triton (each `send()` and `is_cancelled()` is a round trip to the server). With the engine
-thread in the stub, the served path reached 19% of engine-direct on the H200
-(benchmarks/results/2026-11-29-h200/RESULTS.md). Here the child owns the GPU and runs `LLMEngine.step()`
-back to back; the Triton models only parse, route and send.
+Why a process: inside a Python-backend stub, the engine loop would share one GIL with every request and
+response IPC of Triton (each `send()` and `is_cancelled()` is a round trip to the server). The design
+before this one (engine thread in a stub, BLS front) reached 19% of engine-direct on the H200; that cost
+was measured but not profiled (benchmarks/results/2026-11-29-h200/RESULTS.md). Here the child owns the
+GPU and runs `LLMEngine.step()` back to back; the Triton models only parse, route and send.
 
 Who talks to it:
 * the owner (the `ouro_engine` model) spawns it and holds a socketpair to it. That channel carries the

@@ -29,7 +29,7 @@ def make_input_data(num_prompts: int = 8, max_tokens: int = 32, temperature: flo
     for i in range(num_prompts):
         prompt = prompts[i % len(prompts)]
         if prompt_words:  # a longer prompt of about this many words
-            words = (" ".join(PROMPTS[(i + k) % len(PROMPTS)] for k in range(len(PROMPTS)))).split()
+            words = (" ".join(prompts[(i + k) % len(prompts)] for k in range(len(prompts)))).split()
             prompt = " ".join((words * (prompt_words // len(words) + 1))[:prompt_words])
         entry = {"text_input": [prompt], "max_tokens": [max_tokens], "stream": [stream], "ignore_eos": [True],
                  "exclude_input_in_output": [True], "temperature": [temperature]}
