@@ -15,5 +15,5 @@ for workload in ["full", "trace=2.5"]:
     per_step = []
     for _ in range(5):
         r = run_closed_loop(eng, 128, 64, 64, 128, workload)
-        per_step.append(r["mean_round_ms"])
-    print(f"{workload}: {r['rounds']} steps, host {statistics.median(per_step):.3f} ms/step (median of 5)")
+        per_step.append(r["mean_step_ms"])
+    print(f"{workload}: {r['steps']} steps, host {statistics.median(per_step):.3f} ms/step (median of 5)")

@@ -1,4 +1,4 @@
-"""Where the GPU's time goes, per kind of round, without adding syncs (unlike phase_timing.py).
+"""Where the GPU's time goes, per kind of launch, without adding syncs.
 
 A CUDA event is recorded at the start of every launched round; the GPU time of a round is the time to the
 next round's start event (with asynchronous scheduling the GPU runs rounds back to back, so this is the
@@ -34,7 +34,7 @@ eng = LLMEngine(EngineConfig.from_strings(options))
 r = eng.runner
 
 alone = {}
-for rows, g in sorted(r.decode_graphs.items()):
+for key, g in sorted(r.decode_graphs.items()):
     ts = []
     for i in range(55):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -44,19 +44,19 @@ for rows, g in sorted(r.decode_graphs.items()):
         e.synchronize()
         if i >= 5:
             ts.append(s.elapsed_time(e))
-    alone[rows] = statistics.median(ts)
+    alone[f"{key[0]} rows x {key[1]} rounds, {key[2].name.lower()}"] = statistics.median(ts)
 print("decode graph replay alone (ms):", {k: round(v, 3) for k, v in alone.items()})
 
 starts: list[tuple[torch.cuda.Event, str, dict]] = []
 launch = r.launch
 
 
-def timed_launch(batch):
+def timed_launch(plan):
     ev = torch.cuda.Event(enable_timing=True)
     ev.record()
     graphs = r.graph_rounds
     t0 = time.perf_counter()
-    rnd = launch(batch)
+    rnd = launch(plan)
     st = dict(r.last_round, host_ms=(time.perf_counter() - t0) * 1e3)
     kind = ("decode graph" if not st["prefill_tokens"] else "prompt graph") if r.graph_rounds > graphs else "eager"
     starts.append((ev, kind, st))
@@ -73,7 +73,7 @@ for w in args.workloads:
     end.record()
     end.synchronize()
     groups = defaultdict(lambda: dict(rounds=0, ms=0.0, launch_host_ms=0.0, prompt_tokens=0, decode_rows=0,
-                                      emitted=0))
+                                      decode_rounds=0))
     marks = [s[0] for s in starts] + [end]
     for (ev, kind, st), nxt in zip(starts, marks[1:]):
         g = groups[kind]
@@ -82,15 +82,15 @@ for w in args.workloads:
         g["launch_host_ms"] += st["host_ms"]
         g["prompt_tokens"] += st["prefill_tokens"]
         g["decode_rows"] += st["decode_rows"]
-        g["emitted"] += st["emitted"]
+        g["decode_rounds"] += st["rounds"] if st["decode_rows"] else 0
     print(f"== {w}: {res['output_tok_s']:.0f} tok/s, wall {res['wall_s'] * 1e3:.0f} ms, "
-          f"GPU span {marks[0].elapsed_time(end):.0f} ms, {res['rounds']} rounds")
-    print(f"   {'kind':<14}{'rounds':>7}{'total ms':>10}{'ms/round':>10}{'launch host':>12}{'prompt tok':>12}{'decode rows':>13}{'emitted':>9}")
+          f"GPU span {marks[0].elapsed_time(end):.0f} ms, {res['launches']} launches, {res['rounds']} rounds")
+    print(f"   {'kind':<14}{'rounds':>7}{'total ms':>10}{'ms/round':>10}{'launch host':>12}{'prompt tok':>12}{'decode rows':>13}{'rounds':>9}")
     for kind, g in sorted(groups.items()):
         n = g["rounds"]
         print(f"   {kind:<14}{n:>7}{g['ms']:>10.1f}{g['ms'] / n:>10.3f}{g['launch_host_ms'] / n:>12.3f}"
               f"{g['prompt_tokens'] / n:>12.1f}"
-              f"{g['decode_rows'] / n:>13.1f}{g['emitted'] / n:>9.1f}")
+              f"{g['decode_rows'] / n:>13.1f}{g['decode_rounds'] / n:>9.1f}")
     report[w] = dict(result=res, groups=dict(groups))
 if args.out:
     with open(args.out, "w") as f:

@@ -107,9 +107,11 @@ class TorchBackend:
 
     @staticmethod
     def copy_kv_slots(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """kv: [layers, 2, blocks, block_size, kvh, hd]; copy every layer's K and V of slot src[i] to dst[i]."""
+        """kv: [layers, 2, blocks, block_size, kvh, hd]; copy every layer's K and V of slot src[i] to dst[i]
+        (a pair with a negative slot is skipped)."""
+        keep = (src >= 0) & (dst >= 0)
         flat = kv.view(kv.shape[0], kv.shape[1], -1, *kv.shape[4:])
-        flat[:, :, dst] = flat[:, :, src]
+        flat[:, :, dst[keep]] = flat[:, :, src[keep]]
 
 
 def get_backend(name: str, device: torch.device, block_size: int = 16):

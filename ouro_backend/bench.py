@@ -102,14 +102,19 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     for _ in range(min(concurrency, num_requests)):
         submit()
     peak_kv = 0.0
-    graph0, eager0 = engine.runner.graph_rounds, engine.runner.eager_rounds
+    runner = engine.runner
+    graph0, eager0 = runner.graph_rounds, runner.eager_rounds
+    stats0 = engine.stats()
+    runner.track_gpu_time = True
+    runner.gpu_time()  # forget earlier launches
     t_start = time.perf_counter()
     while finished < num_requests:
         t0 = time.perf_counter()
         step_outs = engine.step()
         dt = time.perf_counter() - t0
-        st = engine.runner.last_round
-        rounds.append((dt, st["prefill_tokens"], st["decode_rows"], st["emitted"], st["running"]))
+        st = runner.last_round
+        rounds.append((dt, st["prefill_tokens"], st["decode_rows"], sum(len(o.new_token_ids) for o in step_outs),
+                       st["running"]))
         peak_kv = max(peak_kv, engine.stats()["kv_usage"])
         for o in step_outs:
             if o.finished:
@@ -118,6 +123,9 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
                 if submitted < num_requests:
                     submit()
     wall = time.perf_counter() - t_start
+    _, gpu_busy = runner.gpu_time()
+    runner.track_gpu_time = False
+    stats = {k: v - stats0[k] for k, v in engine.stats().items() if k in ("launches", "rounds", "host_syncs")}
     gen = sum(len(o.token_ids) for o in outs)
     pre_t = sum(r[0] for r in rounds if r[1])
     dec = [r for r in rounds if not r[1] and r[2]]
@@ -133,7 +141,9 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         steady_round_ms=1e3 * statistics.median(r[0] for r in steady) if steady else None,
         ttft_s=percentiles(ttft), tpot_s=percentiles(tpot),
         mean_exit_depth=sum(depths) / len(depths) if depths else None, peak_kv_usage=peak_kv,
-        rounds=len(rounds), mean_round_ms=1e3 * wall / len(rounds),
+        steps=len(rounds), mean_step_ms=1e3 * wall / len(rounds), launches=stats["launches"],
+        rounds=stats["rounds"], rounds_per_token=stats["rounds"] / gen, host_syncs_per_token=stats["host_syncs"] / gen,
+        gpu_idle_frac=1.0 - gpu_busy / wall if gpu_busy else None,
         graph_rounds=engine.runner.graph_rounds - graph0, eager_rounds=engine.runner.eager_rounds - eager0)
 
 
@@ -244,14 +254,16 @@ def print_table(results: dict) -> None:
     fmt = lambda x, f="{:.0f}": "-" if x is None else f.format(x)  # noqa: E731
     print(f"\n{results['label']}  in {results['input_len']} / out {results['output_len']}  on {results['device']}")
     print(f"{'workload':<14}{'conc':>5}{'out tok/s':>11}{'prefill':>10}{'decode':>9}{'steady':>9}"
-          f"{'TTFT p50':>10}{'TPOT p50':>10}{'depth':>7}{'KV':>6}{'graph/eager':>13}")
+          f"{'TTFT p50':>10}{'TPOT p50':>10}{'depth':>7}{'KV':>6}{'graph/eager':>13}{'rnd/tok':>8}{'sync/tok':>9}"
+          f"{'GPU idle':>9}")
     for run in results["runs"]:
         m = run["median"]
         print(f"{run['workload']:<14}{run['concurrency']:>5}{fmt(m['output_tok_s']):>11}{fmt(m['prefill_tok_s']):>10}"
               f"{fmt(m['decode_tok_s']):>9}{fmt(m['steady_decode_tok_s']):>9}"
               f"{fmt(m['ttft_s'].get('p50', 0) * 1e3, '{:.1f}ms'):>10}{fmt(m['tpot_s'].get('p50', 0) * 1e3, '{:.2f}ms'):>10}"
               f"{fmt(m['mean_exit_depth'], '{:.2f}'):>7}{fmt(m['peak_kv_usage'] * 100, '{:.0f}%'):>6}"
-              f"{m['graph_rounds']:>7.0f}/{m['eager_rounds']:<5.0f}")
+              f"{m['graph_rounds']:>7.0f}/{m['eager_rounds']:<5.0f}{m['rounds_per_token']:>8.2f}"
+              f"{m['host_syncs_per_token']:>9.3f}{fmt(m['gpu_idle_frac'] and m['gpu_idle_frac'] * 100, '{:.0f}%'):>9}")
     for b in results["baseline"]:
         print(f"{'baseline(eager)':<14}{b['batch']:>5}{b['output_tok_s']:>11.1f}{b['prefill_tok_s']:>10.0f}"
               f"{b['decode_tok_s']:>9.1f}   (HF-style eager, concatenated per-loop cache, {b['tokens']} tokens)")

@@ -183,9 +183,12 @@ class EngineConfig:
     # eager 2,048-token round took 13-22 ms against 9 ms as a graph (benchmarks/round_anatomy.py).
     cuda_graph_max_tokens: int = 2048
     # Launch round N+1 before reading round N's tokens back, so host work overlaps the GPU (DESIGN
-    # section 4). Rounds whose exits need this round's gate values (exit_threshold < 1 in ouro mode)
-    # still read those back before scheduling on. False: every round is read back before the next.
+    # section 4). Exits are decided on the device, so no round waits for the host. False: every launch
+    # is read back before the next one (a debugging switch; the same code otherwise).
     async_scheduling: bool = True
+    # Decode rounds per launch when no prompt work is pending and nobody waits: one CUDA graph replays
+    # them back to back, so the host's launch and bookkeeping are paid once per launch. 1: one a launch.
+    decode_rounds_per_launch: int = 4
     cpu_kv_cache_bytes: int = 256 << 20  # KV budget on CPU when num_blocks/kv_cache_bytes are unset
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -203,7 +206,7 @@ class EngineConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device={self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         positive = ["block_size", "max_num_seqs", "max_num_batched_tokens"]
-        positive.append("cuda_graph_max_tokens")
+        positive += ["cuda_graph_max_tokens", "decode_rounds_per_launch"]
         for name in positive + ["num_blocks", "kv_cache_bytes", "max_model_len", "prefill_chunk_size"]:
             value = getattr(self, name)
             if value is None and name not in positive:

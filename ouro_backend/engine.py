@@ -16,7 +16,7 @@ from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
 from .model import OuroModel
 from .outputs import RequestOutput
-from .runner import Emitted, ModelRunner, Round
+from .runner import Emitted, Launch, ModelRunner
 from .sampling_params import RequestError, SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, StopChecker
@@ -78,17 +78,19 @@ class LLMEngine:
         log.info("KV cache: %d blocks of %d tokens (%s layout, %.2f GiB)", num_blocks, cfg.block_size,
                  cfg.kv_layout, self.kv.kv.numel() * self.kv.kv.element_size() / 2**30)
         self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
-        self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps, self.exit_threshold)
-        self._in_flight: Optional[Round] = None  # launched, not collected (asynchronous scheduling)
-        self.runner = ModelRunner(self.model, self.kv, self.policy)
+        self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps)
+        self._in_flight: Optional[Launch] = None  # launched, not collected (asynchronous scheduling)
+        self.runner = ModelRunner(self.model, self.kv, self.policy, cfg.max_num_seqs, self.max_model_len,
+                                  sorted(self.eos_ids), self.exit_threshold)
         if cfg.cuda_graphs and self.device.type == "cuda" and getattr(self.model.backend, "graph_safe", False):
             t0 = time.monotonic()
             r = self.runner
-            r.capture_graphs(cfg.max_num_seqs, self.max_model_len,
-                             min(cfg.cuda_graph_max_tokens, cfg.max_num_batched_tokens))
-            log.info("captured CUDA graphs in %.1fs (%.0f MiB): decode rounds of %s rows, rounds with prompt "
-                     "chunks of up to %s tokens", time.monotonic() - t0, r.graph_memory / 2**20,
-                     sorted(r.decode_graphs), sorted(r.mixed_graphs))
+            r.capture_graphs(cfg.max_num_seqs, min(cfg.cuda_graph_max_tokens, cfg.max_num_batched_tokens),
+                             cfg.decode_rounds_per_launch)
+            log.info("captured CUDA graphs in %.1fs (%.0f MiB): decode launches of %s rows x %s rounds, "
+                     "rounds with prompt chunks of up to %s tokens", time.monotonic() - t0, r.graph_memory / 2**20,
+                     sorted({k[0] for k in r.decode_graphs}), sorted({k[1] for k in r.decode_graphs}),
+                     sorted(r.mixed_graphs))
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []
@@ -132,11 +134,8 @@ class LLMEngine:
         if need > self.kv.num_blocks:
             raise RequestError(f"request needs {need} KV blocks but the cache only has {self.kv.num_blocks}; "
                                f"lower max_tokens or give the engine more KV memory")
-        gen = None
-        if params.temperature > 0:
-            seed = params.seed if params.seed is not None else hash((self.config.seed, next(self._seed_counter)))
-            gen = torch.Generator(self.device).manual_seed(seed & (2**63 - 1))
-        seq = Sequence(request_id, ids, params, gen, StopChecker(list(params.stop)))
+        seed = params.seed if params.seed is not None else hash((self.config.seed, next(self._seed_counter)))
+        seq = Sequence(request_id, ids, params, seed & (2**64 - 1), StopChecker(list(params.stop)))
         with self._lock:
             if request_id in self._ids:
                 raise RequestError(f"request id {request_id!r} is already in use")
@@ -172,11 +171,12 @@ class LLMEngine:
 
     # ---- the loop ----
     def step(self) -> list[RequestOutput]:
-        """One recurrent round. Returns an output for every request that produced tokens or finished.
+        """One launch (one round, or several decode rounds). Returns an output for every request that
+        produced tokens or finished.
 
-        With async_scheduling, a round's tokens are read back during the next step (after that step has
-        launched its own round), so they come out one step later; a request that stops on a token
-        (EOS, stop string) has run one extra loop then, which is dropped."""
+        With async_scheduling, a launch's tokens are read back during the next step (after that step has
+        launched its own work), so they come out one step later; what the device computed for a request
+        after it stopped on the host (a stop string, a stop token) is dropped."""
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
@@ -189,11 +189,11 @@ class LLMEngine:
                 self.scheduler.finish(seq, "abort")
                 self.counters["num_aborted"] += 1
                 changed[rid] = seq
-        batch = self.scheduler.schedule()
+        plan = self.scheduler.schedule()
         launched = None
-        if batch:
+        if plan.has_work:
             self.counters["steps"] += 1
-            launched = self.runner.launch(batch)
+            launched = self.runner.launch(plan)
         if self.config.async_scheduling:
             done, self._in_flight = self._in_flight, launched
         else:
@@ -236,10 +236,12 @@ class LLMEngine:
     def stats(self) -> dict:
         kv = self.kv
         used = kv.num_blocks - kv.allocator.num_free
+        rs = self.runner.stats
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                     kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.allocator.num_free,
-                    kv_usage=used / kv.num_blocks, rows_run=self.runner.rows_run,
-                    tokens_run=self.runner.tokens_run, **self.counters)
+                    kv_usage=used / kv.num_blocks, launches=rs.launches, rounds=rs.rounds,
+                    graph_launches=rs.graph_launches, eager_launches=rs.eager_launches, host_syncs=rs.host_syncs,
+                    **self.counters)
 
 
 class LLM:

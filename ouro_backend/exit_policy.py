@@ -1,31 +1,34 @@
-"""When a decode token stops looping (DESIGN sections 1 and 3).
+"""When a decode token stops looping (DESIGN sections 1 and 3), decided on the device for a whole round.
 
-Each decode token carries an `ExitState`; after every loop r the policy updates it with that loop's
-gate value and answers "exit now?". Prompt tokens never consult it: they always run all T loops.
+After loop r every decode row has a gate value; `ExitPolicy.decide` turns the rows' loop, gate and
+carried state into "exit now?" plus the state to carry into loop r+1, as tensor arithmetic, so no row's
+decision needs the host. Prompt tokens never consult it: they always run all T loops.
+
+The hazard is accumulated in fp32 exactly as the reference implementation does
+(`remaining *= 1 - lambda`, `cdf = 1 - remaining`), and `cdf` is compared with the request's threshold
+in float64 (the threshold is a Python float), so threshold crossings match the dense oracle bit for bit.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from .config import ExitMode
 
 
 @dataclass
-class ExitState:
-    remaining: float = 1.0  # prod(1 - lambda_r): probability of not having exited yet
-    pending: bool = False  # ouro_delayed / random_lookahead: a decision waiting to apply next loop
+class ExitInputs:
+    """Per decode row (all tensors of one length): where the row is and what it carries."""
 
-
-@dataclass(frozen=True)
-class ExitBounds:
-    min_loops: int
-    max_loops: int
-    threshold: float
-    trace_depth: Optional[int] = None  # exit_mode=trace: this token's depth
+    loop: torch.Tensor  # int64: the loop just run (1-based)
+    remaining: torch.Tensor  # fp32: prod(1 - lambda) over the earlier loops of this token
+    pending: torch.Tensor  # bool: ouro_delayed / random_lookahead decision waiting to apply
+    min_loops: torch.Tensor  # int64
+    max_loops: torch.Tensor  # int64
+    threshold: torch.Tensor  # float64; >= 1 means fixed depth max_loops
+    trace_depth: Optional[torch.Tensor] = None  # int64, exit_mode=trace: this token's depth
 
 
 class ExitPolicy:
@@ -39,40 +42,34 @@ class ExitPolicy:
             bound = hidden_size ** -0.5
             self.lookahead_w = ((torch.rand(hidden_size + 1, generator=g) * 2 - 1) * bound).to(device)
 
+    @property
+    def needs_gate(self) -> bool:
+        return self.mode not in (ExitMode.TRACE, ExitMode.FIXED)
+
     def gate_values(self, model, h: torch.Tensor) -> torch.Tensor:
-        """fp32 [rows] gate values for the decode rows in h."""
+        """fp32 [rows] gate values for the rows of h."""
         if self.mode is ExitMode.RANDOM_LOOKAHEAD:
             w = self.lookahead_w
             return torch.sigmoid(h.float() @ w[:-1] + w[-1])
         return model.gate(h)
 
-    @property
-    def needs_gate(self) -> bool:
-        return self.mode not in (ExitMode.TRACE, ExitMode.FIXED)
-
-    def decides_on_host(self, b: ExitBounds) -> bool:
-        """True when this token's exits never read a gate value (so a round can be scheduled on before
-        its gates are read back)."""
-        return not self.needs_gate or b.threshold >= 1.0
-
-    def step(self, state: ExitState, r: int, lam: float, b: ExitBounds) -> bool:
-        """Update after loop r (1-based) with gate value lam; True if the token exits now."""
+    def decide(self, x: ExitInputs, lam: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(exit now, remaining, pending) after loop `x.loop` with gate values `lam` (None when the mode
+        reads no gate). The returned state is what loop r+1 carries; a row that exits starts afresh."""
+        r = x.loop
         if self.mode is ExitMode.TRACE:
-            return r >= b.trace_depth
-        if r >= b.max_loops:
-            return True
-        if self.mode is ExitMode.FIXED or b.threshold >= 1.0:
-            return False
+            return r >= x.trace_depth, x.remaining, x.pending
+        at_max = r >= x.max_loops
+        if self.mode is ExitMode.FIXED:
+            return at_max, x.remaining, x.pending
+        gated = x.threshold < 1.0
         if self.mode is ExitMode.RANDOM_LOOKAHEAD:
-            exit_now = state.pending and r >= b.min_loops
-            state.pending = state.pending or lam >= b.threshold
-            return exit_now
-        # fp32 like the reference implementation, so threshold crossings match it exactly.
-        one = np.float32(1.0)
-        state.remaining = float(np.float32(state.remaining) * (one - np.float32(lam)))
-        decided = r >= b.min_loops and float(one - np.float32(state.remaining)) >= b.threshold
+            fire = lam.double() >= x.threshold
+            exit_now = at_max | (gated & x.pending & (r >= x.min_loops))
+            return exit_now, x.remaining, torch.where(gated, x.pending | fire, x.pending)
+        remaining = torch.where(gated, x.remaining * (1.0 - lam.float()), x.remaining)
+        decided = (r >= x.min_loops) & ((1.0 - remaining).double() >= x.threshold)
         if self.mode is ExitMode.OURO:
-            return decided
+            return at_max | (gated & decided), remaining, x.pending
         # ouro_delayed: the decision read after loop r takes effect after loop r+1.
-        exit_now, state.pending = state.pending, decided
-        return exit_now
+        return at_max | (gated & x.pending), remaining, gated & decided

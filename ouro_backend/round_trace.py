@@ -1,7 +1,8 @@
 """Diagnostics: a record of every engine step, to compare the served engine's rounds with engine-direct's.
 
 With OURO_ENGINE_TRACE=PATH set, the engine process (ouro_backend/engine_process.py) records each step
-that ran a round: its start, its duration and the round's shape (ModelRunner.last_round). It writes
+that launched work: its start, its duration, the launch's shape (ModelRunner.last_round) and the tokens
+read back in that step (those of the launch before, with asynchronous scheduling). It writes
 them to PATH as JSON when it stops. `summarize` reduces such a file to a few numbers;
 `benchmarks/served.py --trace` prints them.
 """
@@ -17,7 +18,7 @@ from typing import Optional
 log = logging.getLogger("ouro_backend.round_trace")
 
 ENV = "OURO_ENGINE_TRACE"
-COLUMNS = ["start_s", "step_s", "prefill_tokens", "decode_rows", "emitted", "running"]
+COLUMNS = ["start_s", "step_s", "prefill_tokens", "decode_rows", "rounds", "emitted", "running"]
 
 
 class RoundTrace:
@@ -38,8 +39,8 @@ class RoundTrace:
         outputs = self.engine.step()
         if runner.graph_rounds + runner.eager_rounds != rounds:
             r = runner.last_round
-            self.rows.append((t0, time.perf_counter() - t0, r["prefill_tokens"], r["decode_rows"], r["emitted"],
-                              r["running"]))
+            self.rows.append((t0, time.perf_counter() - t0, r["prefill_tokens"], r["decode_rows"], r["rounds"],
+                              sum(len(o.new_token_ids) for o in outputs), r["running"]))
         return outputs
 
     def write(self) -> None:

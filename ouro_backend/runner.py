@@ -1,35 +1,47 @@
-"""Runs one recurrent round: the rows the scheduler picked, each one loop deeper.
+"""Turns a `SchedulerOutput` into device work and reads back what it produced.
 
-Prelude (embed rows entering loop 1) -> one loop over all rows -> exit check for decode rows ->
-LAST_EXITED exit fill -> coda (LM head + sampling) for rows that finished their last loop.
+A launch runs one round with prompt chunks, or one or more decode-only rounds. A round is: prelude
+(embed rows entering loop 1) -> one loop over all rows -> for decode rows, the exit decision on the
+device, the LAST_EXITED fill and the coda (LM head + sampling) -> each decode row's next step written
+back into the decode state (`decode_state.py`). Rows whose prompt finishes this round sample their first
+token and become decode rows. Nothing in a round needs the host: each one leaves a record (which slots
+emitted a token, the token, its depth and logprob) that is copied to pinned host memory and read by
+`collect` a launch later (DESIGN sections 3 and 4).
 
-`launch` enqueues a round and returns at once unless an exit needs this round's gate values; the
-sampled tokens stay on the device (the next round's prelude embeds them from there) and are copied
-back asynchronously. `collect` waits for that copy. The engine launches round N+1 before collecting
-round N, so the host's bookkeeping overlaps the GPU (DESIGN section 4).
+CUDA graphs: decode-only launches are captured per (row bucket, rounds per launch, sampler mode), state
+update and coda included; rounds with prompt chunks capture the loop per token bucket and run the rest
+eagerly. The runner owns its device state; the scheduler's `Sequence`s carry none.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
+from . import decode_state as ds
 from .attention import AttentionMetadata
-from .exit_policy import ExitPolicy
+from .config import ExitMode, KVLayout
+from .decode_state import DecodeState, NewRow
+from .exit_policy import ExitInputs, ExitPolicy
 from .kv_cache import KVCache
 from .model import OuroModel
-from .sampler import sample
+from .sampler import SamplerMode, sample, vocab_hashes
+from .scheduler import PrefillChunk, SchedulerOutput
 from .sequence import Sequence
 
 
 @dataclass
-class Round:
-    """A launched round's emitted rows and where their sampled tokens land."""
-    emits: list[tuple[Sequence, int]]  # (sequence, exit depth) per emitted row
-    host: Optional[torch.Tensor] = None  # [2, E] fp32 token ids and logprobs, filled once `ready` fires
+class Launch:
+    """A launched plan: whom its slots belonged to and where its records land."""
+    owners: list[Optional[Sequence]]
+    rounds: int
+    host: Optional[torch.Tensor] = None  # fp32 [rounds, 4, slots], filled once `ready` fires
     ready: Optional[torch.cuda.Event] = None
-    logits: Optional[torch.Tensor] = None  # only when the runner records logits
+    # record_logits only: per round, (slots, fp32 logits [len(slots), V]) of the rows that could emit
+    logits: list[list[tuple[list[int], torch.Tensor]]] = field(default_factory=list)
 
 
 @dataclass
@@ -41,12 +53,23 @@ class Emitted:
     logits: Optional[torch.Tensor] = None  # only when the runner records logits (tests, debugging)
 
 
-class HostStaging:
-    """Persistent pinned buffers for a round's small host<->device transfers.
+@dataclass
+class RunnerStats:
+    launches: int = 0
+    rounds: int = 0
+    graph_launches: int = 0
+    eager_launches: int = 0
+    host_syncs: int = 0  # reads that waited for the device with no later launch queued (the GPU drained)
+    gpu_span_s: float = 0.0  # from the first launch's start to the last one's end (track_gpu_time)
+    gpu_busy_s: float = 0.0  # sum of the launches' device time (track_gpu_time)
 
-    Pinning fresh tensors every round is slow (page-locked allocations); instead each round bump-allocates
+
+class HostStaging:
+    """Persistent pinned buffers for a launch's small host<->device transfers.
+
+    Pinning fresh tensors every round is slow (page-locked allocations); instead each launch bump-allocates
     from one of two pinned halves, and an event guards a half until the copies that use it have run. A
-    half also holds the round's read-back, which the engine collects before the half comes round again.
+    half also holds the launch's read-back, which the engine collects before the half comes round again.
     """
 
     def __init__(self, device: torch.device, size: int = 1 << 20):
@@ -70,10 +93,14 @@ class HostStaging:
         n = len(data)
         if self.off + n > self.views[self.cur].shape[0]:
             return torch.tensor(data, dtype=dtype).to(self.device)  # oversized: plain (synchronous) copy
+        if dtype == torch.float64:  # staged as its bit pattern
+            data = np.asarray(data, dtype=np.float64).view(np.int64)
         self.views[self.cur][self.off: self.off + n] = data
         host = self.halves[self.cur][self.off: self.off + n]
         self.off += n
         dev = host.to(self.device, non_blocking=True)
+        if dtype == torch.float64:
+            return dev.view(torch.float64)
         return dev if dtype == torch.int64 else dev.to(dtype)
 
     def readback(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
@@ -92,37 +119,60 @@ class HostStaging:
 
 
 @dataclass
+class _DecodeRows:
+    """A round's decode rows, read from the decode state (rows = slots `idx`)."""
+    idx: torch.Tensor
+    ints: torch.Tensor  # [S, NUM_INTS]
+    active: torch.Tensor  # bool
+    pos: torch.Tensor  # clamped to a valid position for inactive rows
+    loop: torch.Tensor
+    slots_all: torch.Tensor  # [S, T]: the KV slot of pos in every plane
+    slot: torch.Tensor  # this loop's KV slot, -1 for inactive rows
+    seq_lens: torch.Tensor  # int32
+    tables: torch.Tensor  # int32 [S, max_blocks]: this loop's plane
+    h: torch.Tensor
+
+
+@dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    out: torch.Tensor  # [tokens, H] loop output
-    gate: torch.Tensor  # [tokens] gate values
     tokens: int
     rows: int
-    # Decode graphs also run the greedy coda for every row, so a round needs a single readback:
-    # packed = [gate, argmax token, its logprob] per row, and the logits for rows that sample.
-    packed: Optional[torch.Tensor] = None
-    logits: Optional[torch.Tensor] = None
+    out: Optional[torch.Tensor] = None  # mixed graphs: [tokens, H] loop output
+    rec: Optional[torch.Tensor] = None  # decode graphs: [rounds, 4, slots] records
+    logits: Optional[torch.Tensor] = None  # decode graphs: the last round's logits [rows, V]
 
 
 class ModelRunner:
-    def __init__(self, model: OuroModel, kv: KVCache, policy: ExitPolicy):
+    def __init__(self, model: OuroModel, kv: KVCache, policy: ExitPolicy, num_slots: int, max_model_len: int,
+                 eos_ids: list[int], exit_threshold: float):
         self.model = model
+        self.exit_threshold = exit_threshold  # for requests that set none
         self.kv = kv
         self.policy = policy
-        self.num_loops = model.cfg.total_ut_steps
-        self.device = model.device
-        self.rows_run = 0
-        self.tokens_run = 0
+        self.num_loops = T = model.cfg.total_ut_steps
+        self.device = dev = model.device
+        self.max_model_len = max_model_len
+        self.max_blocks = -(-max_model_len // kv.block_size)
+        self.state = DecodeState(num_slots, T, self.max_blocks, model.cfg.hidden_size, model.dtype, dev)
+        self.vocab_hash = vocab_hashes(model.cfg.vocab_size, dev)
+        self.eos = torch.tensor(sorted(eos_ids), dtype=torch.int64, device=dev)
+        self.carry: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> (loop output, first row) of a prompt chunk
+        self.stats = RunnerStats()
         self.record_logits = False
-        self.decode_graphs: dict[int, _Graph] = {}  # rows -> graph of decode rounds (one token a row)
-        self.mixed_graphs: dict[int, _Graph] = {}  # tokens -> graph of rounds with prompt chunks
+        self.track_gpu_time = False
+        self._gpu_windows: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.decode_graphs: dict[tuple[int, int, SamplerMode], _Graph] = {}
+        self.mixed_graphs: dict[int, _Graph] = {}  # tokens -> graph of the loop of rounds with prompt chunks
         self.graph_memory = 0
         self.graph_rounds = self.eager_rounds = 0
         self.last_round: dict[str, int] = {}
-        # Host work to do while the GPU runs a round's loop (the engine process sends the previous step's
-        # outputs here). It must not call into the engine.
+        self._newest: Optional[Launch] = None
+        # Host work to do while the GPU runs a launch (the engine process sends the previous step's outputs
+        # here). It must not call into the engine.
         self.overlap: Optional[Callable[[], None]] = None
-        self.staging = HostStaging(self.device) if self.device.type == "cuda" else None
+        self.staging = HostStaging(dev) if dev.type == "cuda" else None
+        self._arange = torch.arange(max(num_slots, T) + 1, dtype=torch.int64, device=dev)
 
     def _to_dev(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         """A flat host list on the device without a device sync (pinned staging on CUDA)."""
@@ -130,254 +180,349 @@ class ModelRunner:
             return torch.tensor(data, dtype=dtype)
         return self.staging.put(data, dtype)
 
-    def _to_dev_2d(self, rows: list[list[int]], width: int, dtype: torch.dtype) -> torch.Tensor:
-        flat = [x for row in rows for x in row + [0] * (width - len(row))]
-        return self._to_dev(flat, dtype).view(len(rows), width)
+    # ---- the decode state machine (runs eagerly or inside a graph) ----
+    def _decode_rows(self, idx: torch.Tensor) -> _DecodeRows:
+        st, bs, T = self.state, self.kv.block_size, self.num_loops
+        ints = st.ints.index_select(0, idx)
+        active = ints[:, ds.ACTIVE] > 0
+        pos = torch.where(active, ints[:, ds.POS], 0)
+        loop = ints[:, ds.LOOP]
+        slots_all = st.slots_at(idx, pos, bs)
+        if self.kv.layout is KVLayout.LAST_EXITED:
+            plane = (loop - 1).clamp(0, T - 1)
+        else:
+            plane = torch.full_like(loop, T - 1)
+        slot = torch.where(active, slots_all.gather(1, plane[:, None])[:, 0], -1)
+        h = torch.where((loop == 1)[:, None], self.model.embed(ints[:, ds.TOKEN]), st.hidden.index_select(0, idx))
+        return _DecodeRows(idx, ints, active, pos, loop, slots_all, slot,
+                           torch.where(active, pos + 1, 1).int(), st.tables[idx, plane], h)
 
-    def _plane(self, seq: Sequence) -> int:
-        item = seq.item
-        return item.loop - 1 if item.is_prefill else self.kv.decode_plane(item.loop)
+    def _advance_decode(self, rows: _DecodeRows, out: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> torch.Tensor:
+        """After the loop: exits, LAST_EXITED fill, coda and next step for every decode row; returns logits."""
+        st, ints, T = self.state, rows.ints, self.num_loops
+        lam = self.policy.gate_values(self.model, out) if self.policy.needs_gate else None
+        x = ExitInputs(rows.loop, st.remaining.index_select(0, rows.idx), ints[:, ds.PENDING] > 0,
+                       ints[:, ds.MIN_LOOPS], ints[:, ds.MAX_LOOPS], st.floats.index_select(0, rows.idx)[:, ds.THRESHOLD],
+                       st.trace_depth(ints, rows.idx) if self.policy.mode is ExitMode.TRACE else None)
+        exit_now, remaining, pending = self.policy.decide(x, lam)
+        exit_now = exit_now & rows.active
+        if self.kv.layout is KVLayout.LAST_EXITED and T > 1:
+            # Copy the exit plane's KV of this position into the deeper planes (DESIGN section 2).
+            fill = exit_now[:, None] & (self._arange[None, :T] >= rows.loop[:, None])
+            src = rows.slots_all.gather(1, (rows.loop - 1).clamp(0, T - 1)[:, None]).expand(-1, T)
+            self.model.backend.copy_kv_slots(self.kv.kv, torch.where(fill, src, -1).flatten(),
+                                             torch.where(fill, rows.slots_all, -1).flatten())
+        st.hidden.index_copy_(0, rows.idx, out)
+        logits = self.model.logits(out)
+        self._emit(rows.idx, ints, rows.active, exit_now, logits, rows.loop, remaining, pending, rec, mode)
+        return logits
 
-    def _metadata(self, batch: list[Sequence]) -> tuple[list[int], list[int], list[int], list[int], list[list[int]]]:
-        """Host metadata of a round: positions, slots, cu_seqlens_q, seq_lens, block tables (unpadded)."""
-        bs = self.kv.block_size
-        positions, slots, cu, lens, tables = [], [], [0], [], []
-        for seq in batch:
-            item = seq.item
-            table = seq.block_tables[self._plane(seq)]
-            start = item.start
-            end = start + item.n
-            if item.n == 1:  # decode rows: most rows of most rounds
-                positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
-            else:
-                positions.extend(range(start, end))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            cu.append(end - start + cu[-1])
+    def _emit(self, idx: torch.Tensor, ints: torch.Tensor, active: torch.Tensor, emit: torch.Tensor,
+              logits: torch.Tensor, depth: torch.Tensor, remaining: torch.Tensor, pending: torch.Tensor,
+              rec: torch.Tensor, mode: SamplerMode) -> None:
+        """Sample a token for the emitting rows, record it, and write every row's next step: loop r+1 of
+        the same token, or loop 1 of the next one; a request that reaches max_tokens or EOS goes idle."""
+        st = self.state
+        floats = st.floats.index_select(0, idx)
+        tok, lp = sample(logits, mode, floats[:, ds.TEMPERATURE], ints[:, ds.TOP_K], floats[:, ds.TOP_P],
+                         ints[:, ds.SEED], ints[:, ds.NGEN], self.vocab_hash)
+        ngen = ints[:, ds.NGEN] + emit.long()
+        stop = ngen >= ints[:, ds.MAX_TOKENS]
+        if self.eos.numel():
+            is_eos = (tok[:, None] == self.eos[None, :]).any(-1)
+            stop = stop | (is_eos & (ints[:, ds.IGNORE_EOS] == 0) & (ngen >= ints[:, ds.MIN_TOKENS]))
+        new = ints.clone()
+        new[:, ds.ACTIVE] = (active & ~(emit & stop)).long()
+        new[:, ds.TOKEN] = torch.where(emit, tok, ints[:, ds.TOKEN])
+        new[:, ds.POS] = ints[:, ds.POS] + emit.long()
+        new[:, ds.NGEN] = ngen
+        new[:, ds.LOOP] = torch.where(emit, 1, torch.where(active, ints[:, ds.LOOP] + 1, ints[:, ds.LOOP]))
+        new[:, ds.PENDING] = torch.where(emit, False, pending).long()
+        st.ints.index_copy_(0, idx, new)
+        st.remaining.index_copy_(0, idx, torch.where(emit, 1.0, remaining))
+        rec.index_copy_(1, idx, torch.stack([emit.float(), tok.float(), depth.float(), lp.float()]))
+
+    def _complete_prompts(self, chunks: list[PrefillChunk], out: torch.Tensor, first_row: list[int],
+                          rec: torch.Tensor, mode: SamplerMode) -> Optional[torch.Tensor]:
+        """Rows whose prompt finishes this round: the first token, and the request becomes a decode row."""
+        if not chunks:
+            return None
+        idx = self._to_dev([c.slot for c in chunks], torch.long)
+        last = self._to_dev([first_row[i] + c.n - 1 for i, c in enumerate(chunks)], torch.long)
+        ints = self.state.ints.index_select(0, idx)
+        logits = self.model.logits(out.index_select(0, last))
+        yes = torch.ones(len(chunks), dtype=torch.bool, device=self.device)
+        depth = torch.full((len(chunks),), self.num_loops, dtype=torch.long, device=self.device)
+        self._emit(idx, ints, yes, yes, logits, depth, torch.ones(len(chunks), device=self.device), ~yes, rec, mode)
+        return logits
+
+    # ---- launches ----
+    @torch.inference_mode()
+    def launch(self, plan: SchedulerOutput) -> Launch:
+        """Enqueue the plan's device work and return without waiting for it."""
+        if self.staging is not None:
+            self.staging.next_round()
+        start = self._window_start()
+        self._apply_rows(plan)
+        rounds = plan.num_rounds if not (plan.prefill or self.record_logits) else 1
+        launch = Launch(list(plan.owners), rounds)
+        if plan.prefill:
+            rec = self._mixed_round(plan, launch)
+        elif plan.decode_slots:
+            rec = self._decode_launch(plan, launch, rounds)
+        else:  # only rows released: nothing to run
+            rec = self.state.new_record(rounds)
+        if self.overlap is not None:  # the GPU is busy with the launch
+            self.overlap()
+        self._window_end(start)
+        if self.staging is not None:
+            launch.host, launch.ready = self.staging.readback(rec)
+        else:
+            launch.host = rec
+        self.stats.launches += 1
+        self.stats.rounds += rounds
+        self.last_round = dict(prefill_tokens=sum(c.n for c in plan.prefill), decode_rows=len(plan.decode_slots),
+                               rounds=rounds, running=sum(s is not None for s in plan.owners))
+        self._newest = launch
+        return launch
+
+    def _apply_rows(self, plan: SchedulerOutput) -> None:
+        """Switch off the rows of requests the host ended, and write the rows of admitted ones."""
+        for slot in plan.released:
+            self.carry.pop(slot, None)
+        if plan.released:
+            self.state.release(self._to_dev(plan.released, torch.long))
+        if plan.admitted:
+            rows = [NewRow(s.slot, len(s.prompt_ids), s.params, s.params.max_loops or self.num_loops,
+                           self.exit_threshold if s.params.exit_threshold is None else s.params.exit_threshold,
+                           s.seed, s.block_tables) for s in plan.admitted]
+            ints, floats, traces, tables = DecodeState.host_rows(rows, self.num_loops, self.max_blocks)
+            self.state.admit(self._to_dev([r.slot for r in rows], torch.long), self._to_dev(ints, torch.long),
+                             self._to_dev(floats, torch.float64),
+                             self._to_dev(traces, torch.long), self._to_dev(tables, torch.int32))
+
+    def _decode_launch(self, plan: SchedulerOutput, launch: Launch, rounds: int) -> torch.Tensor:
+        span = max(plan.decode_slots) + 1
+        graph = self._pick_decode_graph(span, rounds, plan.sampler)
+        if graph is not None:
+            graph.graph.replay()
+            self.stats.graph_launches += 1
+            self.graph_rounds += rounds
+            if self.record_logits:  # one round a launch then: the graph keeps the last round's logits
+                launch.logits.append([(list(range(graph.rows)), graph.logits.float().clone())])
+            return graph.rec
+        idx = self._to_dev(plan.decode_slots, torch.long)
+        rec = self.state.new_record(rounds)
+        for r in range(rounds):
+            rows = self._decode_rows(idx)
+            out = self.model.loop(rows.h, rows.pos, self._decode_meta(rows), self.kv.kv)
+            logits = self._advance_decode(rows, out, rec[r], plan.sampler)
+            if self.record_logits:
+                launch.logits.append([(plan.decode_slots, logits.float())])
+        self.stats.eager_launches += 1
+        self.eager_rounds += rounds
+        return rec
+
+    def _decode_meta(self, rows: _DecodeRows) -> AttentionMetadata:
+        S = rows.idx.shape[0]
+        return AttentionMetadata(self._arange[: S + 1].int(), rows.seq_lens, rows.tables, rows.slot,
+                                 max_seqlen_q=1, max_seqlen_k=self.max_model_len,
+                                 cu_seqlens_q_host=list(range(S + 1)))
+
+    def _mixed_round(self, plan: SchedulerOutput, launch: Launch) -> torch.Tensor:
+        """A round with prompt chunks (and decode rows, if any): one loop over all their tokens."""
+        bs, T = self.kv.block_size, self.num_loops
+        S = len(plan.decode_slots)
+        dec = self._decode_rows(self._to_dev(plan.decode_slots, torch.long)) if S else None
+        positions, slots, cu, lens, tables, ids, first_row = [], [], list(range(S + 1)), [], [], [], []
+        for c in plan.prefill:
+            table = c.seq.block_tables[c.loop - 1]
+            end = c.start + c.n
+            first_row.append(cu[-1])
+            positions.extend(range(c.start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(c.start, end))
+            cu.append(cu[-1] + c.n)
             lens.append(end)
-            tables.append(table[: -(-end // bs)])
-        return positions, slots, cu, lens, tables
-
-    def _gather_inputs(self, batch: list[Sequence]) -> torch.Tensor:
-        """The round's input rows in batch order: embeddings for rows entering loop 1 (token ids from the
-        host, or still on the device for a token not read back yet), else the rows of the previous round's
-        output they left off at. One embedding call and one gather."""
-        ids, on_device, sources, index = [], {}, {}, []
-        for seq in batch:
-            item = seq.item
-            if item.src is not None:
-                index.append((sources.setdefault(id(item.src), item.src), item.src_row, item.n))
-            elif item.token_src is not None:  # a decode item: n == 1
-                t, i = item.token_src
-                group = on_device.setdefault(id(t), (t, []))[1]
-                index.append((t, len(group), 1))
-                group.append(i)
+            t = table[: -(-end // bs)]
+            tables.extend(t + [0] * (self.max_blocks - len(t)))
+            if c.loop == 1:
+                ids.extend(c.seq.token_ids(c.start, end))
+        N, R = cu[-1], S + len(plan.prefill)
+        embedded = self.model.embed(self._to_dev(ids, torch.long)) if ids else None
+        parts, used = [dec.h] if S else [], 0
+        for c in plan.prefill:
+            if c.loop == 1:
+                parts.append(embedded[used: used + c.n])
+                used += c.n
             else:
-                index.append((None, len(ids), item.n))
-                ids.extend(seq.token_ids(item.start, item.start + item.n))
-        offsets = {None: 0}
-        token_parts = [self._to_dev(ids, torch.long)] if ids else []
-        base = len(ids)
-        for key, (t, idx) in on_device.items():
-            offsets[key] = base
-            base += len(idx)
-            token_parts.append(t[0].index_select(0, self._to_dev(idx, torch.long)).long())
-        pool = [self.model.embed(token_parts[0] if len(token_parts) == 1 else torch.cat(token_parts))] if base else []
-        for key, src in sources.items():
-            offsets[key] = base
-            base += src.shape[0]
-            pool.append(src)
-        rows = [offsets[None if src is None else id(src)] + row + i for src, row, n in index for i in range(n)]
-        pool_t = pool[0] if len(pool) == 1 else torch.cat(pool)
-        return pool_t.index_select(0, self._to_dev(rows, torch.long))
+                src, row = self.carry.pop(c.slot)
+                parts.append(src[row: row + c.n])
+        h = torch.cat(parts) if len(parts) > 1 else parts[0]
+        pre_tables = self._to_dev(tables, torch.int32).view(len(plan.prefill), self.max_blocks)
+        pos_t = self._to_dev(positions, torch.long)
+        slot_t = self._to_dev(slots, torch.long)
+        lens_t = self._to_dev(lens, torch.int32)
+        if S:
+            pos_t = torch.cat([dec.pos, pos_t])
+            slot_t = torch.cat([dec.slot, slot_t])
+            lens_t = torch.cat([dec.seq_lens, lens_t])
+            pre_tables = torch.cat([dec.tables, pre_tables])
+        cu_t = self._to_dev(cu, torch.int32)
+        graph = self._pick_mixed_graph(N, R)
+        if graph is not None:
+            self.g_h[:N].copy_(h)
+            self.g_pos[:N].copy_(pos_t)
+            self.g_slot[:N].copy_(slot_t)
+            self.g_slot[N: graph.tokens].fill_(-1)
+            self.g_cu[: R + 1].copy_(cu_t)
+            self.g_cu[R + 1: graph.rows + 1].fill_(N)
+            self.g_lens[:R].copy_(lens_t)
+            self.g_lens[R: graph.rows].fill_(1)
+            self.g_tables[:R].copy_(pre_tables)
+            graph.graph.replay()
+            out = graph.out[:N].clone()
+            self.stats.graph_launches += 1
+            self.graph_rounds += 1
+        else:
+            meta = AttentionMetadata(cu_t, lens_t, pre_tables, slot_t, max_seqlen_q=max(cu[i + 1] - cu[i] for i in range(R)),
+                                     max_seqlen_k=self.max_model_len, cu_seqlens_q_host=cu,
+                                     seq_lens_host=None if S else lens)
+            out = self.model.loop(h, pos_t, meta, self.kv.kv)
+            self.stats.eager_launches += 1
+            self.eager_rounds += 1
+        rec = self.state.new_record(1)
+        round_logits = []
+        if S:
+            logits = self._advance_decode(dec, out[:S], rec[0], plan.sampler)
+            round_logits.append((plan.decode_slots, logits))
+        completing = [c for c in plan.prefill if c.loop == T and c.start + c.n == len(c.seq.prompt_ids)]
+        done_rows = [first_row[i] for i, c in enumerate(plan.prefill) if c in completing]
+        logits = self._complete_prompts(completing, out, done_rows, rec[0], plan.sampler)
+        if logits is not None:
+            round_logits.append(([c.slot for c in completing], logits))
+        for i, c in enumerate(plan.prefill):
+            if c.loop < T:
+                self.carry[c.slot] = (out, first_row[i])
+        if self.record_logits:
+            launch.logits.append([(s, lg.float()) for s, lg in round_logits])
+        return rec
 
-    def _prepare(self, batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        positions, slots, cu, lens, tables = self._metadata(batch)
-        width = max(len(t) for t in tables)
-        meta = AttentionMetadata(
-            cu_seqlens_q=self._to_dev(cu, torch.int32), seq_lens=self._to_dev(lens, torch.int32),
-            block_tables=self._to_dev_2d(tables, width, torch.int32),
-            slot_mapping=self._to_dev(slots, torch.int64),
-            max_seqlen_q=max(cu[i + 1] - cu[i] for i in range(len(batch))),
-            max_seqlen_k=max(lens), cu_seqlens_q_host=cu, seq_lens_host=lens)
-        return self._gather_inputs(batch), self._to_dev(positions, torch.long), meta
+    @torch.inference_mode()
+    def collect(self, launch: Launch) -> list[Emitted]:
+        """The launch's tokens, once its records have landed on the host (in round and slot order)."""
+        if launch.ready is not None:
+            if not launch.ready.query():
+                if launch is self._newest:
+                    self.stats.host_syncs += 1
+                launch.ready.synchronize()
+        elif launch is self._newest and self.device.type == "cuda":
+            self.stats.host_syncs += 1
+        rec = launch.host.numpy() if launch.host.device.type == "cpu" else launch.host.cpu().numpy()
+        rounds, slots = np.nonzero(rec[:, ds.REC_EMITTED])
+        out = []
+        for r, s in zip(rounds.tolist(), slots.tolist()):
+            seq = launch.owners[s]
+            logits = None
+            if launch.logits:
+                for owned, lg in launch.logits[r]:
+                    if s in owned:
+                        logits = lg[owned.index(s)].cpu()
+            out.append(Emitted(seq, int(rec[r, ds.REC_TOKEN, s]), float(rec[r, ds.REC_LOGPROB, s]),
+                               int(rec[r, ds.REC_DEPTH, s]), logits))
+        return out
+
+    # ---- GPU time (ouro-bench) ----
+    def _window_start(self) -> Optional[torch.cuda.Event]:
+        if not (self.track_gpu_time and self.device.type == "cuda"):
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _window_end(self, start: Optional[torch.cuda.Event]) -> None:
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._gpu_windows.append((start, end))
+
+    def gpu_time(self) -> tuple[float, float]:
+        """(span, busy) seconds of the launches recorded since the last call: busy is the sum of each
+        launch's device time, span runs from the first start to the last end. Waits for them."""
+        wins, self._gpu_windows = self._gpu_windows, []
+        if not wins:
+            return 0.0, 0.0
+        wins[-1][1].synchronize()
+        busy = sum(a.elapsed_time(b) for a, b in wins) / 1e3
+        return wins[0][0].elapsed_time(wins[-1][1]) / 1e3, busy
 
     # ---- CUDA graphs ----
     @torch.inference_mode()
-    def capture_graphs(self, max_rows: int, max_model_len: int, max_graph_tokens: int) -> None:
-        """Capture the recurrent core (+ gate): decode rounds per row bucket (one query a row), and
-        rounds with prompt chunks per token bucket (up to max_rows rows). Pad rows and pad tokens get
-        slot -1 (no KV write); pad rows have no queries. Everything else is eager."""
+    def capture_graphs(self, max_rows: int, max_graph_tokens: int, rounds_per_launch: int) -> None:
+        """Capture decode-only launches per row bucket x {1, rounds_per_launch} rounds x sampler mode, and
+        the loop of rounds with prompt chunks per token bucket (up to max_rows rows). Pad rows and tokens
+        get slot -1 (no KV write); decode rows of idle slots are masked by the state."""
         cfg, dev = self.model.cfg, self.device
         row_buckets = sorted({b for b in (1, 2, 4, 8, *range(16, max_rows + 1, 16), max_rows) if b <= max_rows})
         tok_buckets = [t for t in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if t <= max_graph_tokens]
-        T = max([max_rows, *tok_buckets])
-        width = -(-max_model_len // self.kv.block_size)
-        self.g_h = torch.zeros(T, cfg.hidden_size, dtype=self.model.dtype, device=dev)
-        self.g_tok = torch.zeros(2, T, dtype=torch.int64, device=dev)  # positions, slots
-        self.g_tok[1] = -1
-        self.g_rows = torch.zeros(2, max_rows + 1, dtype=torch.int32, device=dev)  # cu_seqlens_q, seq_lens
-        self.g_rows[1] = 1
-        self.g_cu_decode = torch.arange(max_rows + 1, dtype=torch.int32, device=dev)
-        self.g_tables = torch.zeros(max_rows, width, dtype=torch.int32, device=dev)
+        Tk = max([max_rows, *tok_buckets])
+        self.g_h = torch.zeros(Tk, cfg.hidden_size, dtype=self.model.dtype, device=dev)
+        self.g_pos = torch.zeros(Tk, dtype=torch.int64, device=dev)
+        self.g_slot = torch.full((Tk,), -1, dtype=torch.int64, device=dev)
+        self.g_cu = torch.zeros(max_rows + 1, dtype=torch.int32, device=dev)
+        self.g_lens = torch.ones(max_rows, dtype=torch.int32, device=dev)
+        self.g_tables = torch.zeros(max_rows, self.max_blocks, dtype=torch.int32, device=dev)
         # Compile the exit-fill kernel now, not in the middle of the first early exit (a self-copy of slot 0).
         zero = torch.zeros(1, dtype=torch.long, device=dev)
         self.model.backend.copy_kv_slots(self.kv.kv, zero, zero)
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
         pool = None
-        plans = [(self.mixed_graphs, t, max_rows, t) for t in reversed(tok_buckets)]
-        plans += [(self.decode_graphs, r, r, 1) for r in reversed(row_buckets)]
-        for graphs, tokens, rows, max_q in plans:
-            cu = self.g_cu_decode[: rows + 1] if max_q == 1 else self.g_rows[0, : rows + 1]
-            meta = AttentionMetadata(cu, self.g_rows[1, :rows], self.g_tables[:rows], self.g_tok[1, :tokens],
-                                     max_seqlen_q=max_q, max_seqlen_k=max_model_len)
-            args = (self.g_h[:tokens], self.g_tok[0, :tokens], meta, self.kv.kv)
+        for t in reversed(tok_buckets):
+            meta = AttentionMetadata(self.g_cu, self.g_lens, self.g_tables, self.g_slot[:t], max_seqlen_q=t,
+                                     max_seqlen_k=self.max_model_len)
+            args = (self.g_h[:t], self.g_pos[:t], meta, self.kv.kv)
             for _ in range(2):  # compile and autotune outside the capture
                 self.model.loop(*args)
             torch.cuda.synchronize(dev)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
                 out = self.model.loop(*args)
-                gate = self.policy.gate_values(self.model, out)
-                packed = logits = None
-                if max_q == 1:
-                    logits = self.model.logits(out)
-                    tok = logits.argmax(-1)
-                    lp = logits.gather(-1, tok[:, None])[:, 0] - torch.logsumexp(logits, -1)
-                    packed = torch.stack([gate.float(), tok.float(), lp])  # ids < 2^24: exact in fp32
             pool = g.pool()
-            graphs[tokens] = _Graph(g, out, gate, tokens, rows, packed, logits)
+            self.mixed_graphs[t] = _Graph(g, t, max_rows, out=out)
+        for mode in SamplerMode:
+            for rounds in sorted({1, rounds_per_launch}, reverse=True):
+                for b in reversed(row_buckets):
+                    idx = self._arange[:b]
+                    for _ in range(2):  # idle rows only: nothing in the state changes
+                        self._decode_steps(idx, self.state.new_record(rounds), mode)
+                    torch.cuda.synchronize(dev)
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        rec = self.state.new_record(rounds)
+                        logits = self._decode_steps(idx, rec, mode)
+                    pool = g.pool()
+                    self.decode_graphs[(b, rounds, mode)] = _Graph(g, b, b, rec=rec, logits=logits)
         torch.cuda.synchronize(dev)
         self.graph_memory = torch.cuda.memory_allocated(dev) - before
 
-    def _pick_graph(self, batch: list[Sequence], tokens: int, decode_only: bool) -> Optional[_Graph]:
-        """The smallest captured graph that fits the round (row bucket for decode, token bucket otherwise)."""
-        graphs = self.decode_graphs if decode_only else self.mixed_graphs
-        size = len(batch) if decode_only else tokens
-        for key in sorted(graphs):
-            if key >= size and graphs[key].rows >= len(batch):
-                return graphs[key]
-        return None
-
-    def _run_graph(self, batch: list[Sequence], g: _Graph) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Replay graph g for this batch; returns (loop output, gate values, cu_seqlens_q)."""
-        positions, slots, cu, lens, tables = self._metadata(batch)
-        N, R = cu[-1], len(batch)
-        width = max(len(t) for t in tables)
-        self.g_tok[:, : g.tokens].copy_(self._to_dev(
-            positions + [0] * (g.tokens - N) + slots + [-1] * (g.tokens - N), torch.int64).view(2, g.tokens))
-        self.g_rows[:, : g.rows + 1].copy_(self._to_dev(
-            cu + [N] * (g.rows - R) + lens + [1] * (g.rows + 1 - R), torch.int32).view(2, g.rows + 1))
-        self.g_tables[:R, :width].copy_(self._to_dev_2d(tables, width, torch.int32))
-        self.g_h[:N].copy_(self._gather_inputs(batch))
-        g.graph.replay()
-        return g.out[:N].clone(), g.gate[:N], cu
-
-    @torch.inference_mode()
-    def launch(self, batch: list[Sequence]) -> Round:
-        """Advance every row of the batch one loop. Enqueues the round's GPU work and returns without
-        waiting for it, except to read gate values when an exit rule needs them this round."""
-        if self.staging is not None:
-            self.staging.next_round()
-        decode_rows = [r for r, s in enumerate(batch) if not s.item.is_prefill]
-        prefill_tokens = sum(s.item.n for s in batch if s.item.is_prefill)
-        graph = self._pick_graph(batch, prefill_tokens + len(decode_rows), not prefill_tokens)
-        if graph is not None:
-            out, gate, cu = self._run_graph(batch, graph)
-            self.graph_rounds += 1
-        else:
-            h, positions, meta = self._prepare(batch)
-            out = self.model.loop(h, positions, meta, self.kv.kv)
-            cu, gate = meta.cu_seqlens_q_host, None
-            self.eager_rounds += 1
-        if self.overlap is not None:  # the GPU is busy with the loop
-            self.overlap()
-        lam_of = self._gates_needed_now(batch, decode_rows, out, cu, gate, graph)
-        coda, coda_rows = self._advance(batch, out, cu, lam_of)
-        self.rows_run += len(batch)
-        self.tokens_run += cu[-1]
-        self.last_round = dict(prefill_tokens=prefill_tokens, decode_rows=len(decode_rows), emitted=len(coda),
-                               running=len(batch))
-        return self._coda(coda, coda_rows, out, graph)
-
-    @torch.inference_mode()
-    def collect(self, rnd: Round) -> list[Emitted]:
-        """The round's sampled tokens, once their copy to the host has landed."""
-        if not rnd.emits:
-            return []
-        if rnd.ready is not None:
-            rnd.ready.synchronize()
-        tokens, logprobs = rnd.host.tolist()
-        rec = rnd.logits.cpu() if rnd.logits is not None else [None] * len(rnd.emits)
-        return [Emitted(s, int(t), lp, d, lg) for (s, d), t, lp, lg in zip(rnd.emits, tokens, logprobs, rec)]
-
-    def _gates_needed_now(self, batch: list[Sequence], decode_rows: list[int], out: torch.Tensor,
-                          cu: list[int], gate: Optional[torch.Tensor], graph: Optional[_Graph]) -> dict[int, float]:
-        """Gate values of the decode rows whose exit rule reads them after this loop (a read-back, so the
-        round is synchronous); {} when every exit is decided on the host."""
-        need = [r for r in decode_rows if not self.policy.decides_on_host(batch[r].item.bounds)]
-        if not need:
-            return {}
-        if graph is not None and graph.packed is not None:  # decode graph: row r is token r
-            lams = graph.packed[0, : len(batch)].tolist()
-            return {r: lams[r] for r in need}
-        idx = self._to_dev([cu[r] for r in need], torch.long)
-        lams = (gate.index_select(0, idx) if gate is not None
-                else self.policy.gate_values(self.model, out.index_select(0, idx))).tolist()
-        return dict(zip(need, lams))
-
-    def _advance(self, batch: list[Sequence], out: torch.Tensor, cu: list[int], lam_of: dict[int, float]):
-        """Move every item one loop on; returns the (sequence, depth) pairs that need a token, with their rows."""
-        coda, coda_rows, fill = [], [], []
-        for r, seq in enumerate(batch):
-            item = seq.item
-            done_loop = item.loop
-            item.src, item.src_row = out, cu[r]
-            item.loop += 1
-            if item.is_prefill:
-                if done_loop < self.num_loops:
-                    continue
-                seq.num_prefilled = item.start + item.n
-                seq.item = None
-                if seq.in_prefill:
-                    continue  # more prompt chunks to come
-                self.kv.release_prefill_planes(seq.block_tables)
-                coda_rows.append(cu[r + 1] - 1)
-                coda.append((seq, done_loop))
-            elif self.policy.step(item.exit_state, done_loop, lam_of.get(r, 0.0), item.bounds):
-                fill += self.kv.exit_fill_slots(seq.block_tables, item.start, done_loop)
-                seq.item = None
-                coda_rows.append(cu[r])
-                coda.append((seq, done_loop))
-        if fill:
-            src, dst = zip(*fill)
-            self.model.backend.copy_kv_slots(self.kv.kv, self._to_dev(list(src), torch.long),
-                                             self._to_dev(list(dst), torch.long))
-        return coda, coda_rows
-
-    def _coda(self, coda, coda_rows: list[int], out: torch.Tensor, graph: Optional[_Graph]) -> Round:
-        """LM head + sampling for the rows that finished their loops, left on the device; the copy back
-        to the host is started here and awaited by `collect`."""
-        if not coda:
-            return Round([])
-        seqs = [s for s, _ in coda]
-        rows = self._to_dev(coda_rows, torch.long)
-        in_graph = graph is not None and graph.packed is not None
+    def _decode_steps(self, idx: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> torch.Tensor:
         logits = None
-        if in_graph and not self.record_logits and all(s.params.temperature == 0 for s in seqs):
-            # Greedy rows of a decode graph: the graph already computed token and logprob.
-            result = graph.packed[1:].index_select(1, rows)
-        else:
-            logits = graph.logits.index_select(0, rows) if in_graph else self.model.logits(out.index_select(0, rows))
-            tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
-            result = torch.stack([tokens.float(), logprobs.float()])  # ids < 2^24: exact in fp32
-        for i, seq in enumerate(seqs):
-            seq.num_pending += 1
-            seq.token_src = (result, i)
-        rnd = Round(coda, logits=logits if self.record_logits else None)
-        if self.staging is not None:
-            rnd.host, rnd.ready = self.staging.readback(result)
-        else:
-            rnd.host = result
-        return rnd
+        for r in range(rec.shape[0]):
+            rows = self._decode_rows(idx)
+            out = self.model.loop(rows.h, rows.pos, self._decode_meta(rows), self.kv.kv)
+            logits = self._advance_decode(rows, out, rec[r], mode)
+        return logits
+
+    def _pick_decode_graph(self, span: int, rounds: int, mode: SamplerMode) -> Optional[_Graph]:
+        best = None
+        for (b, r, m), g in self.decode_graphs.items():
+            if r == rounds and m is mode and b >= span and (best is None or b < best.rows):
+                best = g
+        return best
+
+    def _pick_mixed_graph(self, tokens: int, rows: int) -> Optional[_Graph]:
+        for key in sorted(self.mixed_graphs):
+            g = self.mixed_graphs[key]
+            if key >= tokens and g.rows >= rows:
+                return g
+        return None

@@ -1,42 +1,77 @@
-"""Token sampling for the coda rows of a round.
+"""Token sampling for the coda rows of a round, vectorised over rows and reproducible per request.
 
-Each seeded request draws its noise from its own generator, one draw per token, so its tokens do not
-depend on which other requests share the batch. Sampling is the exponential race (argmax p / E with
-E ~ Exp(1)), which equals drawing from p and needs no host round-trip.
+Sampling is the exponential race (argmax p / E with E ~ Exp(1)), which equals drawing from p. The noise
+is counter-based: E for vocabulary entry v of a request's k-th token is a hash of (seed, k, v), so a
+seeded request draws the same tokens alone or in any batch, eagerly or inside a CUDA graph, one round
+per launch or several, with no generator state to carry and no per-row Python.
 """
 from __future__ import annotations
 
-from typing import Optional
+import enum
 
 import torch
 
-from .sampling_params import SamplingParams
+_M32 = 0xFFFFFFFF
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token once the mass before it already reaches top_p (the top token always stays).
-        drop = (cum - sorted_logits.softmax(-1)) >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
-    return logits
+class SamplerMode(enum.IntEnum):
+    GREEDY = 0  # every row has temperature 0: argmax only
+    SAMPLE = 1  # some row samples (with per-row temperature, top-k and top-p)
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[Optional[torch.Generator]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits fp32 [R, V] -> (tokens int64 [R], logprob of each token under the model's distribution
-    fp32 [R]), on the logits' device: nothing is read back here."""
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for 0 <= x < 2^32 without int64 overflow (16-bit halves)."""
+    lo = (x & 0xFFFF) * c
+    hi = (((x >> 16) * c) & 0xFFFF) << 16
+    return (lo + hi) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser: a bijection that spreads every input bit over the output."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seed: torch.Tensor, counter: torch.Tensor, vocab_hash: torch.Tensor) -> torch.Tensor:
+    """fp32 [R, V] uniforms in (0, 1) from int64 seed [R], counter [R] and the vocabulary's own hashes."""
+    key = _mix32((seed & _M32) ^ _mix32(((seed >> 32) & _M32) ^ _mix32(counter & _M32)))
+    bits = _mix32(key[:, None] ^ vocab_hash[None, :]) >> 8  # 24 bits: exact in fp32
+    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+
+
+def vocab_hashes(vocab_size: int, device: torch.device) -> torch.Tensor:
+    return _mix32((torch.arange(vocab_size, dtype=torch.int64, device=device) * 0x9E3779B1) & _M32)
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits [R, V] outside each row's top-k (k <= 0: off), then outside its top-p nucleus of what
+    is left (the top token always stays). A token tied with the last kept one is kept too."""
+    V = logits.shape[-1]
+    srt = logits.sort(dim=-1, descending=True).values
+    k = torch.where((top_k > 0) & (top_k < V), top_k, V)
+    in_k = torch.arange(V, device=logits.device)[None, :] < k[:, None]
+    probs = srt.masked_fill(~in_k, float("-inf")).softmax(-1)
+    # A token goes once the mass before it already reaches top_p (top_p = 1 keeps all: no rounding loss).
+    p = top_p[:, None].to(probs.dtype)
+    keep = in_k & (((probs.cumsum(-1) - probs) < p) | (p >= 1.0))
+    last = keep.sum(-1, keepdim=True) - 1
+    cutoff = srt.gather(-1, last)
+    return logits.masked_fill(logits < cutoff, float("-inf"))
+
+
+def sample(logits: torch.Tensor, mode: SamplerMode, temperature: torch.Tensor, top_k: torch.Tensor,
+           top_p: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor,
+           vocab_hash: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits fp32 [R, V] -> (tokens int64 [R], each token's logprob under the model's distribution fp32
+    [R]). Rows with temperature 0 take the argmax; the per-row tensors are [R]. Nothing is read back."""
     logprobs = torch.log_softmax(logits, dim=-1)
     tokens = logits.argmax(-1)
-    for r, p in enumerate(params):
-        if p.temperature == 0.0:
-            continue
-        row = apply_top_k_top_p(logits[r] / p.temperature, p.top_k, p.top_p)
-        noise = torch.empty_like(row).exponential_(generator=generators[r])
-        tokens[r] = (row.softmax(-1) / noise).argmax()
+    if mode is SamplerMode.SAMPLE:
+        temp = temperature.float()
+        scaled = filter_top_k_top_p(logits / torch.where(temp > 0, temp, 1.0)[:, None], top_k, top_p)
+        race = scaled - torch.log(-torch.log(uniform_noise(seed, counter, vocab_hash)))
+        tokens = torch.where(temp > 0, race.argmax(-1), tokens)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]

@@ -1,39 +1,86 @@
-"""Continuous depth batching (DESIGN section 3).
+"""Continuous depth batching (DESIGN section 3): the scheduler owns every request's host-side state.
 
-Every round, each running sequence contributes at most one work item and every item advances one loop.
-Items already in flight (mid-loops) always continue; a sequence whose token just exited starts its next
-token at loop 1 in the very next round, taking the row its exit freed, so skipped loops turn into
-throughput. Prompts run in chunks at full depth, interleaved with decode under `max_num_batched_tokens`;
-admission is first-come-first-served, bounded by `max_num_seqs` and by KV capacity.
+Each step it plans one launch (`SchedulerOutput`) with explicit kinds of work:
+
+* DECODE rows: every running request past its prompt has one token in flight on the device, at some
+  loop; its row lives in the runner's decode state, which advances it and decides its exits without the
+  host. The scheduler only says how many slots the decode rows span. Early exit turns into throughput
+  because a row whose token exits starts the next token at loop 1 in the very next round.
+* PREFILL chunks: prompts run in chunks at full depth (one loop a round), interleaved with decode under
+  `max_num_batched_tokens`; the host tracks their loops (they are deterministic).
+* (VERIFY rows of self-speculation will be a third kind.)
+
+Admission is first-come-first-served, bounded by `max_num_seqs` (the slots) and by KV capacity. A launch
+with no prompt work and nobody waiting runs several decode rounds (`decode_rounds_per_launch`).
+
+The host follows the device a launch or more behind: `RunnerOutput` tokens are appended by the engine,
+which finishes requests on stop strings, stop tokens, EOS and max_tokens; the next plan releases their
+slots on the device. Tokens the device produced past a request's end are dropped.
 """
 from __future__ import annotations
 
-import functools
+import enum
+import heapq
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Optional
 
-from .config import EngineConfig, ExitMode
-from .exit_policy import ExitBounds
+from .config import EngineConfig
 from .kv_cache import KVCache
-from .sequence import Sequence, Status, WorkItem
+from .sampler import SamplerMode
+from .sequence import Sequence, Status
 
 
-@functools.lru_cache(maxsize=4096)
-def _bounds(min_loops: int, max_loops: int, threshold: float, trace_depth: Optional[int]) -> ExitBounds:
-    return ExitBounds(min_loops, max_loops, threshold, trace_depth)  # immutable: shared by every token
+class WorkKind(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass
+class PrefillChunk:
+    """Prompt tokens [start, start + n) of one request, at `loop` this round (they run all T loops)."""
+    seq: Sequence
+    start: int
+    n: int
+    loop: int = 1
+
+    kind = WorkKind.PREFILL
+
+    @property
+    def slot(self) -> int:
+        return self.seq.slot
+
+
+@dataclass
+class SchedulerOutput:
+    """One launch's plan. The runner turns it into device work; the host state stays here."""
+    prefill: list[PrefillChunk]
+    decode_slots: list[int]  # slots of the running decode rows (their rows are on the device)
+    num_rounds: int = 1  # > 1 only with no prefill work: several decode rounds in one launch
+    admitted: list[Sequence] = field(default_factory=list)  # device rows to write before the round
+    released: list[int] = field(default_factory=list)  # slots to switch off before the round
+    sampler: SamplerMode = SamplerMode.GREEDY
+    owners: list[Optional[Sequence]] = field(default_factory=list)  # slot -> request, at launch time
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.prefill or self.decode_slots or self.released or self.admitted)
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, kv: KVCache, num_loops: int, exit_threshold: float):
+    def __init__(self, cfg: EngineConfig, kv: KVCache, num_loops: int):
         self.max_num_seqs = cfg.max_num_seqs
         self.max_tokens = cfg.max_num_batched_tokens
         self.chunk = cfg.prefill_chunk_size or cfg.max_num_batched_tokens
-        self.exit_mode = ExitMode(cfg.exit_mode)
+        self.decode_rounds = cfg.decode_rounds_per_launch
         self.kv = kv
         self.num_loops = num_loops
-        self.exit_threshold = exit_threshold
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.chunks: dict[int, PrefillChunk] = {}  # slot -> the prompt chunk in flight
+        self.free_slots = list(range(cfg.max_num_seqs))
+        self.owners: list[Optional[Sequence]] = [None] * cfg.max_num_seqs
+        self._released: list[int] = []
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -44,52 +91,66 @@ class Scheduler:
     def _total_len(self, seq: Sequence) -> int:
         return len(seq.prompt_ids) + seq.params.max_tokens
 
-    def schedule(self) -> list[Sequence]:
-        budget = self.max_tokens
-        batch = [s for s in self.running if s.item is not None]
-        budget -= sum(s.item.n for s in batch)
+    def schedule(self) -> SchedulerOutput:
+        decode = [s.slot for s in self.running if s.slot not in self.chunks and not s.in_prefill]
+        budget = self.max_tokens - len(decode)
+        prefill: list[PrefillChunk] = []
         for seq in self.running:
-            # A sequence whose last token reaches max_tokens is finished when that token is read back.
-            if seq.item is None and not seq.in_prefill and seq.num_generated < seq.params.max_tokens:
-                seq.item = self._decode_item(seq)
-                batch.append(seq)
-                budget -= 1
+            chunk = self.chunks.get(seq.slot)
+            if chunk is not None:  # mid-loops: always continues
+                budget -= chunk.n
+                prefill.append(chunk)
         for seq in self.running:
-            if seq.item is None and seq.in_prefill and budget > 0:
-                budget -= self._start_chunk(seq, budget)
-                batch.append(seq)
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            if seq.slot not in self.chunks and seq.in_prefill and budget > 0:
+                budget -= self._start_chunk(seq, budget, prefill)
+        admitted = []
+        while self.waiting and self.free_slots and budget > 0:
             seq = self.waiting[0]
             if not self.kv.can_allocate(len(seq.prompt_ids), self._total_len(seq)):
                 break  # FCFS: later requests wait too, so the head cannot starve
             self.waiting.popleft()
             seq.block_tables = self.kv.allocate(len(seq.prompt_ids), self._total_len(seq))
             seq.status = Status.RUNNING
+            seq.slot = heapq.heappop(self.free_slots)
+            self.owners[seq.slot] = seq
             self.running.append(seq)
-            budget -= self._start_chunk(seq, budget)
-            batch.append(seq)
-        return batch
+            admitted.append(seq)
+            budget -= self._start_chunk(seq, budget, prefill)
+        rounds = self.decode_rounds if decode and not prefill and not self.waiting else 1
+        released, self._released = self._released, []
+        sampler = (SamplerMode.SAMPLE if any(s.params.temperature > 0 for s in self.running)
+                   else SamplerMode.GREEDY)
+        out = SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners))
+        self._advance_chunks(prefill)
+        return out
 
-    def _start_chunk(self, seq: Sequence, budget: int) -> int:
+    def _start_chunk(self, seq: Sequence, budget: int, prefill: list[PrefillChunk]) -> int:
         n = min(len(seq.prompt_ids) - seq.num_prefilled, self.chunk, budget)
-        seq.item = WorkItem(start=seq.num_prefilled, n=n, is_prefill=True)
+        chunk = PrefillChunk(seq, seq.num_prefilled, n)
+        self.chunks[seq.slot] = chunk
+        prefill.append(chunk)
         return n
 
-    def _decode_item(self, seq: Sequence) -> WorkItem:
-        p = seq.params
-        trace_depth: Optional[int] = None
-        if self.exit_mode is ExitMode.TRACE:
-            trace = p.exit_trace or [p.max_loops or self.num_loops]
-            trace_depth = trace[(seq.num_generated - 1) % len(trace)]
-        bounds = _bounds(p.min_loops, p.max_loops or self.num_loops,
-                         self.exit_threshold if p.exit_threshold is None else p.exit_threshold, trace_depth)
-        return WorkItem(start=seq.num_tokens - 1, n=1, is_prefill=False, bounds=bounds,
-                        token_src=seq.token_src)
+    def _advance_chunks(self, launched: list[PrefillChunk]) -> None:
+        """The plan is launched as made: chunks move one loop on; a chunk past its last loop is done."""
+        for c in launched:
+            if c.loop < self.num_loops:
+                self.chunks[c.slot] = PrefillChunk(c.seq, c.start, c.n, c.loop + 1)
+                continue
+            del self.chunks[c.slot]
+            c.seq.num_prefilled = c.start + c.n
+            if not c.seq.in_prefill:
+                self.kv.release_prefill_planes(c.seq.block_tables)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        if seq in self.running:
+        if seq.status is Status.RUNNING:
             self.running.remove(seq)
-        elif seq in self.waiting:
+            self.chunks.pop(seq.slot, None)
+            self._released.append(seq.slot)
+            self.owners[seq.slot] = None
+            heapq.heappush(self.free_slots, seq.slot)
+            seq.slot = None
+        elif seq.status is Status.WAITING:
             self.waiting.remove(seq)
         self.kv.free(seq.block_tables)
         seq.finish(reason)

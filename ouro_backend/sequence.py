@@ -1,14 +1,10 @@
-"""A request's state inside the engine, and the unit of recurrent work it has in flight."""
+"""A request's host-side state inside the engine (the scheduler owns it; no device tensors here)."""
 from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
-
-from .exit_policy import ExitBounds, ExitState
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .tokenizer import PREFIX_WINDOW, IncrementalDetokenizer, decode_delta
@@ -20,45 +16,20 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
-class WorkItem:
-    """Tokens [start, start+n) of one sequence travelling through the loops together.
-
-    A prefill chunk runs all T loops; a decode item is one token that loops until its exit rule fires.
-    The input of `loop` is rows [src_row, src_row + n) of `src`, the previous round's output (None
-    before loop 1: the prelude embeds the token ids).
-    """
-
-    start: int
-    n: int
-    is_prefill: bool
-    loop: int = 1
-    src: Optional[torch.Tensor] = None
-    src_row: int = 0
-    exit_state: ExitState = field(default_factory=ExitState)
-    bounds: Optional[ExitBounds] = None
-    # A decode item whose token is not read back yet: (device tensor of a round's sampled tokens, index).
-    token_src: Optional[tuple[torch.Tensor, int]] = None
-
-
 class Sequence:
-    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 generator: Optional[torch.Generator], stop_checker: "StopChecker"):
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
+                 stop_checker: "StopChecker"):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
-        self.generator = generator
+        self.seed = seed  # sampling noise is a function of (seed, token index): see sampler.py
         self.status = Status.WAITING
+        self.slot: Optional[int] = None  # the row of the runner's decode state, while running
         self.output_ids: list[int] = []
-        # Tokens sampled on the device and not read back yet (asynchronous scheduling); while there are
-        # any, token_src is where the newest one is on the device.
-        self.num_pending = 0
-        self.token_src: Optional[tuple[torch.Tensor, int]] = None
         self.exit_depths: list[int] = []
         self.logprobs: list[float] = []
         self.block_tables: list[list[int]] = []
-        self.num_prefilled = 0  # prompt tokens that have completed all loops
-        self.item: Optional[WorkItem] = None
+        self.num_prefilled = 0  # prompt tokens that have completed all loops (or are completing now)
         self.finish_reason: Optional[str] = None
         self.stop = stop_checker
         self.num_emitted = 0  # output tokens already handed out in a RequestOutput
@@ -68,13 +39,8 @@ class Sequence:
         self.finish_time: Optional[float] = None
 
     @property
-    def num_generated(self) -> int:
-        """Output tokens sampled so far, read back or not."""
-        return len(self.output_ids) + self.num_pending
-
-    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + self.num_generated
+        return len(self.prompt_ids) + len(self.output_ids)
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without building the concatenation."""
@@ -94,18 +60,13 @@ class Sequence:
         return self.status is Status.FINISHED
 
     def finish(self, reason: str) -> None:
+        """Tokens the device produced for this request after this point are dropped when read back."""
         self.status = Status.FINISHED
         self.finish_reason = reason
         self.finish_time = time.monotonic()
-        self.item = None
-        self.num_pending = 0  # tokens still on the device are dropped with the request
-        self.token_src = None
 
     def append_token(self, token: int, depth: int, logprob: float) -> None:
-        """A sampled token read back (the oldest pending one)."""
-        self.num_pending -= 1
-        if not self.num_pending:
-            self.token_src = None
+        """A sampled token, read back from the device."""
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
         self.output_ids.append(token)

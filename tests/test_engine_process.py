@@ -204,20 +204,20 @@ def test_killed_engine_process_is_reported(toy_path):
         client.add("y", [5], SamplingParams())
 
 
-def test_overlap_hook_runs_every_round_and_changes_nothing(toy_path):
-    """The engine process sends outputs from ModelRunner.overlap; the hook must run once per round."""
+def test_overlap_hook_runs_every_launch_and_changes_nothing(toy_path):
+    """The engine process sends outputs from ModelRunner.overlap; the hook must run once per launch."""
     llm = LLM(model=toy_path, device="cpu", dtype="float32")
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     params = SamplingParams(**GREEDY, exit_threshold=0.7)
     ref = llm.generate(prompts, params)
     runner = llm.engine.runner
-    rounds_before = runner.graph_rounds + runner.eager_rounds
+    launches_before = runner.stats.launches
     calls = []
     runner.overlap = lambda: calls.append(1)
     got = llm.generate(prompts, params)
     assert [r.token_ids for r in got] == [r.token_ids for r in ref]
     assert [r.exit_depths for r in got] == [r.exit_depths for r in ref]
-    assert len(calls) == runner.graph_rounds + runner.eager_rounds - rounds_before > 0
+    assert len(calls) == runner.stats.launches - launches_before > 0
 
 
 def test_round_trace(toy_path, tmp_path, monkeypatch):

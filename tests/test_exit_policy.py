@@ -2,17 +2,26 @@
 import pytest
 
 from ouro_backend import SamplingParams
-from ouro_backend.exit_policy import ExitBounds, ExitPolicy, ExitState
+import torch
+
+from ouro_backend.exit_policy import ExitInputs, ExitPolicy
 from test_engine_oracle import PROMPTS, make_engine, ouro_exit, run_all
 
 GATES = [0.2, 0.5, 0.6, 0.9]  # remaining: 0.8, 0.4, 0.16, 0.016 -> cdf: 0.2, 0.6, 0.84, 0.984
 
 
 def exit_loop(mode, gates=GATES, min_loops=1, max_loops=4, threshold=0.55, trace_depth=None):
+    """Drive the vectorised rule for one row (the same row twice, to check rows stay independent)."""
     policy = ExitPolicy(mode, hidden_size=8, seed=0, device="cpu")
-    state, bounds = ExitState(), ExitBounds(min_loops, max_loops, threshold, trace_depth)
+    two = lambda v, dt: torch.tensor([v, v], dtype=dt)  # noqa: E731
+    remaining, pending = two(1.0, torch.float32), two(False, torch.bool)
     for r, lam in enumerate(gates, start=1):
-        if policy.step(state, r, lam, bounds):
+        x = ExitInputs(two(r, torch.int64), remaining, pending, two(min_loops, torch.int64),
+                       two(max_loops, torch.int64), two(threshold, torch.float64),
+                       None if trace_depth is None else two(trace_depth, torch.int64))
+        exit_now, remaining, pending = policy.decide(x, two(lam, torch.float32))
+        assert exit_now[0] == exit_now[1]
+        if exit_now[0]:
             return r
     return None
 

@@ -4,7 +4,7 @@ import math
 import torch
 
 from ouro_backend import SamplingParams
-from ouro_backend.sampler import apply_top_k_top_p
+from ouro_backend.sampler import filter_top_k_top_p
 from test_engine_oracle import PROMPTS, make_engine, run_all
 
 
@@ -29,12 +29,15 @@ def test_top_k_1_equals_greedy(toy_path):
 
 
 def test_top_k_top_p_filters():
-    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    assert torch.isinf(apply_top_k_top_p(logits, 2, 1.0)[2:]).all()
-    kept = ~torch.isinf(apply_top_k_top_p(logits, 0, 0.7))
-    assert kept.tolist() == [True, True, False, False]  # 0.5 < 0.7 so the second token is needed
-    kept = ~torch.isinf(apply_top_k_top_p(logits, 0, 0.5))
-    assert kept.tolist() == [True, False, False, False]
+    """Per-row values in one call: top-k, top-p, both, neither."""
+    logits = torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3]] * 5))
+    kept = ~torch.isinf(filter_top_k_top_p(logits, torch.tensor([2, 0, 0, 3, 0]),
+                                           torch.tensor([1.0, 0.7, 0.5, 0.6, 1.0])))
+    assert kept.tolist() == [[False, True, False, True],
+                             [False, True, False, True],  # 0.5 < 0.7 so the second token is needed
+                             [False, True, False, False],
+                             [False, True, False, True],  # top-3, then 0.5 < 0.6 needs a second
+                             [True, True, True, True]]
 
 
 def test_logprobs_are_model_logprobs(toy_path, oracle):

@@ -28,8 +28,8 @@ def test_kv_all_free_after_finish_and_abort(toy_path, layout):
     assert eng.scheduler.find("r5") in eng.scheduler.waiting
     eng.abort_request("r5")
     drain(eng, 2, outs)
-    assert eng.scheduler.find("r0").item is not None
-    eng.abort_request("r0")  # mid-loop
+    assert eng.scheduler.find("r0").slot in eng.scheduler.chunks
+    eng.abort_request("r0")  # a prompt chunk mid-loops
     drain(eng, 9, outs)
     assert not eng.scheduler.find("r1").in_prefill
     eng.abort_request("r1")  # decoding
@@ -75,17 +75,18 @@ def test_exited_rows_are_refilled(toy_path):
 
 
 def test_depths_mix_inside_one_round(toy_path):
-    eng = make_engine(toy_path)
+    """Tokens of different depths exit in the same round: its rows were at different loops."""
+    eng = make_engine(toy_path, decode_rounds_per_launch=1)
     seen_mixed = False
-    launch = eng.runner.launch
+    collect = eng.runner.collect
 
-    def spy(batch):
+    def spy(launch):
         nonlocal seen_mixed
-        loops = {s.item.loop for s in batch if not s.item.is_prefill}
-        seen_mixed |= len(loops) > 1
-        return launch(batch)
+        emitted = collect(launch)
+        seen_mixed |= len({e.depth for e in emitted}) > 1
+        return emitted
 
-    eng.runner.launch = spy
+    eng.runner.collect = spy
     run_all(eng, PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, exit_threshold=0.5))
     assert seen_mixed
 
@@ -95,10 +96,10 @@ def test_prefill_interleaves_with_decode_under_token_budget(toy_path):
     launch = eng.runner.launch
     sizes = []
 
-    def spy(batch):
-        sizes.append((sum(s.item.n for s in batch), any(s.item.is_prefill for s in batch),
-                      any(not s.item.is_prefill for s in batch)))
-        return launch(batch)
+    def spy(plan):
+        sizes.append((sum(c.n for c in plan.prefill) + len(plan.decode_slots), bool(plan.prefill),
+                      bool(plan.decode_slots)))
+        return launch(plan)
 
     eng.runner.launch = spy
     eng.add_request("a", PROMPTS[1], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))

@@ -14,7 +14,7 @@ All families carry the labels `model` and `version`. Names (vLLM-like):
   ouro_kv_cache_usage_ratio                gauge      used / total KV blocks (0 when idle)
   ouro_num_requests_running / _waiting     gauge      scheduler queues
   ouro_engine_stat{stat}                   gauge      every other numeric counter of engine.stats()
-                                                      (rows_run, tokens_run, steps, speculation...)
+                                                      (launches, rounds, host_syncs, steps...)
 
 The engine process counts into a `MetricsBuffer` (plain numbers) and sends a `MetricsSnapshot` to the
 `ouro_engine` model every `metrics_interval_s`; there a reporter thread publishes it through
