@@ -133,6 +133,9 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     ttft = [o.first_token_time - o.arrival_time for o in outs]
     tpot = [(o.finish_time - o.first_token_time) / (len(o.token_ids) - 1) for o in outs if len(o.token_ids) > 1]
     depths = [d for o in outs for d in o.exit_depths[1:]]
+    # Each request's own mean depth: with the real gate it varies by prompt, and the slowest request of the
+    # last wave sets the end-to-end time (the tail).
+    per_request = [sum(o.exit_depths[1:]) / (len(o.exit_depths) - 1) for o in outs if len(o.exit_depths) > 1]
     return dict(
         requests=len(outs), generated_tokens=gen, wall_s=wall, output_tok_s=gen / wall,
         prefill_tok_s=num_requests * input_len / pre_t if pre_t else None,
@@ -141,6 +144,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         steady_round_ms=1e3 * statistics.median(r[0] for r in steady) if steady else None,
         ttft_s=percentiles(ttft), tpot_s=percentiles(tpot),
         mean_exit_depth=sum(depths) / len(depths) if depths else None, peak_kv_usage=peak_kv,
+        request_depth=dict(percentiles(per_request), max=max(per_request, default=None)),
         steps=len(rounds), mean_step_ms=1e3 * wall / len(rounds), launches=stats["launches"],
         rounds=stats["rounds"], rounds_per_token=stats["rounds"] / gen, host_syncs_per_token=stats["host_syncs"] / gen,
         gpu_idle_frac=1.0 - gpu_busy / wall if gpu_busy else None,

@@ -134,13 +134,28 @@ class _DecodeRows:
 
 
 @dataclass
+class _PrefillInputs:
+    """A round's prompt tokens (after the decode rows): inputs, metadata, and cu_seqlens of all rows."""
+    h: torch.Tensor
+    pos: torch.Tensor
+    slot: torch.Tensor
+    cu: torch.Tensor  # int32 [decode rows + prompt rows + 1]
+    lens: torch.Tensor  # int32 [prompt rows]
+    tables: torch.Tensor  # int32 [prompt rows, max_blocks]
+    max_q: int
+    cu_host: Optional[list[int]] = None
+    lens_host: Optional[list[int]] = None
+
+
+@dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    tokens: int
-    rows: int
-    out: Optional[torch.Tensor] = None  # mixed graphs: [tokens, H] loop output
-    rec: Optional[torch.Tensor] = None  # decode graphs: [rounds, 4, slots] records
-    logits: Optional[torch.Tensor] = None  # decode graphs: the last round's logits [rows, V]
+    tokens: int  # prompt tokens (mixed graphs)
+    rows: int  # decode rows
+    rec: torch.Tensor  # [rounds, 4, slots] records
+    logits: torch.Tensor  # the last round's decode-row logits [rows, V]
+    out: Optional[torch.Tensor] = None  # mixed graphs: [tokens, H] loop output of the prompt tokens
+    prefill_rows: int = 0  # mixed graphs: prompt chunks it can take
 
 
 class ModelRunner:
@@ -163,7 +178,7 @@ class ModelRunner:
         self.track_gpu_time = False
         self._gpu_windows: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.decode_graphs: dict[tuple[int, int, SamplerMode], _Graph] = {}
-        self.mixed_graphs: dict[int, _Graph] = {}  # tokens -> graph of the loop of rounds with prompt chunks
+        self.mixed_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # rounds with prompt chunks, per token bucket
         self.graph_memory = 0
         self.graph_rounds = self.eager_rounds = 0
         self.last_round: dict[str, int] = {}
@@ -330,15 +345,17 @@ class ModelRunner:
                                  cu_seqlens_q_host=list(range(S + 1)))
 
     def _mixed_round(self, plan: SchedulerOutput, launch: Launch) -> torch.Tensor:
-        """A round with prompt chunks (and decode rows, if any): one loop over all their tokens."""
+        """A round with prompt chunks (and the decode rows, if any): one loop over all their tokens. With
+        graphs, the decode rows are every slot (idle ones masked) and the prompt tokens a token bucket."""
         bs, T = self.kv.block_size, self.num_loops
-        S = len(plan.decode_slots)
-        dec = self._decode_rows(self._to_dev(plan.decode_slots, torch.long)) if S else None
-        positions, slots, cu, lens, tables, ids, first_row = [], [], list(range(S + 1)), [], [], [], []
+        N = sum(c.n for c in plan.prefill)
+        graph = self._pick_mixed_graph(N, len(plan.prefill), plan.sampler)
+        D = graph.rows if graph is not None else len(plan.decode_slots)
+        positions, slots, cu, lens, tables, ids, first_row = [], [], list(range(D + 1)), [], [], [], []
         for c in plan.prefill:
             table = c.seq.block_tables[c.loop - 1]
             end = c.start + c.n
-            first_row.append(cu[-1])
+            first_row.append(cu[-1] - D)
             positions.extend(range(c.start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(c.start, end))
             cu.append(cu[-1] + c.n)
@@ -347,9 +364,8 @@ class ModelRunner:
             tables.extend(t + [0] * (self.max_blocks - len(t)))
             if c.loop == 1:
                 ids.extend(c.seq.token_ids(c.start, end))
-        N, R = cu[-1], S + len(plan.prefill)
         embedded = self.model.embed(self._to_dev(ids, torch.long)) if ids else None
-        parts, used = [dec.h] if S else [], 0
+        parts, used = [], 0
         for c in plan.prefill:
             if c.loop == 1:
                 parts.append(embedded[used: used + c.n])
@@ -358,54 +374,62 @@ class ModelRunner:
                 src, row = self.carry.pop(c.slot)
                 parts.append(src[row: row + c.n])
         h = torch.cat(parts) if len(parts) > 1 else parts[0]
-        pre_tables = self._to_dev(tables, torch.int32).view(len(plan.prefill), self.max_blocks)
-        pos_t = self._to_dev(positions, torch.long)
-        slot_t = self._to_dev(slots, torch.long)
-        lens_t = self._to_dev(lens, torch.int32)
-        if S:
-            pos_t = torch.cat([dec.pos, pos_t])
-            slot_t = torch.cat([dec.slot, slot_t])
-            lens_t = torch.cat([dec.seq_lens, lens_t])
-            pre_tables = torch.cat([dec.tables, pre_tables])
-        cu_t = self._to_dev(cu, torch.int32)
-        graph = self._pick_mixed_graph(N, R)
+        P = len(plan.prefill)
         if graph is not None:
-            self.g_h[:N].copy_(h)
-            self.g_pos[:N].copy_(pos_t)
-            self.g_slot[:N].copy_(slot_t)
-            self.g_slot[N: graph.tokens].fill_(-1)
-            self.g_cu[: R + 1].copy_(cu_t)
-            self.g_cu[R + 1: graph.rows + 1].fill_(N)
-            self.g_lens[:R].copy_(lens_t)
-            self.g_lens[R: graph.rows].fill_(1)
-            self.g_tables[:R].copy_(pre_tables)
+            pad_rows = graph.prefill_rows - P
+            pre = self._prefill_inputs(graph.tokens, graph.prefill_rows)
+            pre.h[:N].copy_(h)
+            pre.pos.copy_(self._to_dev(positions + [0] * (graph.tokens - N), torch.long))
+            pre.slot.copy_(self._to_dev(slots + [-1] * (graph.tokens - N), torch.long))
+            pre.cu.copy_(self._to_dev(cu + [cu[-1]] * pad_rows, torch.int32))
+            pre.lens.copy_(self._to_dev(lens + [1] * pad_rows, torch.int32))
+            pre.tables[:P].copy_(self._to_dev(tables, torch.int32).view(P, self.max_blocks))
             graph.graph.replay()
-            out = graph.out[:N].clone()
+            out, rec = graph.out[:N].clone(), graph.rec
             self.stats.graph_launches += 1
             self.graph_rounds += 1
+            logits = graph.logits
+            dec_slots = list(range(D))
         else:
-            meta = AttentionMetadata(cu_t, lens_t, pre_tables, slot_t, max_seqlen_q=max(cu[i + 1] - cu[i] for i in range(R)),
-                                     max_seqlen_k=self.max_model_len, cu_seqlens_q_host=cu,
-                                     seq_lens_host=None if S else lens)
-            out = self.model.loop(h, pos_t, meta, self.kv.kv)
+            pre = _PrefillInputs(h, self._to_dev(positions, torch.long), self._to_dev(slots, torch.long),
+                                 self._to_dev(cu, torch.int32), self._to_dev(lens, torch.int32),
+                                 self._to_dev(tables, torch.int32).view(P, self.max_blocks), max(c.n for c in plan.prefill),
+                                 cu_host=cu, lens_host=lens)
+            rec = self.state.new_record(1)
+            idx = self._to_dev(plan.decode_slots, torch.long) if D else None
+            out, logits = self._mixed_step(idx, pre, rec[0], plan.sampler)
             self.stats.eager_launches += 1
             self.eager_rounds += 1
-        rec = self.state.new_record(1)
-        round_logits = []
-        if S:
-            logits = self._advance_decode(dec, out[:S], rec[0], plan.sampler)
-            round_logits.append((plan.decode_slots, logits))
-        completing = [c for c in plan.prefill if c.loop == T and c.start + c.n == len(c.seq.prompt_ids)]
-        done_rows = [first_row[i] for i, c in enumerate(plan.prefill) if c in completing]
-        logits = self._complete_prompts(completing, out, done_rows, rec[0], plan.sampler)
+            dec_slots = plan.decode_slots
+        round_logits = [(dec_slots, logits)] if D else []
+        completing = [i for i, c in enumerate(plan.prefill) if c.loop == T and c.start + c.n == len(c.seq.prompt_ids)]
+        logits = self._complete_prompts([plan.prefill[i] for i in completing], out,
+                                        [first_row[i] for i in completing], rec[0], plan.sampler)
         if logits is not None:
-            round_logits.append(([c.slot for c in completing], logits))
+            round_logits.append(([plan.prefill[i].slot for i in completing], logits))
         for i, c in enumerate(plan.prefill):
             if c.loop < T:
                 self.carry[c.slot] = (out, first_row[i])
         if self.record_logits:
-            launch.logits.append([(s, lg.float()) for s, lg in round_logits])
+            launch.logits.append([(s, lg.float().clone()) for s, lg in round_logits])
         return rec
+
+    def _mixed_step(self, idx: Optional[torch.Tensor], pre: "_PrefillInputs", rec: torch.Tensor,
+                    mode: SamplerMode) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One loop over decode rows `idx` (from the state; None: none) followed by prompt tokens `pre`;
+        advances the decode rows and returns the prompt tokens' loop output and the decode rows' logits."""
+        D = 0 if idx is None else idx.shape[0]
+        dec = self._decode_rows(idx) if D else None
+        cat = (lambda a, b: torch.cat([a, b])) if D else (lambda a, b: b)  # noqa: E731
+        meta = AttentionMetadata(pre.cu, cat(dec.seq_lens if D else None, pre.lens),
+                                 cat(dec.tables if D else None, pre.tables), cat(dec.slot if D else None, pre.slot),
+                                 max_seqlen_q=pre.max_q, max_seqlen_k=self.max_model_len,
+                                 cu_seqlens_q_host=pre.cu_host,
+                                 seq_lens_host=pre.lens_host if not D else None)
+        out = self.model.loop(cat(dec.h if D else None, pre.h), cat(dec.pos if D else None, pre.pos), meta,
+                              self.kv.kv)
+        logits = self._advance_decode(dec, out[:D], rec, mode) if D else None
+        return out[D:], logits
 
     @torch.inference_mode()
     def collect(self, launch: Launch) -> list[Emitted]:
@@ -459,16 +483,18 @@ class ModelRunner:
     @torch.inference_mode()
     def capture_graphs(self, max_rows: int, max_graph_tokens: int, rounds_per_launch: int) -> None:
         """Capture decode-only launches per row bucket x {1, rounds_per_launch} rounds x sampler mode, and
-        the loop of rounds with prompt chunks per token bucket (up to max_rows rows). Pad rows and tokens
-        get slot -1 (no KV write); decode rows of idle slots are masked by the state."""
+        rounds with prompt chunks per prompt-token bucket x sampler mode, whose decode rows are all
+        `max_rows` slots. Pad tokens get slot -1 (no KV write); rows of idle slots are masked by the state."""
         cfg, dev = self.model.cfg, self.device
         row_buckets = sorted({b for b in (1, 2, 4, 8, *range(16, max_rows + 1, 16), max_rows) if b <= max_rows})
-        tok_buckets = [t for t in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if t <= max_graph_tokens]
-        Tk = max([max_rows, *tok_buckets])
+        # Prompt tokens are padded to the next bucket: steps of a quarter of each power of two above 256.
+        tok_buckets = sorted({t for p in range(4, 14) for t in ((1 << p),) + tuple((1 << p) + q * (1 << p) // 4
+                              for q in range(1, 4) if p >= 8) if t <= max_graph_tokens})
+        Tk = max(tok_buckets, default=0)
         self.g_h = torch.zeros(Tk, cfg.hidden_size, dtype=self.model.dtype, device=dev)
         self.g_pos = torch.zeros(Tk, dtype=torch.int64, device=dev)
         self.g_slot = torch.full((Tk,), -1, dtype=torch.int64, device=dev)
-        self.g_cu = torch.zeros(max_rows + 1, dtype=torch.int32, device=dev)
+        self.g_cu = torch.cat([torch.arange(max_rows + 1), torch.full((max_rows,), max_rows)]).int().to(dev)
         self.g_lens = torch.ones(max_rows, dtype=torch.int32, device=dev)
         self.g_tables = torch.zeros(max_rows, self.max_blocks, dtype=torch.int32, device=dev)
         # Compile the exit-fill kernel now, not in the middle of the first early exit (a self-copy of slot 0).
@@ -476,34 +502,39 @@ class ModelRunner:
         self.model.backend.copy_kv_slots(self.kv.kv, zero, zero)
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
-        pool = None
-        for t in reversed(tok_buckets):
-            meta = AttentionMetadata(self.g_cu, self.g_lens, self.g_tables, self.g_slot[:t], max_seqlen_q=t,
-                                     max_seqlen_k=self.max_model_len)
-            args = (self.g_h[:t], self.g_pos[:t], meta, self.kv.kv)
-            for _ in range(2):  # compile and autotune outside the capture
-                self.model.loop(*args)
-            torch.cuda.synchronize(dev)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                out = self.model.loop(*args)
-            pool = g.pool()
-            self.mixed_graphs[t] = _Graph(g, t, max_rows, out=out)
+        self._pool = None
+        idx = self._arange[:max_rows]
         for mode in SamplerMode:
+            for t in reversed(tok_buckets):
+                pre = self._prefill_inputs(t, max_rows)
+                rec, (out, logits) = self._capture(lambda rec: self._mixed_step(idx, pre, rec[0], mode), 1)
+                self.mixed_graphs[(t, mode)] = _Graph(self._last_graph, t, max_rows, rec, logits, out, max_rows)
             for rounds in sorted({1, rounds_per_launch}, reverse=True):
                 for b in reversed(row_buckets):
-                    idx = self._arange[:b]
-                    for _ in range(2):  # idle rows only: nothing in the state changes
-                        self._decode_steps(idx, self.state.new_record(rounds), mode)
-                    torch.cuda.synchronize(dev)
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=pool):
-                        rec = self.state.new_record(rounds)
-                        logits = self._decode_steps(idx, rec, mode)
-                    pool = g.pool()
-                    self.decode_graphs[(b, rounds, mode)] = _Graph(g, b, b, rec=rec, logits=logits)
+                    rec, logits = self._capture(lambda rec: self._decode_steps(self._arange[:b], rec, mode), rounds)
+                    self.decode_graphs[(b, rounds, mode)] = _Graph(self._last_graph, 0, b, rec, logits)
         torch.cuda.synchronize(dev)
         self.graph_memory = torch.cuda.memory_allocated(dev) - before
+
+    def _capture(self, fn: Callable[[torch.Tensor], object], rounds: int):
+        """Warm fn up (compile and autotune outside the capture; with idle rows nothing in the state
+        changes), then capture it into `self._last_graph`; returns (its record, what fn returned)."""
+        for _ in range(2):
+            fn(self.state.new_record(rounds))
+        torch.cuda.synchronize(self.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            rec = self.state.new_record(rounds)
+            result = fn(rec)
+        self._pool = g.pool()
+        self._last_graph = g
+        return rec, result
+
+    def _prefill_inputs(self, tokens: int, rows: int) -> _PrefillInputs:
+        """The graphs' static prompt-token inputs (after the graphs' decode rows, one per slot)."""
+        D = self.g_tables.shape[0]
+        return _PrefillInputs(self.g_h[:tokens], self.g_pos[:tokens], self.g_slot[:tokens], self.g_cu[: D + rows + 1],
+                              self.g_lens[:rows], self.g_tables[:rows], tokens)
 
     def _decode_steps(self, idx: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> torch.Tensor:
         logits = None
@@ -520,9 +551,9 @@ class ModelRunner:
                 best = g
         return best
 
-    def _pick_mixed_graph(self, tokens: int, rows: int) -> Optional[_Graph]:
-        for key in sorted(self.mixed_graphs):
-            g = self.mixed_graphs[key]
-            if key >= tokens and g.rows >= rows:
-                return g
-        return None
+    def _pick_mixed_graph(self, tokens: int, chunks: int, mode: SamplerMode) -> Optional[_Graph]:
+        best = None
+        for (t, m), g in self.mixed_graphs.items():
+            if m is mode and t >= tokens and g.prefill_rows >= chunks and (best is None or t < best.tokens):
+                best = g
+        return best

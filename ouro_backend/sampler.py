@@ -57,7 +57,7 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     # A token goes once the mass before it already reaches top_p (top_p = 1 keeps all: no rounding loss).
     p = top_p[:, None].to(probs.dtype)
     keep = in_k & (((probs.cumsum(-1) - probs) < p) | (p >= 1.0))
-    last = keep.sum(-1, keepdim=True) - 1
+    last = (keep.sum(-1, keepdim=True) - 1).clamp_min(0)  # the top token always stays (idle rows too)
     cutoff = srt.gather(-1, last)
     return logits.masked_fill(logits < cutoff, float("-inf"))
 

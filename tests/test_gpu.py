@@ -1,5 +1,8 @@
 """GPU correctness (run on the device; skipped without CUDA): the Triton backend, with and without CUDA
-graphs, against the dense fp32 oracle. fp32: identical greedy tokens. bf16: relative logits error <= 2e-2."""
+graphs and with several decode rounds per launch, against the dense fp32 oracle. fp32: identical greedy
+tokens and exit depths in every exit mode. bf16: relative logits error <= 2e-2."""
+import gc
+
 import pytest
 import torch
 
@@ -10,6 +13,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 LAYOUTS = ["last_exited", "shared"]
 
 
+@pytest.fixture(autouse=True)
+def release_gpu_memory():
+    """Each engine captures dozens of graphs; free them before the next test's captures."""
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def gpu_engine(toy_path, dtype, **kw):
     return make_engine(toy_path, device="cuda", dtype=dtype, attention_backend="triton", **kw)
 
@@ -17,10 +28,11 @@ def gpu_engine(toy_path, dtype, **kw):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("threshold", [1.0, 0.5])
-def test_fp32_greedy_equals_oracle(toy_path, oracle, layout, graphs, threshold):
+@pytest.mark.parametrize("rounds", [1, 4])
+def test_fp32_greedy_equals_oracle(toy_path, oracle, layout, graphs, threshold, rounds):
     eng = gpu_engine(toy_path, "float32", kv_layout=layout, cuda_graphs=graphs, prefill_chunk_size=5,
-                     max_num_batched_tokens=16)
-    eng.runner.record_logits = False  # exercise the graphs' in-graph greedy coda
+                     max_num_batched_tokens=16, decode_rounds_per_launch=rounds)
+    eng.runner.record_logits = False  # exercise the graphs' in-graph coda and multi-round launches
     outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
                                                 exit_threshold=threshold))
     for prompt, out in zip(PROMPTS, outs):
@@ -28,6 +40,56 @@ def test_fp32_greedy_equals_oracle(toy_path, oracle, layout, graphs, threshold):
         assert (out.token_ids, out.exit_depths) == (tokens, depths)
     if graphs:
         assert eng.runner.graph_rounds > 0 and eng.runner.eager_rounds == 0
+    if rounds > 1:
+        assert eng.stats()["rounds"] > eng.stats()["launches"], "no launch ran several rounds"
+    assert eng.stats()["host_syncs"] == 0
+
+
+def delayed_exit(threshold, min_loops=1, max_loops=4):
+    def fn(gates):
+        return min(ouro_exit(threshold, min_loops, max_loops)(gates) + 1, max_loops)
+    return fn
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", ["ouro", "ouro_delayed"])
+def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, layout, mode):
+    """Per-request thresholds and loop bounds in one batch, arriving at different steps, with graphs and
+    four rounds per launch: every request's tokens and depths equal the oracle's."""
+    eng = gpu_engine(toy_path, "float32", kv_layout=layout, exit_mode=mode, decode_rounds_per_launch=4,
+                     prefill_chunk_size=5, max_num_batched_tokens=16)
+    eng.runner.record_logits = False
+    specs = [(0.5, 1, 4), (0.8, 2, 4), (0.3, 1, 3), (1.0, 1, 4), (0.6, 3, 4)]
+    rule = ouro_exit if mode == "ouro" else delayed_exit
+    outs = {}
+    for step in range(10_000):
+        if step % 3 == 0 and step // 3 < len(specs):
+            i = step // 3
+            thr, lo, hi = specs[i]
+            eng.add_request(str(i), PROMPTS[i % 3], SamplingParams(max_tokens=7 + i, temperature=0.0, ignore_eos=True,
+                                                               exit_threshold=thr, min_loops=lo, max_loops=hi))
+        if not eng.has_unfinished_requests() and len(outs) == len(specs):
+            break
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+    for i, (thr, lo, hi) in enumerate(specs):
+        tokens, depths = oracle.generate(PROMPTS[i % 3], 7 + i, exit_fn=rule(thr, lo, hi), layout=layout)
+        assert (outs[str(i)].token_ids, outs[str(i)].exit_depths) == (tokens, depths), (mode, i)
+    assert eng.kv.allocator.num_free == eng.kv.num_blocks
+    assert eng.runner.eager_rounds == 0
+
+
+def test_fp32_trace_and_max_tokens_mid_launch(toy_path):
+    """Trace depths replayed on the device; max_tokens reached inside a 4-round launch stops exactly."""
+    eng = gpu_engine(toy_path, "float32", exit_mode="trace", decode_rounds_per_launch=4)
+    traces = [[1, 3, 2, 4], [2], [4, 1]]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, exit_trace=t)
+              for n, t in zip((9, 5, 6), traces)]
+    outs = run_all(eng, PROMPTS, params)
+    for out, trace, p in zip(outs, traces, params):
+        assert len(out.token_ids) == p.max_tokens and out.finish_reason == "length"
+        assert out.exit_depths == [4] + [trace[k % len(trace)] for k in range(p.max_tokens - 1)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -54,6 +116,12 @@ def test_bf16_logits_within_tolerance(toy_path, oracle, layout, graphs):
 
 
 def test_seeded_sampling_same_with_and_without_graphs(toy_path):
-    params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=11, ignore_eos=True, exit_threshold=0.5)
-    outs = [run_all(gpu_engine(toy_path, "float32", cuda_graphs=g), PROMPTS, params) for g in (True, False)]
-    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+    """Seeded tokens are the same with graphs, without, with several rounds a launch, and alone."""
+    params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=50, seed=11, ignore_eos=True,
+                            exit_threshold=0.5)
+    runs = [run_all(gpu_engine(toy_path, "float32", cuda_graphs=g, decode_rounds_per_launch=r), PROMPTS, params)
+            for g, r in ((True, 4), (True, 1), (False, 1))]
+    alone = run_all(gpu_engine(toy_path, "float32"), PROMPTS[1:2], params)
+    for outs in runs[1:]:
+        assert [(o.token_ids, o.exit_depths) for o in outs] == [(o.token_ids, o.exit_depths) for o in runs[0]]
+    assert (alone[0].token_ids, alone[0].exit_depths) == (runs[0][1].token_ids, runs[0][1].exit_depths)
