@@ -1,5 +1,5 @@
 """Served vs engine-direct, side by side in one run: the same prompt, output length and concurrency,
-greedy, EOS ignored, full depth.
+greedy, EOS ignored, full depth (or the gate with --exit-threshold).
 
 1. engine-direct: `ouro_backend.bench.run_closed_loop` in a subprocess (its GPU memory is gone when the
    server starts), median of --repeats;
@@ -56,7 +56,8 @@ def direct(args) -> None:
     eng.add_request("warmup", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
     while eng.has_unfinished_requests():
         eng.step()
-    reps = [run_closed_loop(eng, len(prompt_ids), args.output_len, args.concurrency, args.requests, "full",
+    reps = [run_closed_loop(eng, len(prompt_ids), args.output_len, args.concurrency, args.requests,
+                            "full" if args.exit_threshold >= 1 else f"threshold={args.exit_threshold}",
                             seed=i, prompt_ids=prompt_ids) for i in range(args.repeats)]
     print(json.dumps(dict(median=median_of(reps), repeats=reps)))
 
@@ -72,7 +73,7 @@ def process_loop(args) -> None:
     from ouro_backend.engine_process import start_engine_process
 
     prompt_ids = json.loads(Path(args.prompt_ids).read_text())
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, exit_threshold=1.0)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, exit_threshold=args.exit_threshold)
     finished: "queue.Queue[str]" = queue.Queue()
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -158,6 +159,8 @@ def main() -> int:
     p.add_argument("--port-base", type=int, default=18000)
     p.add_argument("--engine-arg", action="append", default=[])
     p.add_argument("--skip-perf-analyzer", action="store_true")
+    p.add_argument("--exit-threshold", type=float, default=1.0,
+                   help="every request's exit threshold (1.0: full depth; below 1 the real gate decides)")
     p.add_argument("--models", nargs="+", default=["ouro"], help="served models to load-test")
     p.add_argument("--skip-direct", action="store_true", help="served only (diagnostics)")
     p.add_argument("--trace", action="store_true",
@@ -202,7 +205,7 @@ def main() -> int:
         res = subprocess.run([sys.executable, __file__, flag, "--model", model, "--prompt-ids",
                               str(out / "prompt_ids.json"), "--concurrency", str(args.concurrency), "--requests",
                               str(args.requests), "--output-len", str(args.output_len), "--repeats",
-                              str(args.repeats)], capture_output=True, text=True, env=env)
+                              str(args.repeats), "--exit-threshold", str(args.exit_threshold)], capture_output=True, text=True, env=env)
         if res.returncode:
             raise SystemExit(f"{flag} failed:\n{res.stderr[-3000:]}")
         return json.loads(res.stdout.strip().splitlines()[-1])
@@ -230,7 +233,7 @@ def main() -> int:
         for name in args.models:
             load = [sys.executable, str(ROOT / "client" / "load.py"), "--url", f"localhost:{grpc_port}", "--model",
                     name, "-c", str(args.concurrency), "--max-tokens", str(args.output_len), "--ignore-eos",
-                    "--exit-threshold", "1.0", "--prompt", text]
+                    "--exit-threshold", str(args.exit_threshold), "--prompt", text]
             subprocess.run(load + ["-n", str(args.concurrency), "--json", str(out / "served_warmup.json")],
                            check=True, stdout=subprocess.DEVNULL)
             per_model[name] = []
@@ -246,7 +249,8 @@ def main() -> int:
         if not args.skip_perf_analyzer:
             r = subprocess.run([sys.executable, str(ROOT / "client" / "perf_analyzer" / "run_perf.py"), "--url",
                                 f"localhost:{grpc_port}", "--models", "ouro", "--concurrency", str(args.concurrency),
-                                "--max-tokens", str(args.output_len), "--exit-threshold", "1.0", "--prompt", text,
+                                "--max-tokens", str(args.output_len), "--exit-threshold", str(args.exit_threshold),
+                                "--prompt", text,
                                 "--out-dir", str(out / "perf_analyzer")],
                                capture_output=True, text=True)
             (out / "perf_analyzer.log").write_text(r.stdout + r.stderr)

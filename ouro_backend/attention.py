@@ -32,6 +32,11 @@ class AttentionMetadata:
     # Host copies for backends that loop over rows (the torch reference path).
     cu_seqlens_q_host: Optional[list[int]] = None
     seq_lens_host: Optional[list[int]] = None
+    # Rounds with prompt chunks put `decode_rows` one-query rows first. A kernel whose grid spans every
+    # row for max_seqlen_q queries may run those rows apart (max_seqlen_q 1) from the prompt rows, whose
+    # cu_seqlens_q relative to their first query is `cu_prefill`.
+    decode_rows: int = 0
+    cu_prefill: Optional[torch.Tensor] = None
 
 
 class TorchBackend:

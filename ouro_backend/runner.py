@@ -246,14 +246,16 @@ class ModelRunner:
         if self.eos.numel():
             is_eos = (tok[:, None] == self.eos[None, :]).any(-1)
             stop = stop | (is_eos & (ints[:, ds.IGNORE_EOS] == 0) & (ngen >= ints[:, ds.MIN_TOKENS]))
-        new = ints.clone()
-        new[:, ds.ACTIVE] = (active & ~(emit & stop)).long()
-        new[:, ds.TOKEN] = torch.where(emit, tok, ints[:, ds.TOKEN])
-        new[:, ds.POS] = ints[:, ds.POS] + emit.long()
-        new[:, ds.NGEN] = ngen
-        new[:, ds.LOOP] = torch.where(emit, 1, torch.where(active, ints[:, ds.LOOP] + 1, ints[:, ds.LOOP]))
-        new[:, ds.PENDING] = torch.where(emit, False, pending).long()
-        st.ints.index_copy_(0, idx, new)
+        changed = {
+            ds.ACTIVE: (active & ~(emit & stop)).long(),
+            ds.TOKEN: torch.where(emit, tok, ints[:, ds.TOKEN]),
+            ds.POS: ints[:, ds.POS] + emit.long(),
+            ds.NGEN: ngen,
+            ds.LOOP: torch.where(emit, 1, ints[:, ds.LOOP] + active.long()),
+            ds.PENDING: (pending & ~emit).long(),
+        }
+        # One write of whole rows (a stack of column views) instead of a clone and a write per column.
+        st.ints.index_copy_(0, idx, torch.stack([changed.get(c, ints[:, c]) for c in range(ds.NUM_INTS)], dim=1))
         st.remaining.index_copy_(0, idx, torch.where(emit, 1.0, remaining))
         rec.index_copy_(1, idx, torch.stack([emit.float(), tok.float(), depth.float(), lp.float()]))
 
@@ -425,7 +427,8 @@ class ModelRunner:
                                  cat(dec.tables if D else None, pre.tables), cat(dec.slot if D else None, pre.slot),
                                  max_seqlen_q=pre.max_q, max_seqlen_k=self.max_model_len,
                                  cu_seqlens_q_host=pre.cu_host,
-                                 seq_lens_host=pre.lens_host if not D else None)
+                                 seq_lens_host=pre.lens_host if not D else None,
+                                 decode_rows=D, cu_prefill=pre.cu[D:] - D if D else None)
         out = self.model.loop(cat(dec.h if D else None, pre.h), cat(dec.pos if D else None, pre.pos), meta,
                               self.kv.kv)
         logits = self._advance_decode(dec, out[:D], rec, mode) if D else None

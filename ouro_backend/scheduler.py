@@ -116,7 +116,10 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
             budget -= self._start_chunk(seq, budget, prefill)
-        rounds = self.decode_rounds if decode and not prefill and not self.waiting else 1
+        # Several rounds per launch only when nothing waits on the host: no prompt work, nobody queued, and
+        # every request's first token read back (TTFT would otherwise wait for a whole launch more).
+        multi = decode and not prefill and not self.waiting and all(s.output_ids for s in self.running)
+        rounds = self.decode_rounds if multi else 1
         released, self._released = self._released, []
         sampler = (SamplerMode.SAMPLE if any(s.params.temperature > 0 for s in self.running)
                    else SamplerMode.GREEDY)
