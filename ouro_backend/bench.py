@@ -123,7 +123,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
                 if submitted < num_requests:
                     submit()
     wall = time.perf_counter() - t_start
-    _, gpu_busy = runner.gpu_time()
+    gpu_span, gpu_busy = runner.gpu_time()
     runner.track_gpu_time = False
     stats = {k: v - stats0[k] for k, v in engine.stats().items() if k in ("launches", "rounds", "host_syncs")}
     gen = sum(len(o.token_ids) for o in outs)
@@ -147,7 +147,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         request_depth=dict(percentiles(per_request), max=max(per_request, default=None)),
         steps=len(rounds), mean_step_ms=1e3 * wall / len(rounds), launches=stats["launches"],
         rounds=stats["rounds"], rounds_per_token=stats["rounds"] / gen, host_syncs_per_token=stats["host_syncs"] / gen,
-        gpu_idle_frac=1.0 - gpu_busy / wall if gpu_busy else None,
+        gpu_idle_frac=1.0 - gpu_busy / gpu_span if gpu_span else None,
         graph_rounds=engine.runner.graph_rounds - graph0, eager_rounds=engine.runner.eager_rounds - eager0)
 
 

@@ -1,0 +1,59 @@
+"""ouro-bench results -> one row per measurement for the early-exit report, with each run's ratio to
+full depth in the same file (same engine, same run), and a table on stdout.
+
+    python benchmarks/early_exit_rows.py before.json after.json --out rows.json
+
+A row: engine (the file's label), exit_mode, threshold (1.0 = full depth), concurrency, mean_depth,
+output_tok_s (median of the repeats), ratio_vs_full, plus the repeats' tok/s, rounds per token, host
+syncs per token and GPU idle fraction where the engine reports them, and the spread of the requests' own
+mean depths.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def rows_of(results: dict) -> list[dict]:
+    mode = results.get("engine_options", {}).get("exit_mode", "ouro")
+    full = {r["concurrency"]: r["median"]["output_tok_s"] for r in results["runs"] if r["workload"] == "full"}
+    rows = []
+    for run in results["runs"]:
+        m, c = run["median"], run["concurrency"]
+        kind, _, arg = run["workload"].partition("=")
+        rows.append(dict(
+            engine=results.get("label", ""), exit_mode=mode, threshold=1.0 if kind == "full" else float(arg),
+            concurrency=c, mean_depth=m["mean_exit_depth"], output_tok_s=m["output_tok_s"],
+            ratio_vs_full=m["output_tok_s"] / full[c] if c in full else None,
+            repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],
+            steady_decode_tok_s=m.get("steady_decode_tok_s"), ttft_p50_s=m["ttft_s"].get("p50"),
+            rounds_per_token=m.get("rounds_per_token"), host_syncs_per_token=m.get("host_syncs_per_token"),
+            gpu_idle_frac=m.get("gpu_idle_frac"), request_depth=m.get("request_depth")))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+")
+    p.add_argument("--out")
+    args = p.parse_args()
+    rows = []
+    for path in args.files:
+        if os.path.exists(path):
+            with open(path) as f:
+                rows += rows_of(json.load(f))
+    fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
+    print(f"{'engine':<8}{'threshold':>10}{'conc':>6}{'depth':>7}{'tok/s':>8}{'x full':>8}{'rnd/tok':>9}"
+          f"{'sync/tok':>10}{'GPU idle':>10}")
+    for r in rows:
+        print(f"{r['engine']:<8}{r['threshold']:>10.2f}{r['concurrency']:>6}{r['mean_depth']:>7.2f}"
+              f"{r['output_tok_s']:>8.0f}{fmt(r['ratio_vs_full'], '{:.2f}'):>8}{fmt(r['rounds_per_token'], '{:.2f}'):>9}"
+              f"{fmt(r['host_syncs_per_token'], '{:.3f}'):>10}{fmt(r['gpu_idle_frac'], '{:.1%}'):>10}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
