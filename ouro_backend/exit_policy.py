@@ -54,22 +54,26 @@ class ExitPolicy:
         return model.gate(h)
 
     def decide(self, x: ExitInputs, lam: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(exit now, remaining, pending) after loop `x.loop` with gate values `lam` (None when the mode
-        reads no gate). The returned state is what loop r+1 carries; a row that exits starts afresh."""
-        r = x.loop
-        if self.mode is ExitMode.TRACE:
-            return r >= x.trace_depth, x.remaining, x.pending
-        at_max = r >= x.max_loops
-        if self.mode is ExitMode.FIXED:
-            return at_max, x.remaining, x.pending
-        gated = x.threshold < 1.0
-        if self.mode is ExitMode.RANDOM_LOOKAHEAD:
-            fire = lam.double() >= x.threshold
-            exit_now = at_max | (gated & x.pending & (r >= x.min_loops))
-            return exit_now, x.remaining, torch.where(gated, x.pending | fire, x.pending)
-        remaining = torch.where(gated, x.remaining * (1.0 - lam.float()), x.remaining)
-        decided = (r >= x.min_loops) & ((1.0 - remaining).double() >= x.threshold)
-        if self.mode is ExitMode.OURO:
-            return at_max | (gated & decided), remaining, x.pending
-        # ouro_delayed: the decision read after loop r takes effect after loop r+1.
-        return at_max | (gated & x.pending), remaining, gated & decided
+        return exit_rule(self.mode, x, lam)
+
+
+def exit_rule(mode: ExitMode, x: ExitInputs, lam: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(exit now, remaining, pending) after loop `x.loop` with gate values `lam` (None when the mode reads
+    no gate). The returned state is what loop r+1 carries; a row that exits starts afresh."""
+    r = x.loop
+    if mode is ExitMode.TRACE:
+        return r >= x.trace_depth, x.remaining, x.pending
+    at_max = r >= x.max_loops
+    if mode is ExitMode.FIXED:
+        return at_max, x.remaining, x.pending
+    gated = x.threshold < 1.0
+    if mode is ExitMode.RANDOM_LOOKAHEAD:
+        fire = lam.double() >= x.threshold
+        exit_now = at_max | (gated & x.pending & (r >= x.min_loops))
+        return exit_now, x.remaining, torch.where(gated, x.pending | fire, x.pending)
+    remaining = torch.where(gated, x.remaining * (1.0 - lam.float()), x.remaining)
+    decided = (r >= x.min_loops) & ((1.0 - remaining).double() >= x.threshold)
+    if mode is ExitMode.OURO:
+        return at_max | (gated & decided), remaining, x.pending
+    # ouro_delayed: the decision read after loop r takes effect after loop r+1.
+    return at_max | (gated & x.pending), remaining, gated & decided

@@ -22,10 +22,11 @@ import numpy as np
 import torch
 
 from . import decode_state as ds
+from . import decode_step
 from .attention import AttentionMetadata
-from .config import ExitMode, KVLayout
+from .config import KVLayout
 from .decode_state import DecodeState, NewRow
-from .exit_policy import ExitInputs, ExitPolicy
+from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
 from .model import OuroModel
 from .sampler import SamplerMode, sample, vocab_hashes
@@ -120,17 +121,14 @@ class HostStaging:
 
 @dataclass
 class _DecodeRows:
-    """A round's decode rows, read from the decode state (rows = slots `idx`)."""
+    """A round's decode rows (slots `idx`): the loop's inputs read from the decode state."""
     idx: torch.Tensor
-    ints: torch.Tensor  # [S, NUM_INTS]
-    active: torch.Tensor  # bool
-    pos: torch.Tensor  # clamped to a valid position for inactive rows
-    loop: torch.Tensor
-    slots_all: torch.Tensor  # [S, T]: the KV slot of pos in every plane
-    slot: torch.Tensor  # this loop's KV slot, -1 for inactive rows
-    seq_lens: torch.Tensor  # int32
-    tables: torch.Tensor  # int32 [S, max_blocks]: this loop's plane
+    pos: torch.Tensor
+    slot: torch.Tensor
+    seq_lens: torch.Tensor
+    tables: torch.Tensor
     h: torch.Tensor
+    slots_all: torch.Tensor
 
 
 @dataclass
@@ -171,7 +169,15 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // kv.block_size)
         self.state = DecodeState(num_slots, T, self.max_blocks, model.cfg.hidden_size, model.dtype, dev)
         self.vocab_hash = vocab_hashes(model.cfg.vocab_size, dev)
-        self.eos = torch.tensor(sorted(eos_ids), dtype=torch.int64, device=dev)
+        self.eos = torch.tensor(sorted(eos_ids) or [-1], dtype=torch.int64, device=dev)  # -1: no EOS
+        self._last_exited = kv.layout is KVLayout.LAST_EXITED
+        # The state machine around the loop: fused Triton kernels with the graph-safe GPU backends, else
+        # their torch twins (same functions).
+        if dev.type == "cuda" and getattr(model.backend, "graph_safe", False):
+            from .kernels import decode_step as ops
+        else:
+            ops = decode_step
+        self.ops = ops
         self.carry: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> (loop output, first row) of a prompt chunk
         self.stats = RunnerStats()
         self.record_logits = False
@@ -197,67 +203,30 @@ class ModelRunner:
 
     # ---- the decode state machine (runs eagerly or inside a graph) ----
     def _decode_rows(self, idx: torch.Tensor) -> _DecodeRows:
-        st, bs, T = self.state, self.kv.block_size, self.num_loops
-        ints = st.ints.index_select(0, idx)
-        active = ints[:, ds.ACTIVE] > 0
-        pos = torch.where(active, ints[:, ds.POS], 0)
-        loop = ints[:, ds.LOOP]
-        slots_all = st.slots_at(idx, pos, bs)
-        if self.kv.layout is KVLayout.LAST_EXITED:
-            plane = (loop - 1).clamp(0, T - 1)
-        else:
-            plane = torch.full_like(loop, T - 1)
-        slot = torch.where(active, slots_all.gather(1, plane[:, None])[:, 0], -1)
-        h = torch.where((loop == 1)[:, None], self.model.embed(ints[:, ds.TOKEN]), st.hidden.index_select(0, idx))
-        return _DecodeRows(idx, ints, active, pos, loop, slots_all, slot,
-                           torch.where(active, pos + 1, 1).int(), st.tables[idx, plane], h)
+        d = self.ops.prepare(self.state, idx, self.model.embed_tokens, self.kv.block_size, self._last_exited)
+        return _DecodeRows(idx, d.pos, d.slot, d.seq_lens, d.tables, d.h, d.slots_all)
 
     def _advance_decode(self, rows: _DecodeRows, out: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> torch.Tensor:
-        """After the loop: exits, LAST_EXITED fill, coda and next step for every decode row; returns logits."""
-        st, ints, T = self.state, rows.ints, self.num_loops
+        """After the loop: gate, coda, then exits, next steps and the LAST_EXITED fill; returns the logits."""
+        st, idx = self.state, rows.idx
         lam = self.policy.gate_values(self.model, out) if self.policy.needs_gate else None
-        x = ExitInputs(rows.loop, st.remaining.index_select(0, rows.idx), ints[:, ds.PENDING] > 0,
-                       ints[:, ds.MIN_LOOPS], ints[:, ds.MAX_LOOPS], st.floats.index_select(0, rows.idx)[:, ds.THRESHOLD],
-                       st.trace_depth(ints, rows.idx) if self.policy.mode is ExitMode.TRACE else None)
-        exit_now, remaining, pending = self.policy.decide(x, lam)
-        exit_now = exit_now & rows.active
-        if self.kv.layout is KVLayout.LAST_EXITED and T > 1:
-            # Copy the exit plane's KV of this position into the deeper planes (DESIGN section 2).
-            fill = exit_now[:, None] & (self._arange[None, :T] >= rows.loop[:, None])
-            src = rows.slots_all.gather(1, (rows.loop - 1).clamp(0, T - 1)[:, None]).expand(-1, T)
-            self.model.backend.copy_kv_slots(self.kv.kv, torch.where(fill, src, -1).flatten(),
-                                             torch.where(fill, rows.slots_all, -1).flatten())
-        st.hidden.index_copy_(0, rows.idx, out)
         logits = self.model.logits(out)
-        self._emit(rows.idx, ints, rows.active, exit_now, logits, rows.loop, remaining, pending, rec, mode)
+        tok, lp = self._sample(idx, logits, mode)
+        src, dst = self.ops.advance(st, idx, lam, tok, lp, rows.slots_all, self.eos, rec, self.policy.mode,
+                                    self._last_exited)
+        if self._last_exited and self.num_loops > 1:
+            self.model.backend.copy_kv_slots(self.kv.kv, src.flatten(), dst.flatten())
+        st.hidden.index_copy_(0, idx, out)
         return logits
 
-    def _emit(self, idx: torch.Tensor, ints: torch.Tensor, active: torch.Tensor, emit: torch.Tensor,
-              logits: torch.Tensor, depth: torch.Tensor, remaining: torch.Tensor, pending: torch.Tensor,
-              rec: torch.Tensor, mode: SamplerMode) -> None:
-        """Sample a token for the emitting rows, record it, and write every row's next step: loop r+1 of
-        the same token, or loop 1 of the next one; a request that reaches max_tokens or EOS goes idle."""
-        st = self.state
-        floats = st.floats.index_select(0, idx)
-        tok, lp = sample(logits, mode, floats[:, ds.TEMPERATURE], ints[:, ds.TOP_K], floats[:, ds.TOP_P],
-                         ints[:, ds.SEED], ints[:, ds.NGEN], self.vocab_hash)
-        ngen = ints[:, ds.NGEN] + emit.long()
-        stop = ngen >= ints[:, ds.MAX_TOKENS]
-        if self.eos.numel():
-            is_eos = (tok[:, None] == self.eos[None, :]).any(-1)
-            stop = stop | (is_eos & (ints[:, ds.IGNORE_EOS] == 0) & (ngen >= ints[:, ds.MIN_TOKENS]))
-        changed = {
-            ds.ACTIVE: (active & ~(emit & stop)).long(),
-            ds.TOKEN: torch.where(emit, tok, ints[:, ds.TOKEN]),
-            ds.POS: ints[:, ds.POS] + emit.long(),
-            ds.NGEN: ngen,
-            ds.LOOP: torch.where(emit, 1, ints[:, ds.LOOP] + active.long()),
-            ds.PENDING: (pending & ~emit).long(),
-        }
-        # One write of whole rows (a stack of column views) instead of a clone and a write per column.
-        st.ints.index_copy_(0, idx, torch.stack([changed.get(c, ints[:, c]) for c in range(ds.NUM_INTS)], dim=1))
-        st.remaining.index_copy_(0, idx, torch.where(emit, 1.0, remaining))
-        rec.index_copy_(1, idx, torch.stack([emit.float(), tok.float(), depth.float(), lp.float()]))
+    def _sample(self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' next tokens (counter = tokens the request generated so far) and their logprobs."""
+        if mode is SamplerMode.GREEDY:  # no per-row sampling values needed
+            zero = torch.zeros_like(idx)
+            return sample(logits, mode, zero, zero, zero, zero, zero, self.vocab_hash)
+        ints, floats = self.state.ints.index_select(0, idx), self.state.floats.index_select(0, idx)
+        return sample(logits, mode, floats[:, ds.TEMPERATURE], ints[:, ds.TOP_K], floats[:, ds.TOP_P],
+                      ints[:, ds.SEED], ints[:, ds.NGEN], self.vocab_hash)
 
     def _complete_prompts(self, chunks: list[PrefillChunk], out: torch.Tensor, first_row: list[int],
                           rec: torch.Tensor, mode: SamplerMode) -> Optional[torch.Tensor]:
@@ -266,11 +235,12 @@ class ModelRunner:
             return None
         idx = self._to_dev([c.slot for c in chunks], torch.long)
         last = self._to_dev([first_row[i] + c.n - 1 for i, c in enumerate(chunks)], torch.long)
-        ints = self.state.ints.index_select(0, idx)
         logits = self.model.logits(out.index_select(0, last))
+        tok, lp = self._sample(idx, logits, mode)
         yes = torch.ones(len(chunks), dtype=torch.bool, device=self.device)
         depth = torch.full((len(chunks),), self.num_loops, dtype=torch.long, device=self.device)
-        self._emit(idx, ints, yes, yes, logits, depth, torch.ones(len(chunks), device=self.device), ~yes, rec, mode)
+        decode_step.emit(self.state, idx, self.state.ints.index_select(0, idx), yes, yes, tok, lp, depth,
+                         torch.ones(len(chunks), device=self.device), ~yes, self.eos, rec)
         return logits
 
     # ---- launches ----

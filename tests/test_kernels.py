@@ -94,7 +94,7 @@ def test_kernels_really_run_triton():
     if HAS_CUDA:
         return
     for fn in (K.paged_attention, K.write_kv, K.copy_kv_slots, K.rms_norm, K.sandwich_norm, K.rope_,
-               K.rope_and_write_kv, K.silu_mul):
+               K.rope_and_write_kv, K.silu_mul, K.decode_step.prepare, K.decode_step.advance):
         kernels = [v for k, v in fn.__globals__.items() if k.startswith("_") and k.endswith("_kernel")]
         assert kernels and all(kernel_is_interpreted(k) for k in kernels), fn.__name__
 
@@ -437,3 +437,93 @@ def test_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, "-m", "ouro_backend.kernels.aot_check", "--arch", "90"], cwd=root,
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the decode state machine: fused kernels vs their torch twins (ouro_backend/decode_step.py)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _random_state(dtype, gen, slots=7, T=4, blocks=6, H=40, V=50):
+    from ouro_backend import decode_state as ds
+    from ouro_backend.decode_state import DecodeState
+
+    st = DecodeState(slots, T, blocks, H, dtype, torch.device(DEV))
+    r = lambda lo, hi: torch.randint(lo, hi, (slots,), generator=gen)  # noqa: E731
+    ints = torch.zeros(slots, ds.NUM_INTS, dtype=torch.int64)
+    ints[:, ds.ACTIVE] = r(0, 2)
+    ints[:, ds.TOKEN] = r(0, V)
+    ints[:, ds.POS] = r(0, blocks * 4)
+    ints[:, ds.LOOP] = r(1, T + 1)
+    ints[:, ds.NGEN] = r(0, 5)
+    ints[:, ds.PENDING] = r(0, 2)
+    ints[:, ds.MIN_LOOPS] = r(1, 3)
+    ints[:, ds.MAX_LOOPS] = r(2, T + 1)
+    ints[:, ds.MAX_TOKENS] = r(1, 6)
+    ints[:, ds.MIN_TOKENS] = r(0, 3)
+    ints[:, ds.IGNORE_EOS] = r(0, 2)
+    ints[:, ds.TRACE_LEN] = r(1, 5)
+    st.ints.copy_(ints)
+    thr = torch.tensor([0.0, 0.3, 0.5, 0.7, 0.8, 1.0, 0.95], dtype=torch.float64)[torch.randperm(7, generator=gen)]
+    st.floats[:, ds.THRESHOLD] = thr[:slots].to(DEV)
+    st.remaining.copy_(torch.rand(slots, generator=gen))
+    st.trace.copy_(torch.randint(1, T + 1, st.trace.shape, generator=gen))
+    st.tables.copy_(torch.randint(0, 30, st.tables.shape, generator=gen, dtype=torch.int32))
+    st.hidden.copy_(torch.randn(slots, H, generator=gen).to(dtype))
+    embed = torch.randn(V, H, generator=gen).to(dtype).to(DEV)
+    return st, embed
+
+
+def _clone_state(st):
+    import copy
+
+    c = copy.copy(st)
+    for name in ("ints", "floats", "remaining", "trace", "tables", "hidden"):
+        setattr(c, name, getattr(st, name).clone())
+    return c
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("last_exited", [True, False])
+def test_decode_prepare_matches_twin(dtype, last_exited):
+    from ouro_backend import decode_step as twin
+
+    gen = torch.Generator().manual_seed(5)
+    st, embed = _random_state(dtype, gen)
+    idx = torch.tensor([4, 0, 6, 2, 3], device=DEV)
+    got = K.decode_step.prepare(st, idx, embed, 4, last_exited)
+    want = twin.prepare(st, idx, embed, 4, last_exited)
+    for name in ("pos", "slot", "seq_lens", "tables", "h", "slots_all"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w.cpu()), name
+    assert (want.slot == -1).any() and (want.slot >= 0).any()
+
+
+@pytest.mark.parametrize("mode", ["ouro", "ouro_delayed", "random_lookahead", "trace", "fixed"])
+@pytest.mark.parametrize("last_exited", [True, False])
+def test_decode_advance_matches_twin(mode, last_exited):
+    """Every column of the next state, the hazard, the record and the fill pairs, bit for bit, over rows
+    that exit, continue, stop on max_tokens or EOS, and idle rows."""
+    from ouro_backend import decode_step as twin
+    from ouro_backend.config import ExitMode
+
+    gen = torch.Generator().manual_seed(11)
+    exits = 0
+    for trial in range(4):
+        st, _ = _random_state(torch.float32, gen)
+        idx = torch.tensor([1, 5, 0, 3, 6, 2], device=DEV)
+        S, T = idx.shape[0], st.num_loops
+        lam = torch.rand(S, generator=gen).to(DEV)
+        tok = torch.randint(0, 50, (S,), generator=gen).to(DEV)
+        lp = -torch.rand(S, generator=gen).to(DEV)
+        slots_all = torch.randint(0, 100, (S, T), generator=gen).to(DEV)
+        eos = torch.tensor([int(tok[0]), int(tok[3])], device=DEV)
+        a, b = _clone_state(st), _clone_state(st)
+        rec_a, rec_b = a.new_record(1)[0], b.new_record(1)[0]
+        sa, da = K.decode_step.advance(a, idx, lam, tok, lp, slots_all, eos, rec_a, ExitMode(mode), last_exited)
+        sb, db = twin.advance(b, idx, lam, tok, lp, slots_all, eos, rec_b, ExitMode(mode), last_exited)
+        for name in ("ints", "remaining"):
+            assert torch.equal(getattr(a, name).cpu(), getattr(b, name).cpu()), (trial, name)
+        assert torch.equal(rec_a.cpu(), rec_b.cpu()) and torch.equal(sa.cpu(), sb.cpu()) and torch.equal(da.cpu(), db.cpu())
+        exits += int(rec_b[0].sum())
+    assert exits > 0

@@ -3,6 +3,7 @@
 On CUDA tensors the Triton kernels run; under ``TRITON_INTERPRET=1`` (set before importing this package)
 they run in Triton's CPU interpreter; on CPU tensors otherwise the torch references are used.
 """
+from . import decode_step
 from .activation import silu_mul, silu_mul_ref
 from .attention import (
     auto_num_splits,
@@ -21,6 +22,7 @@ __all__ = [
     "build_cos_sin_cache",
     "copy_kv_slots",
     "copy_kv_slots_ref",
+    "decode_step",
     "paged_attention",
     "paged_attention_ref",
     "rms_norm",

@@ -1,0 +1,190 @@
+"""The decode state machine around one loop as two fused kernels (one program per decode row), with the
+torch twins in ``ouro_backend/decode_step.py`` (same signatures, same results bit for bit).
+
+In torch each step is some thirty small launches; inside a decode round's CUDA graph they cost more than
+the round's attention. ``prepare`` writes the loop's inputs (position, KV slot, sequence length, the
+plane's block table, the input row: the token's embedding at loop 1, else the carried hidden state, and
+the slot of the position in every plane). ``advance`` applies the exit rule of the engine's exit mode
+(fp32 hazard, float64 threshold compare, as the torch rule), writes each row's next step and the round's
+record, and emits the LAST_EXITED fill pairs. On CPU tensors without ``TRITON_INTERPRET=1`` the public
+functions fall back to the twins.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import decode_state as ds
+from .. import decode_step as ref
+from ..config import ExitMode
+from ..decode_state import DecodeState
+from ._common import next_pow2, use_triton
+
+_MODES = {ExitMode.OURO: 0, ExitMode.OURO_DELAYED: 1, ExitMode.RANDOM_LOOKAHEAD: 2, ExitMode.TRACE: 3,
+          ExitMode.FIXED: 4}
+
+
+@triton.jit
+def _prepare_kernel(
+    idx_ptr, ints_ptr, tables_ptr, hidden_ptr, embed_ptr,
+    pos_ptr, slot_ptr, lens_ptr, tab_out_ptr, h_ptr, slots_all_ptr,
+    stride_ints, stride_ts, stride_tp, stride_hid, stride_emb, stride_tout, stride_h, W, H,
+    C_ACTIVE: tl.constexpr, C_TOKEN: tl.constexpr, C_POS: tl.constexpr, C_LOOP: tl.constexpr,
+    T: tl.constexpr, T_PAD: tl.constexpr, BS: tl.constexpr, LAST_EXITED: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64)
+    s = tl.load(idx_ptr + i).to(tl.int64)
+    row = ints_ptr + s * stride_ints
+    active = tl.load(row + C_ACTIVE) > 0
+    pos = tl.where(active, tl.load(row + C_POS), 0)
+    loop = tl.load(row + C_LOOP)
+    if LAST_EXITED:
+        plane = tl.minimum(tl.maximum(loop - 1, 0), T - 1)
+    else:
+        plane = loop * 0 + (T - 1)
+    t = tl.arange(0, T_PAD).to(tl.int64)
+    blk = tl.load(tables_ptr + s * stride_ts + t * stride_tp + pos // BS, mask=t < T, other=0).to(tl.int64)
+    slots = blk * BS + pos % BS
+    tl.store(slots_all_ptr + i * T + t, slots, mask=t < T)
+    mine = tl.sum(tl.where(t == plane, slots, 0))
+    tl.store(slot_ptr + i, tl.where(active, mine, -1))
+    tl.store(pos_ptr + i, pos)
+    tl.store(lens_ptr + i, tl.where(active, pos + 1, 1).to(tl.int32))
+    src_tab = tables_ptr + s * stride_ts + plane * stride_tp
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        tl.store(tab_out_ptr + i * stride_tout + w, tl.load(src_tab + w, mask=w < W), mask=w < W)
+    tok = tl.load(row + C_TOKEN).to(tl.int64)
+    first = loop == 1
+    for h0 in range(0, H, BLOCK_H):
+        hh = h0 + tl.arange(0, BLOCK_H)
+        e = tl.load(embed_ptr + tok * stride_emb + hh, mask=hh < H)
+        x = tl.load(hidden_ptr + s * stride_hid + hh, mask=hh < H)
+        tl.store(h_ptr + i * stride_h + hh, tl.where(first, e, x), mask=hh < H)
+
+
+def prepare(state: DecodeState, idx: torch.Tensor, embed: torch.Tensor, block_size: int,
+            last_exited: bool) -> ref.DecodeInputs:
+    if not use_triton(_prepare_kernel, state.ints):
+        return ref.prepare(state, idx, embed, block_size, last_exited)
+    S, T, W = idx.shape[0], state.num_loops, state.max_blocks
+    H = state.hidden.shape[1]
+    dev = state.ints.device
+    out = ref.DecodeInputs(
+        pos=torch.empty(S, dtype=torch.int64, device=dev), slot=torch.empty(S, dtype=torch.int64, device=dev),
+        seq_lens=torch.empty(S, dtype=torch.int32, device=dev),
+        tables=torch.empty(S, W, dtype=torch.int32, device=dev),
+        h=torch.empty(S, H, dtype=state.hidden.dtype, device=dev),
+        slots_all=torch.empty(S, T, dtype=torch.int64, device=dev))
+    _prepare_kernel[(S,)](
+        idx, state.ints, state.tables, state.hidden, embed,
+        out.pos, out.slot, out.seq_lens, out.tables, out.h, out.slots_all,
+        state.ints.stride(0), state.tables.stride(0), state.tables.stride(1), state.hidden.stride(0),
+        embed.stride(0), out.tables.stride(0), out.h.stride(0), W, H,
+        C_ACTIVE=ds.ACTIVE, C_TOKEN=ds.TOKEN, C_POS=ds.POS, C_LOOP=ds.LOOP,
+        T=T, T_PAD=next_pow2(T), BS=block_size, LAST_EXITED=last_exited,
+        BLOCK_W=min(next_pow2(W), 1024), BLOCK_H=min(next_pow2(H), 1024), num_warps=4,
+    )
+    return out
+
+
+@triton.jit
+def _advance_kernel(
+    idx_ptr, ints_ptr, floats_ptr, rem_ptr, trace_ptr, lam_ptr, tok_ptr, lp_ptr, slots_all_ptr, eos_ptr,
+    rec_ptr, src_ptr, dst_ptr,
+    stride_ints, stride_floats, stride_trace, stride_rec, num_eos,
+    C_ACTIVE: tl.constexpr, C_TOKEN: tl.constexpr, C_POS: tl.constexpr, C_LOOP: tl.constexpr,
+    C_NGEN: tl.constexpr, C_PENDING: tl.constexpr, C_MIN_LOOPS: tl.constexpr, C_MAX_LOOPS: tl.constexpr,
+    C_MAX_TOKENS: tl.constexpr, C_MIN_TOKENS: tl.constexpr, C_IGNORE_EOS: tl.constexpr,
+    C_TRACE_LEN: tl.constexpr, C_THRESHOLD: tl.constexpr,
+    MODE: tl.constexpr, LAST_EXITED: tl.constexpr, T: tl.constexpr, T_PAD: tl.constexpr, EOS_PAD: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64)
+    s = tl.load(idx_ptr + i).to(tl.int64)
+    row = ints_ptr + s * stride_ints
+    active = tl.load(row + C_ACTIVE) > 0
+    r = tl.load(row + C_LOOP)
+    ngen0 = tl.load(row + C_NGEN)
+    pending = tl.load(row + C_PENDING) > 0
+    rem = tl.load(rem_ptr + s)
+    rem2 = rem
+    pend2 = pending
+    if MODE == 3:  # trace: this token's depth from the request's list, cycled over decode steps
+        n = tl.maximum(tl.load(row + C_TRACE_LEN), 1)
+        k = tl.maximum(ngen0 - 1, 0) % n
+        ex = r >= tl.load(trace_ptr + s * stride_trace + k)
+    elif MODE == 4:  # fixed depth
+        ex = r >= tl.load(row + C_MAX_LOOPS)
+    else:
+        lam = tl.load(lam_ptr + i)
+        thr = tl.load(floats_ptr + s * stride_floats + C_THRESHOLD)
+        at_max = r >= tl.load(row + C_MAX_LOOPS)
+        past_min = r >= tl.load(row + C_MIN_LOOPS)
+        gated = thr < 1.0
+        if MODE == 2:  # random_lookahead: fire now, exit after one more loop
+            fire = lam.to(tl.float64) >= thr
+            ex = at_max | (gated & pending & past_min)
+            pend2 = tl.where(gated, pending | fire, pending)
+        else:
+            rem2 = tl.where(gated, rem * (1.0 - lam), rem)  # fp32, as the reference
+            decided = past_min & ((1.0 - rem2).to(tl.float64) >= thr)
+            if MODE == 0:
+                ex = at_max | (gated & decided)
+            else:  # ouro_delayed: the decision after loop r applies after loop r+1
+                ex = at_max | (gated & pending)
+                pend2 = gated & decided
+    ex = ex & active
+    tok = tl.load(tok_ptr + i)
+    lp = tl.load(lp_ptr + i)
+    ngen = ngen0 + ex.to(tl.int64)
+    e = tl.arange(0, EOS_PAD)
+    eos = tl.load(eos_ptr + e, mask=e < num_eos, other=-1)
+    is_eos = tl.sum(tl.where(eos == tok, 1, 0)) > 0
+    stop = (ngen >= tl.load(row + C_MAX_TOKENS)) | (
+        is_eos & (tl.load(row + C_IGNORE_EOS) == 0) & (ngen >= tl.load(row + C_MIN_TOKENS)))
+    tl.store(row + C_ACTIVE, (active & ~(ex & stop)).to(tl.int64))
+    tl.store(row + C_TOKEN, tl.where(ex, tok, tl.load(row + C_TOKEN)))
+    tl.store(row + C_POS, tl.load(row + C_POS) + ex.to(tl.int64))
+    tl.store(row + C_NGEN, ngen)
+    tl.store(row + C_LOOP, tl.where(ex, 1, r + active.to(tl.int64)))
+    tl.store(row + C_PENDING, (pend2 & ~ex).to(tl.int64))
+    tl.store(rem_ptr + s, tl.where(ex, 1.0, rem2))
+    tl.store(rec_ptr + s, ex.to(tl.float32))
+    tl.store(rec_ptr + stride_rec + s, tok.to(tl.float32))
+    tl.store(rec_ptr + 2 * stride_rec + s, r.to(tl.float32))
+    tl.store(rec_ptr + 3 * stride_rec + s, lp)
+    t = tl.arange(0, T_PAD).to(tl.int64)
+    slots = tl.load(slots_all_ptr + i * T + t, mask=t < T, other=-1)
+    src = tl.sum(tl.where(t == tl.minimum(tl.maximum(r - 1, 0), T - 1), slots, 0))
+    if LAST_EXITED:
+        fill = ex & (t >= r)
+    else:
+        fill = t < 0
+    tl.store(src_ptr + i * T + t, tl.where(fill, src, -1), mask=t < T)
+    tl.store(dst_ptr + i * T + t, tl.where(fill, slots, -1), mask=t < T)
+
+
+def advance(state: DecodeState, idx: torch.Tensor, lam: Optional[torch.Tensor], tok: torch.Tensor,
+            lp: torch.Tensor, slots_all: torch.Tensor, eos: torch.Tensor, rec: torch.Tensor, mode: ExitMode,
+            last_exited: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if not use_triton(_advance_kernel, state.ints):
+        return ref.advance(state, idx, lam, tok, lp, slots_all, eos, rec, mode, last_exited)
+    S, T = idx.shape[0], state.num_loops
+    src = torch.empty(S, T, dtype=torch.int64, device=idx.device)
+    dst = torch.empty_like(src)
+    assert rec.dim() == 2 and rec.stride(1) == 1 and lp.dtype == torch.float32, (rec.shape, lp.dtype)
+    _advance_kernel[(S,)](
+        idx, state.ints, state.floats, state.remaining, state.trace, lp if lam is None else lam.float(), tok, lp,
+        slots_all, eos, rec, src, dst,
+        state.ints.stride(0), state.floats.stride(0), state.trace.stride(0), rec.stride(0), eos.shape[0],
+        C_ACTIVE=ds.ACTIVE, C_TOKEN=ds.TOKEN, C_POS=ds.POS, C_LOOP=ds.LOOP, C_NGEN=ds.NGEN, C_PENDING=ds.PENDING,
+        C_MIN_LOOPS=ds.MIN_LOOPS, C_MAX_LOOPS=ds.MAX_LOOPS, C_MAX_TOKENS=ds.MAX_TOKENS,
+        C_MIN_TOKENS=ds.MIN_TOKENS, C_IGNORE_EOS=ds.IGNORE_EOS, C_TRACE_LEN=ds.TRACE_LEN, C_THRESHOLD=ds.THRESHOLD,
+        MODE=_MODES[ExitMode(mode)], LAST_EXITED=last_exited, T=T, T_PAD=next_pow2(T),
+        EOS_PAD=next_pow2(eos.shape[0]), num_warps=1, enable_fp_fusion=False,
+    )
+    return src, dst
