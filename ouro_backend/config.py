@@ -182,9 +182,9 @@ class EngineConfig:
     # Larger rounds run eagerly. Eager rounds are bound by the host launching ~220 kernels: on the H200 an
     # eager 2,048-token round took 13-22 ms against 9 ms as a graph (benchmarks/round_anatomy.py).
     cuda_graph_max_tokens: int = 2048
-    # Launch round N+1 before reading round N's tokens back, so host work overlaps the GPU (DESIGN
-    # section 4). Exits are decided on the device, so no round waits for the host. False: every launch
-    # is read back before the next one (a debugging switch; the same code otherwise).
+    # Launch N+1 before reading launch N's tokens back, so host work overlaps the GPU (docs/engine.md).
+    # Exits are decided on the device, so no round waits for the host. False: every launch is read back
+    # before the next one (a debugging switch; the same code otherwise).
     async_scheduling: bool = True
     # Decode rounds per launch when no prompt work is pending and nobody waits: one CUDA graph replays
     # them back to back, so the host's launch and bookkeeping are paid once per launch. 1: one a launch.

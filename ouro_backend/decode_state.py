@@ -1,4 +1,4 @@
-"""The device-resident decode state: one row per engine slot, owned by the model runner (DESIGN section 3).
+"""The device-resident decode state: one row per engine slot, owned by the model runner (docs/engine.md).
 
 A running request holds a slot from admission to its end. While it decodes, its row says everything a
 round needs to advance it without the host: the token in flight, its position and current loop, the

@@ -1,4 +1,4 @@
-"""When a decode token stops looping (DESIGN sections 1 and 3), decided on the device for a whole round.
+"""When a decode token stops looping (docs/engine.md, "Exit rules"), decided on the device for a whole round.
 
 After loop r every decode row has a gate value; `ExitPolicy.decide` turns the rows' loop, gate and
 carried state into "exit now?" plus the state to carry into loop r+1, as tensor arithmetic, so no row's

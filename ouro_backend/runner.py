@@ -6,7 +6,7 @@ device, the LAST_EXITED fill and the coda (LM head + sampling) -> each decode ro
 back into the decode state (`decode_state.py`). Rows whose prompt finishes this round sample their first
 token and become decode rows. Nothing in a round needs the host: each one leaves a record (which slots
 emitted a token, the token, its depth and logprob) that is copied to pinned host memory and read by
-`collect` a launch later (DESIGN sections 3 and 4).
+`collect` a launch later (docs/engine.md).
 
 CUDA graphs: decode-only launches are captured per (row bucket, rounds per launch, sampler mode), state
 update and coda included; rounds with prompt chunks capture the loop per token bucket and run the rest
@@ -14,7 +14,6 @@ eagerly. The runner owns its device state; the scheduler's `Sequence`s carry non
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -26,6 +25,7 @@ from . import decode_step
 from .attention import AttentionMetadata
 from .config import KVLayout
 from .decode_state import DecodeState, NewRow
+from .decode_step import DecodeInputs
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
 from .model import OuroModel
@@ -61,8 +61,6 @@ class RunnerStats:
     graph_launches: int = 0
     eager_launches: int = 0
     host_syncs: int = 0  # reads that waited for the device with no later launch queued (the GPU drained)
-    gpu_span_s: float = 0.0  # from the first launch's start to the last one's end (track_gpu_time)
-    gpu_busy_s: float = 0.0  # sum of the launches' device time (track_gpu_time)
 
 
 class HostStaging:
@@ -117,18 +115,6 @@ class HostStaging:
         ready = torch.cuda.Event()
         ready.record()
         return host, ready
-
-
-@dataclass
-class _DecodeRows:
-    """A round's decode rows (slots `idx`): the loop's inputs read from the decode state."""
-    idx: torch.Tensor
-    pos: torch.Tensor
-    slot: torch.Tensor
-    seq_lens: torch.Tensor
-    tables: torch.Tensor
-    h: torch.Tensor
-    slots_all: torch.Tensor
 
 
 @dataclass
@@ -202,13 +188,14 @@ class ModelRunner:
         return self.staging.put(data, dtype)
 
     # ---- the decode state machine (runs eagerly or inside a graph) ----
-    def _decode_rows(self, idx: torch.Tensor) -> _DecodeRows:
-        d = self.ops.prepare(self.state, idx, self.model.embed_tokens, self.kv.block_size, self._last_exited)
-        return _DecodeRows(idx, d.pos, d.slot, d.seq_lens, d.tables, d.h, d.slots_all)
+    def _decode_inputs(self, idx: torch.Tensor) -> DecodeInputs:
+        """The loop's inputs for decode rows `idx` (slots), read from the decode state."""
+        return self.ops.prepare(self.state, idx, self.model.embed_tokens, self.kv.block_size, self._last_exited)
 
-    def _advance_decode(self, rows: _DecodeRows, out: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> torch.Tensor:
+    def _advance_decode(self, idx: torch.Tensor, rows: DecodeInputs, out: torch.Tensor, rec: torch.Tensor,
+                        mode: SamplerMode) -> torch.Tensor:
         """After the loop: gate, coda, then exits, next steps and the LAST_EXITED fill; returns the logits."""
-        st, idx = self.state, rows.idx
+        st = self.state
         lam = self.policy.gate_values(self.model, out) if self.policy.needs_gate else None
         logits = self.model.logits(out)
         tok, lp = self._sample(idx, logits, mode)
@@ -298,20 +285,16 @@ class ModelRunner:
             if self.record_logits:  # one round a launch then: the graph keeps the last round's logits
                 launch.logits.append([(list(range(graph.rows)), graph.logits.float().clone())])
             return graph.rec
-        idx = self._to_dev(plan.decode_slots, torch.long)
         rec = self.state.new_record(rounds)
-        for r in range(rounds):
-            rows = self._decode_rows(idx)
-            out = self.model.loop(rows.h, rows.pos, self._decode_meta(rows), self.kv.kv)
-            logits = self._advance_decode(rows, out, rec[r], plan.sampler)
-            if self.record_logits:
-                launch.logits.append([(plan.decode_slots, logits.float())])
+        logits = self._decode_steps(self._to_dev(plan.decode_slots, torch.long), rec, plan.sampler)
+        if self.record_logits:  # one round a launch then
+            launch.logits.append([(plan.decode_slots, logits.float())])
         self.stats.eager_launches += 1
         self.eager_rounds += rounds
         return rec
 
-    def _decode_meta(self, rows: _DecodeRows) -> AttentionMetadata:
-        S = rows.idx.shape[0]
+    def _decode_meta(self, rows: DecodeInputs) -> AttentionMetadata:
+        S = rows.pos.shape[0]
         return AttentionMetadata(self._arange[: S + 1].int(), rows.seq_lens, rows.tables, rows.slot,
                                  max_seqlen_q=1, max_seqlen_k=self.max_model_len,
                                  cu_seqlens_q_host=list(range(S + 1)))
@@ -391,7 +374,7 @@ class ModelRunner:
         """One loop over decode rows `idx` (from the state; None: none) followed by prompt tokens `pre`;
         advances the decode rows and returns the prompt tokens' loop output and the decode rows' logits."""
         D = 0 if idx is None else idx.shape[0]
-        dec = self._decode_rows(idx) if D else None
+        dec = self._decode_inputs(idx) if D else None
         cat = (lambda a, b: torch.cat([a, b])) if D else (lambda a, b: b)  # noqa: E731
         meta = AttentionMetadata(pre.cu, cat(dec.seq_lens if D else None, pre.lens),
                                  cat(dec.tables if D else None, pre.tables), cat(dec.slot if D else None, pre.slot),
@@ -401,7 +384,7 @@ class ModelRunner:
                                  decode_rows=D, cu_prefill=pre.cu[D:] - D if D else None)
         out = self.model.loop(cat(dec.h if D else None, pre.h), cat(dec.pos if D else None, pre.pos), meta,
                               self.kv.kv)
-        logits = self._advance_decode(dec, out[:D], rec, mode) if D else None
+        logits = self._advance_decode(idx, dec, out[:D], rec, mode) if D else None
         return out[D:], logits
 
     @torch.inference_mode()
@@ -512,9 +495,9 @@ class ModelRunner:
     def _decode_steps(self, idx: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> torch.Tensor:
         logits = None
         for r in range(rec.shape[0]):
-            rows = self._decode_rows(idx)
+            rows = self._decode_inputs(idx)
             out = self.model.loop(rows.h, rows.pos, self._decode_meta(rows), self.kv.kv)
-            logits = self._advance_decode(rows, out, rec[r], mode)
+            logits = self._advance_decode(idx, rows, out, rec[r], mode)
         return logits
 
     def _pick_decode_graph(self, span: int, rounds: int, mode: SamplerMode) -> Optional[_Graph]:

@@ -1,4 +1,4 @@
-"""Continuous depth batching (DESIGN section 3): the scheduler owns every request's host-side state.
+"""Continuous depth batching (docs/engine.md): the scheduler owns every request's host-side state.
 
 Each step it plans one launch (`SchedulerOutput`) with explicit kinds of work:
 
