@@ -8,10 +8,18 @@ GPU and runs `LLMEngine.step()` back to back; the Triton models only parse, rout
 
 Who talks to it:
 * the owner (the `ouro_engine` model) spawns it and holds a socketpair to it. That channel carries the
-  engine config, the start-up result, the owner's own requests and the engine's metrics. The child exits
-  when it closes: the owner was unloaded, or died (the kernel closes a killed process's end).
+  engine config, the connection key, the start-up result, the owner's own requests and the engine's
+  metrics. The child exits when it closes: the owner was unloaded, or died (the kernel closes a killed
+  process's end).
 * other clients (the `ouro` front) connect to its Unix socket at `address` and send requests directly,
   with no Triton hop in between.
+
+Security: what crosses the socket is pickled, so a peer that gets in could run code as the server's user.
+The socket lives in `<tmp>/ouro-triton-<uid>/`, which must be a directory of this user that no one else
+can enter (`private_dir` refuses anything else), and every connection must prove it holds the engine's
+secret key (multiprocessing's HMAC challenge, both ways) before a single message is unpickled. The owner
+draws the key, hands it to the child over the owner channel and leaves it, readable by this user only,
+in `<address>.key`, where the other models of the same server read it.
 
 Messages (pickled by multiprocessing.connection), in order per connection:
   client -> engine   ("add", rid, prompt_ids, SamplingParams)   ("abort", rid)
@@ -37,7 +45,10 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection, Listener
+import secrets
+import stat
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
 from typing import Callable, NamedTuple, Optional
 
 from .config import ConfigError, EngineConfig
@@ -74,12 +85,76 @@ class EngineProcessError(RuntimeError):
     """The engine process could not start, or is gone."""
 
 
+def _shutdown(conn: Connection) -> None:
+    """Wake a thread blocked reading `conn` (closing the fd alone would not)."""
+    try:
+        sock = socket.socket(fileno=conn.fileno())
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.detach()
+    except (OSError, ValueError):
+        pass
+
+
+HANDSHAKE_TIMEOUT_S = 5.0  # a peer that connects and does not answer the challenge is cut off after this
+
+
+def private_dir() -> str:
+    """`<tmp>/ouro-triton-<uid>`, created 0700 if missing. Refused unless it is a real directory owned by
+    this user that no one else can enter: another user who made it first (or can write to it) could put
+    their own socket in the engine's place or connect to it."""
+    uid = os.getuid()
+    directory = os.path.join(tempfile.gettempdir(), f"ouro-triton-{uid}")
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise EngineProcessError(f"{directory} is not a directory (a link or a file is in its place); "
+                                 f"remove it, or set TMPDIR to another directory")
+    if st.st_uid != uid:
+        raise EngineProcessError(f"{directory} belongs to uid {st.st_uid}, not to this user (uid {uid}): another "
+                                 f"user could control the engine's socket; remove it, or set TMPDIR")
+    if st.st_mode & 0o077:
+        raise EngineProcessError(f"{directory} is accessible by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                                 f"run 'chmod 700 {directory}' or remove it")
+    return directory
+
+
 def engine_address(engine_model: str, server_pid: int) -> str:
     """The socket of the engine owned by model `engine_model` in the tritonserver with pid `server_pid`:
-    deterministic, so another model of the same server finds it; in a directory only this user can open."""
-    directory = os.path.join(tempfile.gettempdir(), f"ouro-triton-{os.getuid()}")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    return os.path.join(directory, f"engine-{server_pid}-{engine_model}.sock")
+    deterministic, so another model of the same server finds it; in `private_dir()`."""
+    return os.path.join(private_dir(), f"engine-{server_pid}-{engine_model}.sock")
+
+
+def key_path(address: str) -> str:
+    return address + ".key"
+
+
+def write_key(address: str) -> bytes:
+    """A fresh secret for the engine at `address`, left in `<address>.key` (0600, this user's)."""
+    key = secrets.token_bytes(32)
+    path = key_path(address)
+    _remove(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    return key
+
+
+def _remove(path: str) -> None:
+    if os.path.lexists(path):
+        os.unlink(path)
+
+
+def read_key(address: str) -> bytes:
+    """The secret of the engine at `address`; OSError while there is none (the owner may be starting it)."""
+    fd = os.open(key_path(address), os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise EngineProcessError(f"{key_path(address)} is not private to this user; refusing to use it")
+        return f.read()
 
 
 # ------------------------------------------------------------------------------------------ client side
@@ -99,18 +174,20 @@ class EngineClient:
         self._reader.start()
 
     @classmethod
-    def connect(cls, address: str, on_message, on_close, timeout_s: float = 5.0) -> "EngineClient":
-        """Connect to a running engine process; retries until `timeout_s` (the owner may still be starting it)."""
+    def connect(cls, address: str, on_message, on_close, timeout_s: float = 5.0,
+                authkey: Optional[bytes] = None) -> "EngineClient":
+        """Connect to a running engine process, authenticated with its key (`authkey`, else read from
+        `<address>.key`); retries until `timeout_s` (the owner may still be starting it)."""
         deadline = time.monotonic() + timeout_s
         while True:
             conn = None
             try:
-                conn = Client(address, family="AF_UNIX")
+                conn = Client(address, family="AF_UNIX", authkey=authkey if authkey is not None else read_key(address))
                 kind, info = conn.recv()
                 if kind != "hello":
                     raise OSError(f"unexpected first message {kind!r}")
                 return cls(conn, info, on_message, on_close)
-            except (OSError, EOFError) as e:  # not there yet, or gone during the handshake
+            except (OSError, EOFError, AuthenticationError) as e:  # not there yet, restarted, or gone
                 if conn is not None:
                     conn.close()
                 if time.monotonic() >= deadline:
@@ -153,12 +230,7 @@ class EngineClient:
     def close(self) -> None:
         """Shut the connection down; the reader thread sees the end, closes it and calls on_close."""
         self.closed = True
-        try:
-            sock = socket.socket(fileno=self.conn.fileno())
-            sock.shutdown(socket.SHUT_RDWR)
-            sock.detach()
-        except (OSError, ValueError):
-            pass
+        _shutdown(self.conn)
         if threading.current_thread() is not self._reader:
             self._reader.join(timeout=5)
 
@@ -179,6 +251,7 @@ def start_engine_process(config: EngineConfig, address: str, on_message, on_clos
     """Spawn the engine process and wait until its engine is built (weights, KV, CUDA graphs).
     Returns the owner's client and the process. Raises ConfigError for a bad config or checkpoint (the
     child's message), EngineProcessError if it died."""
+    authkey = write_key(address)
     parent, child = socket.socketpair()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
@@ -187,16 +260,18 @@ def start_engine_process(config: EngineConfig, address: str, on_message, on_clos
     child.close()
     conn = Connection(parent.detach())
     try:
-        conn.send(("start", config, metrics_interval_s))
+        conn.send(("start", config, metrics_interval_s, authkey))
         kind, payload = conn.recv()
     except (EOFError, OSError):
         code = proc.wait(timeout=30)
         conn.close()
+        _remove(key_path(address))
         raise EngineProcessError(f"the engine process exited with code {code} while starting "
                                  "(its traceback is in the server log)") from None
     if kind == "init_error":
         proc.wait(timeout=30)
         conn.close()
+        _remove(key_path(address))
         raise ConfigError(payload)
     return EngineClient(conn, payload, on_message, on_close, name="ouro-engine-owner"), proc
 
@@ -223,8 +298,9 @@ class _Peer:
 class EngineServer:
     """The child's side: the step loop on the main thread, one reader thread per connection."""
 
-    def __init__(self, engine, owner: Connection, address: str, metrics_interval_s: float):
+    def __init__(self, engine, owner: Connection, address: str, metrics_interval_s: float, authkey: bytes):
         self.engine = engine
+        self.authkey = authkey
         self.metrics = MetricsBuffer()
         self.metrics_interval_s = metrics_interval_s
         self.info = EngineInfo(engine.model_path, str(engine.device), str(engine.dtype).replace("torch.", ""),
@@ -316,9 +392,26 @@ class EngineServer:
                 conn = self.listener.accept()
             except OSError:
                 return
-            peer = _Peer(conn, owner=False)
-            if peer.send(("hello", self.info)):
-                threading.Thread(target=self._read, args=(peer,), name="client", daemon=True).start()
+            threading.Thread(target=self._admit, args=(conn,), name="client", daemon=True).start()
+
+    def _admit(self, conn: Connection) -> None:
+        """Authenticate a new connection (on its own thread, so a silent peer holds up no one; it is cut
+        off after HANDSHAKE_TIMEOUT_S), then serve it. Nothing it sent is unpickled before that."""
+        timer = threading.Timer(HANDSHAKE_TIMEOUT_S, _shutdown, args=(conn,))
+        timer.start()
+        try:
+            deliver_challenge(conn, self.authkey)
+            answer_challenge(conn, self.authkey)
+        except (AuthenticationError, EOFError, OSError) as e:
+            log.warning("engine process: refused a connection that did not authenticate (%s)",
+                        e or type(e).__name__)
+            conn.close()
+            return
+        finally:
+            timer.cancel()
+        peer = _Peer(conn, owner=False)
+        if peer.send(("hello", self.info)):
+            self._read(peer)
 
     def _read(self, peer: _Peer) -> None:
         try:
@@ -397,7 +490,7 @@ def main(argv: Optional[list] = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[ouro engine %(process)d] %(levelname)s %(message)s")
     owner = Connection(args.owner_fd)
-    kind, config, metrics_interval_s = owner.recv()
+    kind, config, metrics_interval_s, authkey = owner.recv()
     try:
         from .engine import LLMEngine
 
@@ -409,13 +502,13 @@ def main(argv: Optional[list] = None) -> int:
         traceback.print_exc()
         owner.send(("init_error", f"the engine failed to start: {type(e).__name__}: {e}"))
         return 1
-    server = EngineServer(engine, owner, args.address, metrics_interval_s)
+    server = EngineServer(engine, owner, args.address, metrics_interval_s, authkey)
     log.info("serving on %s (pid %d)", args.address, os.getpid())
     try:
         server.serve()
     finally:
-        if os.path.exists(args.address):
-            os.unlink(args.address)
+        _remove(args.address)
+        _remove(key_path(args.address))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown of CUDA state and daemon threads

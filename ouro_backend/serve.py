@@ -1,7 +1,14 @@
 """`ouro-serve`: start Triton Inference Server on the Ouro model repository.
 
-    ouro-serve [--model DIR] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+    ouro-serve [--model DIR] [--address 0.0.0.0] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
                [--engine-arg key=value ...] [--model-repository DIR] [--log-file PATH] [--log-verbose N]
+
+Network exposure: HTTP, gRPC and metrics bind to --address, by default 0.0.0.0 (every interface, as
+tritonserver does): anyone who can reach the ports can run inference, cancel nothing of others, and read
+the metrics. Use --address 127.0.0.1 to serve this host only (behind a proxy), and for production see
+tritonserver's --http-restricted-api / --grpc-restricted-api (pass them with --tritonserver-arg) to
+keep the model-control, repository and shared-memory APIs behind a header key. The engine process is
+reached only through a Unix socket in a directory private to this user, with a per-server key.
 
 Which server: `$TRITONSERVER` or `tritonserver` on PATH (the NGC container), else the Triton 2.51 server
 inside the `nvidia-pytriton` wheel, prepared to run outside a container (DESIGN section 6): the Python
@@ -134,8 +141,10 @@ class TritonServer:
     def __init__(self, model: Optional[str] = None, http_port: int = 8000, grpc_port: int = 8001,
                  metrics_port: int = 8002, model_repository: Optional[str] = None,
                  engine_args: Optional[Mapping[str, str]] = None, log_file: Optional[str] = None,
-                 extra_args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None, log_verbose: int = 0):
+                 extra_args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None, log_verbose: int = 0,
+                 address: Optional[str] = None):
         self.model = model
+        self.address = address  # None: tritonserver's default (every interface)
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.model_repository = str(model_repository or default_repository())
         self.engine_args = dict(engine_args or {})
@@ -151,22 +160,30 @@ class TritonServer:
         self._log_handle = None
 
     @property
+    def host(self) -> str:
+        """Where this machine reaches the server."""
+        return "localhost" if self.address in (None, "0.0.0.0", "::", "127.0.0.1", "localhost") else self.address
+
+    @property
     def http_url(self) -> str:
-        return f"localhost:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"localhost:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://localhost:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         binary, backend_dir, env_extra = find_tritonserver()
         cmd = [binary, f"--model-repository={self.model_repository}", f"--http-port={self.http_port}",
                f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
                "--allow-metrics=true", "--allow-gpu-metrics=false"]
+        if self.address:
+            cmd += [f"--http-address={self.address}", f"--grpc-address={self.address}",
+                    f"--metrics-address={self.address}"]
         if backend_dir:
             cmd.append(f"--backend-directory={backend_dir}")
         if self.log_verbose:
@@ -256,6 +273,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="ouro-serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--model", default=None, help="checkpoint directory (default: $OURO_MODEL_PATH, else the toy)")
+    p.add_argument("--address", default="0.0.0.0",
+                   help="interface the HTTP, gRPC and metrics ports bind to (127.0.0.1: this host only)")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
@@ -296,7 +315,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         server = TritonServer(model=model, http_port=args.http_port, grpc_port=args.grpc_port,
                               metrics_port=args.metrics_port, model_repository=str(repository),
                               engine_args=engine_args, log_file=args.log_file, extra_args=args.tritonserver_arg,
-                              log_verbose=args.log_verbose)
+                              log_verbose=args.log_verbose, address=args.address)
         cmd, _ = server.command()
     except ServerError as e:
         print(f"ouro-serve: {e}", file=sys.stderr)
@@ -314,7 +333,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         server.start(wait=False)
         server.wait_ready(args.timeout)
-        print(f"ouro-serve: ready\n"
+        print(f"ouro-serve: ready (listening on {args.address}{': every interface' if args.address == '0.0.0.0' else ''})\n"
               f"  HTTP     http://{server.http_url}  (POST /v2/models/ouro/generate, /generate_stream)\n"
               f"  gRPC     {server.grpc_url}  (ModelStreamInfer: models ouro, ouro_ensemble, ouro_engine)\n"
               f"  metrics  {server.metrics_url}\n"

@@ -144,6 +144,58 @@ def test_client_that_goes_away_frees_its_requests(engine):
                and inbox.stats[-1].stats["kv_usage"] == 0)
 
 
+def test_client_without_the_key_is_rejected_and_the_server_keeps_serving(engine):
+    """Nothing a peer sends is unpickled before it proves it holds the engine's key: a client without the
+    key, one with a wrong key and one that says nothing are all cut off; the rest carry on."""
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    client, _, inbox, address = engine
+    assert os.stat(address + ".key").st_mode & 0o777 == 0o600
+    silent = Client(address, family="AF_UNIX")  # connects, never answers the challenge
+    with pytest.raises(AuthenticationError):
+        Client(address, family="AF_UNIX", authkey=b"not the key")
+    raw = Client(address, family="AF_UNIX")  # no key: its message is taken as the challenge's answer
+    raw.send(("add", "sneaky", [5, 6], SamplingParams(**GREEDY)))
+    got = []
+    with pytest.raises((EOFError, OSError)):
+        for _ in range(10):
+            got.append(raw.recv_bytes())
+    assert not any(b"hello" in m for m in got)
+    # The server still serves: a client with the key connects and runs a request with the same id.
+    other = Inbox()
+    second = EngineClient.connect(address, other.on_message, other.on_close)
+    try:
+        second.add("sneaky", [5, 6], SamplingParams(**GREEDY))
+        other.pump(lambda: "sneaky" in other.reasons)
+        assert other.reasons["sneaky"] == "length" and len(other.tokens["sneaky"]) == GREEDY["max_tokens"]
+    finally:
+        second.close()
+    silent.close()
+
+
+def test_foreign_or_open_socket_directory_is_refused(monkeypatch, tmp_path):
+    from ouro_backend import engine_process
+
+    monkeypatch.setattr(engine_process.tempfile, "gettempdir", lambda: str(tmp_path))
+    directory = tmp_path / f"ouro-triton-{os.getuid()}"
+    assert engine_address("m", 1).startswith(str(directory))  # created, 0700
+    assert directory.stat().st_mode & 0o777 == 0o700
+    directory.chmod(0o777)
+    with pytest.raises(EngineProcessError, match="accessible by other users"):
+        engine_address("m", 1)
+    directory.chmod(0o700)
+    if os.getuid() == 0:  # only root can give it away
+        os.chown(directory, 65534, 65534)
+        with pytest.raises(EngineProcessError, match="belongs to uid 65534"):
+            engine_address("m", 1)
+    directory.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    directory.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(EngineProcessError, match="not a directory"):
+        engine_address("m", 1)
+
+
 def test_no_engine_at_address():
     with pytest.raises(EngineProcessError, match="no engine process"):
         EngineClient.connect(engine_address("nobody", 1), print, print, timeout_s=0.3)

@@ -65,7 +65,7 @@ def _server_or_skip(**kwargs) -> TritonServer:
 
 @pytest.fixture(scope="module")
 def server(toy_path, request):
-    srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS)
+    srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1")  # this host only
     print(f"\ntritonserver log: {srv.log_file}", flush=True)
     try:
         srv.start(timeout=300)
@@ -521,7 +521,7 @@ def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
     a new engine process takes over (the front reconnects) and shutdown is clean."""
     import signal
 
-    srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS)
+    srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1")  # this host only
     srv.start(timeout=300)
     try:
         pid = int(re.search(r"engine ready \(process (\d+)\)", srv.log_text()).group(1))

@@ -329,5 +329,8 @@ def test_launcher_prepares_pytriton_backend(tmp_path, monkeypatch):
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert json.loads(env["OURO_ENGINE_ARGS"]) == {"max_num_seqs": "4"} and env["OURO_MODEL_PATH"] == str(tmp_path)
     assert "--http-port=1" in cmd and f"--backend-directory={backend_dir}" in cmd
+    assert not any("-address=" in a for a in cmd)  # tritonserver's default: every interface
+    local, _ = serve.TritonServer(model=str(tmp_path), address="127.0.0.1").command()
+    assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(local)
     with pytest.raises(serve.ServerError, match="key=value"):
         serve.parse_engine_args(["oops"])
