@@ -238,7 +238,12 @@ class ModelRunner:
             self.staging.next_round()
         start = self._window_start()
         self._apply_rows(plan)
-        rounds = plan.num_rounds if not (plan.prefill or self.record_logits) else 1
+        if not (plan.prefill or plan.decode_slots):
+            rounds = 0  # only rows to switch off: no round runs
+        elif plan.prefill or self.record_logits:
+            rounds = 1
+        else:
+            rounds = plan.num_rounds
         launch = Launch(list(plan.owners), rounds)
         if plan.prefill:
             rec = self._mixed_round(plan, launch)
