@@ -162,7 +162,7 @@ class TritonServer:
     @property
     def host(self) -> str:
         """Where this machine reaches the server."""
-        return "localhost" if self.address in (None, "0.0.0.0", "::", "127.0.0.1", "localhost") else self.address
+        return "localhost" if self.address in (None, "0.0.0.0", "::") else self.address
 
     @property
     def http_url(self) -> str:
