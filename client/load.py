@@ -10,6 +10,13 @@ each worker keeps one connection and one ModelStreamInfer stream open for all it
 `--timeout` for stuck requests). Reports time to first token, inter-token latency (between streamed
 responses, per token), request latency and throughput, as percentiles: a table on stderr and JSON on stdout
 (or in --json FILE).
+
+genai-perf (client/genai_perf/run_genai_perf.py) is the standard benchmark; this tool is kept for what
+genai-perf cannot do: it reads Ouro's own outputs (exact token counts from `num_output_tokens`, where
+genai-perf re-tokenizes `text_output` with a Hugging Face tokenizer, and the mean loop exit depth from
+`exit_depths`), counts failed requests with samples and goes on (one failed request ends a genai-perf run),
+and it needs neither perf_analyzer nor a tokenizer (`run_load` is a plain function; tests/test_server.py
+calls it, benchmarks/served.py runs this script).
 """
 from __future__ import annotations
 

@@ -1,0 +1,136 @@
+"""genai-perf against a REAL tritonserver: the recipe client/genai_perf/run_genai_perf.py, run as users run it
+(`genai-perf profile -m ouro --endpoint-type kserve --backend tensorrtllm --streaming`), against the toy
+checkpoint on free ports, with the toy's own tokenizer and no network (HF_HUB_OFFLINE=1).
+
+genai-perf comes from the `test` extra; a missing genai-perf fails these tests. They skip only when
+perf_analyzer cannot be located or fetched (client/perf_analyzer/locate.py, the rule of tests/test_server.py's
+perf_analyzer test) or when there is no tritonserver (as every real-server test does).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ouro_backend.serve import ServerError, TritonServer, free_port
+
+from client.genai_perf import run_genai_perf as recipe
+from client.perf_analyzer.locate import PerfAnalyzerUnavailable
+
+# The server's engine runs as in tests/test_server.py (fp32 on the CPU unless OURO_TEST_DEVICE says otherwise).
+DEVICE = os.environ.get("OURO_TEST_DEVICE", "cpu")
+ENGINE_ARGS = {"device": DEVICE, "dtype": "float32"}
+if DEVICE != "cpu":
+    ENGINE_ARGS["num_blocks"] = 4096
+
+REQUESTS, CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS = 6, 2, 16, 8
+
+
+@pytest.fixture(scope="module")
+def server(toy_path, request):
+    try:
+        from ouro_backend.serve import find_tritonserver
+
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(f"no tritonserver available: {e}")
+    srv = TritonServer(model=toy_path, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                       engine_args=ENGINE_ARGS, address="127.0.0.1")
+    print(f"\ntritonserver log: {srv.log_file}", flush=True)
+    try:
+        srv.start(timeout=300)
+    except ServerError:
+        srv.stop()
+        raise
+    failed_before = request.session.testsfailed
+    try:
+        yield srv
+    finally:
+        code = srv.stop()
+        if request.session.testsfailed > failed_before:
+            print(f"\n--- tritonserver log tail ({srv.log_file}) ---\n{srv.log_tail(100)}")
+        assert "Traceback" not in srv.log_text(), f"Python error in the server log {srv.log_file}"
+        assert code == 0, f"tritonserver exit code {code}; log {srv.log_file}:\n{srv.log_tail()}"
+
+
+@pytest.mark.timeout(480)  # server start (shared by the module) + genai-perf's start (transformers) + the run
+def test_genai_perf_recipe_against_server(server, toy_path, tmp_path):
+    try:
+        report = recipe.run(server.grpc_url, "ouro", concurrency=CONCURRENCY, request_count=REQUESTS,
+                            input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, tokenizer=toy_path,
+                            artifact_dir=str(tmp_path), timeout=300,
+                            extra=["--extra-inputs", "return_num_output_tokens:true",
+                                   "--extra-inputs", "return_num_input_tokens:true"])
+    except PerfAnalyzerUnavailable as e:
+        pytest.skip(f"perf_analyzer cannot run here: {e}")
+    shown = {k: v for k, v in report.items() if k != "log_tail"}
+    assert report["ok"], f"{json.dumps(shown, indent=1)}\n{report.get('log_tail', '')}"
+    assert report["exit_code"] == 0
+
+    # genai-perf's export: every request measured, positive throughput and token latencies.
+    assert report["request_count"] == REQUESTS
+    assert report["request_throughput_per_s"] > 0 and report["output_token_throughput_per_s"] > 0
+    ttft, itl, latency = (report[k] for k in ("time_to_first_token_ms", "inter_token_latency_ms",
+                                              "request_latency_ms"))
+    assert 0 < ttft["avg"] <= latency["avg"] and itl["avg"] > 0
+    assert ttft["max"] <= latency["max"]
+    assert report["output_sequence_length"] > 0  # re-tokenized text: not exactly OUTPUT_TOKENS on the toy
+    with open(report["export_json"]) as f:
+        export = json.load(f)
+    assert export["request_count"]["avg"] == REQUESTS and export["time_to_first_token"]["unit"] == "ms"
+    assert os.path.isfile(report["export_csv"])
+    with open(report["export_csv"]) as f:
+        csv = f.read()
+    assert "Time To First Token (ms)" in csv and "Output Token Throughput (tokens/sec)" in csv
+
+    # perf_analyzer's raw export: what was sent, and what the server answered to each request.
+    with open(report["profile_export"]) as f:
+        raw = json.load(f)
+    requests = raw["experiments"][0]["requests"]
+    assert len(requests) == REQUESTS
+    for r in requests:
+        sent = r["request_inputs"]
+        assert sent["max_tokens"] == OUTPUT_TOKENS and sent["stream"] is True and sent["ignore_eos"] is True
+        assert sent["temperature"] == 0.0 and sent["exclude_input_in_output"] is True
+        outs = r["response_outputs"]
+        assert len(outs) > 1, "streaming must give several responses"
+        assert len(r["response_timestamps"]) == len(outs)
+        # EOS ignored: every request made exactly max_tokens tokens, by the server's own count.
+        assert sum(o["num_output_tokens"] for o in outs) == OUTPUT_TOKENS
+    # genai-perf's input lengths come from the tokenizer it was given: the server's, so they agree.
+    server_isl = [r["response_outputs"][0]["num_input_tokens"] for r in requests]
+    assert report["input_sequence_length"] == pytest.approx(sum(server_isl) / len(server_isl))
+
+    # The tokenizer genai-perf used: a copy of the checkpoint's tokenizer.json; the checkpoint is untouched.
+    tok_dir = tmp_path / "tokenizer"
+    assert report["tokenizer"] == str(tok_dir)
+    with open(os.path.join(toy_path, "tokenizer.json"), "rb") as f:
+        assert (tok_dir / "tokenizer.json").read_bytes() == f.read()
+    assert not os.path.exists(os.path.join(toy_path, "tokenizer_config.json"))
+
+
+def test_missing_genai_perf_fails_clearly(monkeypatch, capsys):
+    monkeypatch.setattr(recipe.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(recipe.shutil, "which", lambda name: None)
+    assert recipe.main(["--url", "localhost:1"]) == 2
+    err = capsys.readouterr().err
+    assert "genai-perf is not installed" in err and "pip install" in err
+
+
+def test_prepared_tokenizer_matches_the_servers(toy_path, tmp_path):
+    """transformers' AutoTokenizer (what genai-perf loads) on the prepared dir gives the server's ids."""
+    from transformers import AutoTokenizer
+
+    from ouro_backend.tokenizer import load_tokenizer
+
+    path, local = recipe.prepare_tokenizer(toy_path, str(tmp_path))
+    assert local and os.path.isdir(path)
+    hf = AutoTokenizer.from_pretrained(path)
+    ours = load_tokenizer(toy_path)
+    for text in ["Once upon a time", " leading space and  two spaces", "héllo wörld: naïve café 🙂 你好"]:
+        assert hf.encode(text, add_special_tokens=False) == ours.encode(text, add_special_tokens=False).ids
+        assert hf.decode(hf.encode(text, add_special_tokens=False)) == text
+    # A Hub name is passed through as it is (genai-perf would download it); nothing is prepared.
+    assert recipe.prepare_tokenizer("gpt2", str(tmp_path / "x")) == ("gpt2", False)
+    assert not (tmp_path / "x").exists()
