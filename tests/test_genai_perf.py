@@ -13,45 +13,12 @@ import os
 
 import pytest
 
-from ouro_backend.serve import ServerError, TritonServer, free_port
-
 from client.genai_perf import run_genai_perf as recipe
 from client.perf_analyzer.locate import PerfAnalyzerUnavailable
-
-# The server's engine runs as in tests/test_server.py (fp32 on the CPU unless OURO_TEST_DEVICE says otherwise).
-DEVICE = os.environ.get("OURO_TEST_DEVICE", "cpu")
-ENGINE_ARGS = {"device": DEVICE, "dtype": "float32"}
-if DEVICE != "cpu":
-    ENGINE_ARGS["num_blocks"] = 4096
+# The real-server fixture of tests/test_server.py (module-scoped: this module starts its own server with it).
+from test_server import server  # noqa: F401
 
 REQUESTS, CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS = 6, 2, 16, 8
-
-
-@pytest.fixture(scope="module")
-def server(toy_path, request):
-    try:
-        from ouro_backend.serve import find_tritonserver
-
-        find_tritonserver()
-    except ServerError as e:
-        pytest.skip(f"no tritonserver available: {e}")
-    srv = TritonServer(model=toy_path, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                       engine_args=ENGINE_ARGS, address="127.0.0.1")
-    print(f"\ntritonserver log: {srv.log_file}", flush=True)
-    try:
-        srv.start(timeout=300)
-    except ServerError:
-        srv.stop()
-        raise
-    failed_before = request.session.testsfailed
-    try:
-        yield srv
-    finally:
-        code = srv.stop()
-        if request.session.testsfailed > failed_before:
-            print(f"\n--- tritonserver log tail ({srv.log_file}) ---\n{srv.log_tail(100)}")
-        assert "Traceback" not in srv.log_text(), f"Python error in the server log {srv.log_file}"
-        assert code == 0, f"tritonserver exit code {code}; log {srv.log_file}:\n{srv.log_tail()}"
 
 
 @pytest.mark.timeout(480)  # server start (shared by the module) + genai-perf's start (transformers) + the run
