@@ -39,7 +39,8 @@ ENGINE_PARAMETERS = [
     ("exit_threshold", "default per-request exit threshold (default: the checkpoint's)"),
     ("cuda_graphs", "true | false"),
     ("cuda_graph_max_tokens", "largest round captured in a CUDA graph; larger ones run eagerly (2048)"),
-    ("async_scheduling", "launch each round before reading the previous one back (true)"),
+    ("async_scheduling", "launch the next round(s) before reading the last launch back (true)"),
+    ("decode_rounds_per_launch", "decode rounds one launch (one graph replay) runs when no prompt work waits (4)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
 ]
 def _tensor(name: str, dtype: str, dims: str, optional: bool = False, ragged: bool = False) -> str:
