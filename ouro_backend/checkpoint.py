@@ -60,7 +60,7 @@ def read_eos_ids(model_dir: PathLike, cfg: OuroConfig) -> list[int]:
 
 
 def expected_shapes(cfg: OuroConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor of an Ouro checkpoint (DESIGN section 1) and its shape, in checkpoint order."""
+    """Every tensor of an Ouro checkpoint (docs/model.md) and its shape, in checkpoint order."""
     V, H, I = cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H)}
     for i in range(cfg.num_hidden_layers):

@@ -51,7 +51,7 @@ _FIXED_KEYS = {
 
 @dataclass(frozen=True)
 class OuroConfig:
-    """The model math an Ouro checkpoint's `config.json` fixes (DESIGN section 1)."""
+    """The model math an Ouro checkpoint's `config.json` fixes (docs/model.md)."""
 
     vocab_size: int
     hidden_size: int

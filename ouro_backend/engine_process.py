@@ -237,7 +237,7 @@ class EngineClient:
 
 def _python() -> str:
     """The interpreter for the child. Inside a Triton stub sys.executable is the stub, not Python; the
-    stub's packages come from the `python3` first on PATH (DESIGN section 6), so that is the one to run."""
+    stub's packages come from the `python3` first on PATH (the Python backend stub imports through it), so that is the one to run."""
     if os.path.basename(sys.executable or "").startswith("python"):
         return sys.executable
     found = shutil.which("python3") or shutil.which("python")

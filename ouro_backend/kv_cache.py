@@ -1,4 +1,4 @@
-"""Depth-aware paged KV cache (DESIGN section 2).
+"""Depth-aware paged KV cache (docs/model.md, "KV cache layouts").
 
 All planes share one pool of physical blocks; a request owns one block table per plane. A row of the
 recurrent batch reads and writes exactly one plane, so depth awareness reduces to choosing the table:

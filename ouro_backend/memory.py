@@ -1,4 +1,4 @@
-"""Automatic KV sizing on CUDA (DESIGN section 2): profile a peak round, give the rest to the KV cache."""
+"""Automatic KV sizing on CUDA (docs/model.md): profile a peak round, give the rest to the KV cache."""
 from __future__ import annotations
 
 import logging

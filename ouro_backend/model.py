@@ -1,6 +1,6 @@
 """The Ouro model for the engine: weights fused at load, one loop over a flat batch of rows.
 
-The three stages of DESIGN section 3 are separate methods so the runner can batch them independently:
+The three stages of a round (docs/engine.md) are separate methods so the runner can batch them independently:
 `embed` (prelude), `loop` (recurrent core: every layer then `model.norm`), and `gate` / `logits` (exit
 check and coda). Memory-bound ops go through the attention backend; projections are plain matmuls
 (cuBLAS on the GPU) with q/k/v and gate/up fused.
@@ -55,7 +55,7 @@ class OuroModel:
                 ln_post2=w[p + "post_attention_layernorm_2.weight"],
             ))
         self.norm = w["model.norm.weight"]
-        # The exit gate is evaluated in fp32 (DESIGN section 1).
+        # The exit gate is evaluated in fp32 (docs/model.md).
         self.gate_w = w["model.early_exit_gate.weight"].float()
         self.gate_b = w["model.early_exit_gate.bias"].float()
         self.lm_head = w["lm_head.weight"]

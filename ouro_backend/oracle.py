@@ -1,7 +1,7 @@
 """Dense functional oracle: no cache, no batching, no fused weights.
 
 Recomputes everything from the token list, keeping every (token, loop, layer) K/V and selecting the
-version each query may see by the KV-layout rule of DESIGN section 2. Written independently of
+version each query may see by the KV-layout rule of docs/model.md. Written independently of
 `model.py` (HF weight names, unfused projections, its own attention) so the engine is checked against
 the math, not against itself.
 """

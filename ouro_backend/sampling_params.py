@@ -20,7 +20,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: Sequence[str] = field(default_factory=list)  # stop strings; the text never reaches the caller
     stop_token_ids: Sequence[int] = field(default_factory=list)
-    # Ouro's loop controls (DESIGN section 1). max_loops None: the model's total_ut_steps.
+    # Ouro's loop controls (docs/model.md, "The exit gate"). max_loops None: the model's total_ut_steps.
     min_loops: int = 1
     max_loops: Optional[int] = None
     exit_threshold: Optional[float] = None  # None: the engine's exit_threshold

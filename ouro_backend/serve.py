@@ -11,7 +11,7 @@ keep the model-control, repository and shared-memory APIs behind a header key. T
 reached only through a Unix socket in a directory private to this user, with a per-server key.
 
 Which server: `$TRITONSERVER` or `tritonserver` on PATH (the NGC container), else the Triton 2.51 server
-inside the `nvidia-pytriton` wheel, prepared to run outside a container (DESIGN section 6): the Python
+inside the `nvidia-pytriton` wheel, prepared to run outside a container: the Python
 backend (library + the stub built for this Python) is copied into a writable cache dir
 ($OURO_CACHE_DIR or ~/.cache/ouro-triton/tritonserver-backends), LD_LIBRARY_PATH gets the wheel's
 `nvidia_pytriton.libs`, and this interpreter's bin dir goes first on PATH (the stub finds its packages

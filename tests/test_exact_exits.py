@@ -145,7 +145,7 @@ def decode_depths(outs) -> set[int]:
 
 
 def gate_rule_depth(gates, threshold, min_loops=1, max_loops=T, delay=0):
-    """DESIGN section 1's exit rule on gate values, written out independently of the engine.
+    """The exit rule of docs/model.md on gate values, written out independently of the engine.
 
     remaining *= 1 - lam_r in fp32; the rule fires after loop r when r >= max_loops, or when threshold < 1,
     r >= min_loops and 1 - remaining >= threshold. delay=1 is ouro_delayed: a decision reached after loop r
@@ -266,7 +266,7 @@ def test_mixed_batch_equals_alone(toy_path, layout, mode, async_scheduling):
 def test_mixed_batch_matches_oracle(toy_path, oracle, layout, mode, async_scheduling):
     """The batched outputs are the model's: at the engine's own depths the dense oracle picks the same greedy
     tokens with the same logprobs, and the depths are those of the mode's rule:
-    ouro / ouro_delayed: DESIGN's gate rule on the oracle's gate values with each request's threshold and
+    ouro / ouro_delayed: the gate rule of docs/model.md on the oracle's gate values with each request's threshold and
     loop bounds; fixed: max_loops; trace: the request's trace, cycled; random_lookahead (an untrained gate
     whose weights the oracle does not have): within the loop bounds, at least one loop after firing."""
     run = mixed_batch(toy_path, layout, mode, async_scheduling)

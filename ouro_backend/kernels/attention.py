@@ -1,6 +1,6 @@
 """Paged-KV attention kernels (Triton) with plain-torch references.
 
-Layout contract (see DESIGN.md sections 2 and 4):
+Layout contract (docs/model.md, "KV cache layouts"):
 
 * KV cache, per layer: ``k_cache``, ``v_cache`` of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``
   (any strides; normally contiguous views ``kv[l, 0]`` / ``kv[l, 1]`` of one

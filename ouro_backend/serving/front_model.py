@@ -5,7 +5,8 @@ protocol functions (tokenize, detokenize: protocol.py), but in-process and talki
 of `ouro_engine` directly over its socket (engine_process.engine_address):
 * no BLS: a decoupled BLS stream per request (`exec(decoupled=True)`) crashed the 24.10 stub in a native
   thread under concurrent load (it failed CI), and every BLS hop adds a server round trip per token;
-* cancellation works (the reason this model exists, DESIGN section 5): the watcher sees a gRPC
+* cancellation works (the reason this model exists: an ensemble cannot cancel its running decoupled
+  step; serving/README.md): the watcher sees a gRPC
   `stop_stream(cancel_requests=True)`, a cancelled call or an HTTP disconnect through `is_cancelled()`
   and aborts the request in the engine, which frees its KV within a round.
 
