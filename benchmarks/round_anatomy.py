@@ -54,11 +54,11 @@ launch = r.launch
 def timed_launch(plan):
     ev = torch.cuda.Event(enable_timing=True)
     ev.record()
-    graphs = r.graph_rounds
+    graphs = r.stats.graph_launches
     t0 = time.perf_counter()
     rnd = launch(plan)
     st = dict(r.last_round, host_ms=(time.perf_counter() - t0) * 1e3)
-    kind = ("decode graph" if not st["prefill_tokens"] else "prompt graph") if r.graph_rounds > graphs else "eager"
+    kind = ("decode graph" if not st["prefill_tokens"] else "prompt graph") if r.stats.graph_launches > graphs else "eager"
     starts.append((ev, kind, st))
     return rnd
 

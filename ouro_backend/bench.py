@@ -103,7 +103,6 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         submit()
     peak_kv = 0.0
     runner = engine.runner
-    graph0, eager0 = runner.graph_rounds, runner.eager_rounds
     stats0 = engine.stats()
     runner.track_gpu_time = True
     runner.gpu_time()  # forget earlier launches
@@ -125,7 +124,8 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     wall = time.perf_counter() - t_start
     gpu_span, gpu_busy = runner.gpu_time()
     runner.track_gpu_time = False
-    stats = {k: v - stats0[k] for k, v in engine.stats().items() if k in ("launches", "rounds", "host_syncs")}
+    stats = {k: v - stats0[k] for k, v in engine.stats().items()
+             if k in ("launches", "rounds", "host_syncs", "graph_launches", "eager_launches")}
     gen = sum(len(o.token_ids) for o in outs)
     pre_t = sum(r[0] for r in rounds if r[1])
     dec = [r for r in rounds if not r[1] and r[2]]
@@ -148,7 +148,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         steps=len(rounds), mean_step_ms=1e3 * wall / len(rounds), launches=stats["launches"],
         rounds=stats["rounds"], rounds_per_token=stats["rounds"] / gen, host_syncs_per_token=stats["host_syncs"] / gen,
         gpu_idle_frac=1.0 - gpu_busy / gpu_span if gpu_span else None,
-        graph_rounds=engine.runner.graph_rounds - graph0, eager_rounds=engine.runner.eager_rounds - eager0)
+        graph_launches=stats["graph_launches"], eager_launches=stats["eager_launches"])
 
 
 def run_baseline(model_path: str, dtype: torch.dtype, device: torch.device, input_len: int, tokens: int,
@@ -266,7 +266,7 @@ def print_table(results: dict) -> None:
               f"{fmt(m['decode_tok_s']):>9}{fmt(m['steady_decode_tok_s']):>9}"
               f"{fmt(m['ttft_s'].get('p50', 0) * 1e3, '{:.1f}ms'):>10}{fmt(m['tpot_s'].get('p50', 0) * 1e3, '{:.2f}ms'):>10}"
               f"{fmt(m['mean_exit_depth'], '{:.2f}'):>7}{fmt(m['peak_kv_usage'] * 100, '{:.0f}%'):>6}"
-              f"{m['graph_rounds']:>7.0f}/{m['eager_rounds']:<5.0f}{m['rounds_per_token']:>8.2f}"
+              f"{m['graph_launches']:>7.0f}/{m['eager_launches']:<5.0f}{m['rounds_per_token']:>8.2f}"
               f"{m['host_syncs_per_token']:>9.3f}{fmt(m['gpu_idle_frac'] and m['gpu_idle_frac'] * 100, '{:.0f}%'):>9}")
     for b in results["baseline"]:
         print(f"{'baseline(eager)':<14}{b['batch']:>5}{b['output_tok_s']:>11.1f}{b['prefill_tok_s']:>10.0f}"

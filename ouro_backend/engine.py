@@ -1,6 +1,7 @@
 """The step-level engine (what the Triton model drives from its thread) and the offline `LLM` API."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -236,12 +237,9 @@ class LLMEngine:
     def stats(self) -> dict:
         kv = self.kv
         used = kv.num_blocks - kv.allocator.num_free
-        rs = self.runner.stats
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                     kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.allocator.num_free,
-                    kv_usage=used / kv.num_blocks, launches=rs.launches, rounds=rs.rounds,
-                    graph_launches=rs.graph_launches, eager_launches=rs.eager_launches, host_syncs=rs.host_syncs,
-                    **self.counters)
+                    kv_usage=used / kv.num_blocks, **dataclasses.asdict(self.runner.stats), **self.counters)
 
 
 class LLM:

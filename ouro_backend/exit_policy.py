@@ -1,8 +1,8 @@
 """When a decode token stops looping (docs/engine.md, "Exit rules"), decided on the device for a whole round.
 
-After loop r every decode row has a gate value; `ExitPolicy.decide` turns the rows' loop, gate and
-carried state into "exit now?" plus the state to carry into loop r+1, as tensor arithmetic, so no row's
-decision needs the host. Prompt tokens never consult it: they always run all T loops.
+After loop r every decode row has a gate value (`ExitPolicy.gate_values`); `exit_rule` turns the rows'
+loop, gate and carried state into "exit now?" plus the state to carry into loop r+1, as tensor
+arithmetic, so no row's decision needs the host. Prompt tokens never consult it: they always run all T loops.
 
 The hazard is accumulated in fp32 exactly as the reference implementation does
 (`remaining *= 1 - lambda`, `cdf = 1 - remaining`), and `cdf` is compared with the request's threshold
@@ -52,9 +52,6 @@ class ExitPolicy:
             w = self.lookahead_w
             return torch.sigmoid(h.float() @ w[:-1] + w[-1])
         return model.gate(h)
-
-    def decide(self, x: ExitInputs, lam: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return exit_rule(self.mode, x, lam)
 
 
 def exit_rule(mode: ExitMode, x: ExitInputs, lam: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -34,10 +34,10 @@ class RoundTrace:
     def step(self) -> list:
         """engine.step(), recorded when it ran a round (a step with only aborts runs none)."""
         runner = self.engine.runner
-        rounds = runner.graph_rounds + runner.eager_rounds
+        launches = runner.stats.launches
         t0 = time.perf_counter()
         outputs = self.engine.step()
-        if runner.graph_rounds + runner.eager_rounds != rounds:
+        if runner.stats.launches != launches:
             r = runner.last_round
             self.rows.append((t0, time.perf_counter() - t0, r["prefill_tokens"], r["decode_rows"], r["rounds"],
                               sum(len(o.new_token_ids) for o in outputs), r["running"]))

@@ -38,7 +38,6 @@ from .sequence import Sequence
 class Launch:
     """A launched plan: whom its slots belonged to and where its records land."""
     owners: list[Optional[Sequence]]
-    rounds: int
     host: Optional[torch.Tensor] = None  # fp32 [rounds, 4, slots], filled once `ready` fires
     ready: Optional[torch.cuda.Event] = None
     # record_logits only: per round, (slots, fp32 logits [len(slots), V]) of the rows that could emit
@@ -172,7 +171,6 @@ class ModelRunner:
         self.decode_graphs: dict[tuple[int, int, SamplerMode], _Graph] = {}
         self.mixed_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # rounds with prompt chunks, per token bucket
         self.graph_memory = 0
-        self.graph_rounds = self.eager_rounds = 0
         self.last_round: dict[str, int] = {}
         self._newest: Optional[Launch] = None
         # Host work to do while the GPU runs a launch (the engine process sends the previous step's outputs
@@ -208,9 +206,8 @@ class ModelRunner:
 
     def _sample(self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' next tokens (counter = tokens the request generated so far) and their logprobs."""
-        if mode is SamplerMode.GREEDY:  # no per-row sampling values needed
-            zero = torch.zeros_like(idx)
-            return sample(logits, mode, zero, zero, zero, zero, zero, self.vocab_hash)
+        if mode is SamplerMode.GREEDY:
+            return sample(logits, mode)
         ints, floats = self.state.ints.index_select(0, idx), self.state.floats.index_select(0, idx)
         return sample(logits, mode, floats[:, ds.TEMPERATURE], ints[:, ds.TOP_K], floats[:, ds.TOP_P],
                       ints[:, ds.SEED], ints[:, ds.NGEN], self.vocab_hash)
@@ -244,7 +241,7 @@ class ModelRunner:
             rounds = 1
         else:
             rounds = plan.num_rounds
-        launch = Launch(list(plan.owners), rounds)
+        launch = Launch(list(plan.owners))
         if plan.prefill:
             rec = self._mixed_round(plan, launch)
         elif plan.decode_slots:
@@ -286,7 +283,6 @@ class ModelRunner:
         if graph is not None:
             graph.graph.replay()
             self.stats.graph_launches += 1
-            self.graph_rounds += rounds
             if self.record_logits:  # one round a launch then: the graph keeps the last round's logits
                 launch.logits.append([(list(range(graph.rows)), graph.logits.float().clone())])
             return graph.rec
@@ -295,7 +291,6 @@ class ModelRunner:
         if self.record_logits:  # one round a launch then
             launch.logits.append([(plan.decode_slots, logits.float())])
         self.stats.eager_launches += 1
-        self.eager_rounds += rounds
         return rec
 
     def _decode_meta(self, rows: DecodeInputs) -> AttentionMetadata:
@@ -347,7 +342,6 @@ class ModelRunner:
             graph.graph.replay()
             out, rec = graph.out[:N].clone(), graph.rec
             self.stats.graph_launches += 1
-            self.graph_rounds += 1
             logits = graph.logits
             dec_slots = list(range(D))
         else:
@@ -359,7 +353,6 @@ class ModelRunner:
             idx = self._to_dev(plan.decode_slots, torch.long) if D else None
             out, logits = self._mixed_step(idx, pre, rec[0], plan.sampler)
             self.stats.eager_launches += 1
-            self.eager_rounds += 1
             dec_slots = plan.decode_slots
         round_logits = [(dec_slots, logits)] if D else []
         completing = [i for i, c in enumerate(plan.prefill) if c.loop == T and c.start + c.n == len(c.seq.prompt_ids)]
@@ -402,7 +395,7 @@ class ModelRunner:
                 launch.ready.synchronize()
         elif launch is self._newest and self.device.type == "cuda":
             self.stats.host_syncs += 1
-        rec = launch.host.numpy() if launch.host.device.type == "cpu" else launch.host.cpu().numpy()
+        rec = launch.host.numpy()  # pinned host memory (CUDA) or the CPU record itself
         rounds, slots = np.nonzero(rec[:, ds.REC_EMITTED])
         out = []
         for r, s in zip(rounds.tolist(), slots.tolist()):

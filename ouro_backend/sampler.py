@@ -8,6 +8,7 @@ per launch or several, with no generator state to carry and no per-row Python.
 from __future__ import annotations
 
 import enum
+from typing import Optional
 
 import torch
 
@@ -62,11 +63,13 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(logits < cutoff, float("-inf"))
 
 
-def sample(logits: torch.Tensor, mode: SamplerMode, temperature: torch.Tensor, top_k: torch.Tensor,
-           top_p: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor,
-           vocab_hash: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits: torch.Tensor, mode: SamplerMode, temperature: Optional[torch.Tensor] = None,
+           top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
+           seed: Optional[torch.Tensor] = None, counter: Optional[torch.Tensor] = None,
+           vocab_hash: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits fp32 [R, V] -> (tokens int64 [R], each token's logprob under the model's distribution fp32
-    [R]). Rows with temperature 0 take the argmax; the per-row tensors are [R]. Nothing is read back."""
+    [R]). GREEDY takes every row's argmax and needs no per-row values; SAMPLE draws for the rows with
+    temperature > 0 (the per-row tensors are [R]). Nothing is read back."""
     logprobs = torch.log_softmax(logits, dim=-1)
     tokens = logits.argmax(-1)
     if mode is SamplerMode.SAMPLE:

@@ -19,7 +19,6 @@ slots on the device. Tokens the device produced past a request's end are dropped
 """
 from __future__ import annotations
 
-import enum
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,11 +30,6 @@ from .sampler import SamplerMode
 from .sequence import Sequence, Status
 
 
-class WorkKind(enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
 @dataclass
 class PrefillChunk:
     """Prompt tokens [start, start + n) of one request, at `loop` this round (they run all T loops)."""
@@ -43,8 +37,6 @@ class PrefillChunk:
     start: int
     n: int
     loop: int = 1
-
-    kind = WorkKind.PREFILL
 
     @property
     def slot(self) -> int:

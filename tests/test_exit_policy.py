@@ -4,7 +4,8 @@ import pytest
 from ouro_backend import SamplingParams
 import torch
 
-from ouro_backend.exit_policy import ExitInputs, ExitPolicy
+from ouro_backend.config import ExitMode
+from ouro_backend.exit_policy import ExitInputs, exit_rule
 from test_engine_oracle import PROMPTS, make_engine, ouro_exit, run_all
 
 GATES = [0.2, 0.5, 0.6, 0.9]  # remaining: 0.8, 0.4, 0.16, 0.016 -> cdf: 0.2, 0.6, 0.84, 0.984
@@ -12,14 +13,13 @@ GATES = [0.2, 0.5, 0.6, 0.9]  # remaining: 0.8, 0.4, 0.16, 0.016 -> cdf: 0.2, 0.
 
 def exit_loop(mode, gates=GATES, min_loops=1, max_loops=4, threshold=0.55, trace_depth=None):
     """Drive the vectorised rule for one row (the same row twice, to check rows stay independent)."""
-    policy = ExitPolicy(mode, hidden_size=8, seed=0, device="cpu")
     two = lambda v, dt: torch.tensor([v, v], dtype=dt)  # noqa: E731
     remaining, pending = two(1.0, torch.float32), two(False, torch.bool)
     for r, lam in enumerate(gates, start=1):
         x = ExitInputs(two(r, torch.int64), remaining, pending, two(min_loops, torch.int64),
                        two(max_loops, torch.int64), two(threshold, torch.float64),
                        None if trace_depth is None else two(trace_depth, torch.int64))
-        exit_now, remaining, pending = policy.decide(x, two(lam, torch.float32))
+        exit_now, remaining, pending = exit_rule(ExitMode(mode), x, two(lam, torch.float32))
         assert exit_now[0] == exit_now[1]
         if exit_now[0]:
             return r

@@ -39,7 +39,7 @@ def test_fp32_greedy_equals_oracle(toy_path, oracle, layout, graphs, threshold, 
         tokens, depths = oracle.generate(prompt, 8, exit_fn=ouro_exit(threshold), layout=layout)
         assert (out.token_ids, out.exit_depths) == (tokens, depths)
     if graphs:
-        assert eng.runner.graph_rounds > 0 and eng.runner.eager_rounds == 0
+        assert eng.stats()["graph_launches"] > 0 and eng.stats()["eager_launches"] == 0
     if rounds > 1:
         assert eng.stats()["rounds"] > eng.stats()["launches"], "no launch ran several rounds"
     assert eng.stats()["host_syncs"] == 0
@@ -77,7 +77,7 @@ def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, layout, mo
         tokens, depths = oracle.generate(PROMPTS[i % 3], 7 + i, exit_fn=rule(thr, lo, hi), layout=layout)
         assert (outs[str(i)].token_ids, outs[str(i)].exit_depths) == (tokens, depths), (mode, i)
     assert eng.kv.allocator.num_free == eng.kv.num_blocks
-    assert eng.runner.eager_rounds == 0
+    assert eng.stats()["eager_launches"] == 0
 
 
 def test_fp32_trace_and_max_tokens_mid_launch(toy_path):
