@@ -1,9 +1,12 @@
 """The decode state machine around one loop as two fused kernels (one program per decode row), with the
 torch twins in ``ouro_backend/decode_step.py`` (same signatures, same results bit for bit).
 
-In torch each step is some thirty small launches; inside a decode round's CUDA graph they cost more than
-the round's attention. ``prepare`` writes the loop's inputs (position, KV slot, sequence length, the
-plane's block table, the input row: the token's embedding at loop 1, else the carried hidden state, and
+In torch the two steps are dozens of small launches a round (counted from the code: about seventy);
+with them a 64-row decode graph replayed alone took 1.895 ms on the H200, against 1.66 ms for the previous
+engine's graph (benchmarks/results/2026-12-01-h200-device-state/), and full depth ran 4-7% slower. With
+these kernels full depth was back at the previous engine's speed (same results folder, fused/).
+
+``prepare`` writes the loop's inputs (position, KV slot, sequence length, the plane's block table, the input row: the token's embedding at loop 1, else the carried hidden state, and
 the slot of the position in every plane). ``advance`` applies the exit rule of the engine's exit mode
 (fp32 hazard, float64 threshold compare, as the torch rule), writes each row's next step and the round's
 record, and emits the LAST_EXITED fill pairs. On CPU tensors without ``TRITON_INTERPRET=1`` the public
