@@ -6,8 +6,9 @@ with them a 64-row decode graph replayed alone took 1.895 ms on the H200, agains
 engine's graph (benchmarks/results/2026-12-01-h200-device-state/), and full depth ran 4-7% slower. With
 these kernels full depth was back at the previous engine's speed (same results folder, fused/).
 
-``prepare`` writes the loop's inputs (position, KV slot, sequence length, the plane's block table, the input row: the token's embedding at loop 1, else the carried hidden state, and
-the slot of the position in every plane). ``advance`` applies the exit rule of the engine's exit mode
+``prepare`` writes the loop's inputs (position, KV slot, sequence length, the plane's block table, the
+input row: the token's embedding at loop 1, else the carried hidden state, and the slot of the position
+in every plane). ``advance`` applies the exit rule of the engine's exit mode
 (fp32 hazard, float64 threshold compare, as the torch rule), writes each row's next step and the round's
 record, and emits the LAST_EXITED fill pairs. On CPU tensors without ``TRITON_INTERPRET=1`` the public
 functions fall back to the twins.
