@@ -6,7 +6,8 @@ full depth in the same file (same engine, same run), and a table on stdout.
 A row: engine (the file's label), exit_mode, threshold (1.0 = full depth), concurrency, mean_depth,
 output_tok_s (median of the repeats), ratio_vs_full, plus the repeats' tok/s, rounds per token, host
 syncs per token and GPU idle fraction where the engine reports them, and the spread of the requests' own
-mean depths.
+mean depths, the decode occupancy and the tail's share of the wall time (see ouro-bench), and the
+workload asked for (`target`: e.g. depth=1.6, whose threshold the bench found).
 """
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ def rows_of(results: dict) -> list[dict]:
             repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],
             steady_decode_tok_s=m.get("steady_decode_tok_s"), ttft_p50_s=m["ttft_s"].get("p50"),
             rounds_per_token=m.get("rounds_per_token"), host_syncs_per_token=m.get("host_syncs_per_token"),
-            gpu_idle_frac=m.get("gpu_idle_frac"), request_depth=m.get("request_depth")))
+            gpu_idle_frac=m.get("gpu_idle_frac"), request_depth=m.get("request_depth"),
+            target=run.get("target", run["workload"]), decode_occupancy=m.get("decode_occupancy"),
+            tail_frac=m.get("tail_frac")))
     return rows
 
 
@@ -45,11 +48,12 @@ def main() -> None:
                 rows += rows_of(json.load(f))
     fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
     print(f"{'engine':<8}{'threshold':>10}{'conc':>6}{'depth':>7}{'tok/s':>8}{'x full':>8}{'rnd/tok':>9}"
-          f"{'sync/tok':>10}{'GPU idle':>10}")
+          f"{'sync/tok':>10}{'GPU idle':>10}{'occup':>7}{'tail':>7}")
     for r in rows:
         print(f"{r['engine']:<8}{r['threshold']:>10.2f}{r['concurrency']:>6}{r['mean_depth']:>7.2f}"
               f"{r['output_tok_s']:>8.0f}{fmt(r['ratio_vs_full'], '{:.2f}'):>8}{fmt(r['rounds_per_token'], '{:.2f}'):>9}"
-              f"{fmt(r['host_syncs_per_token'], '{:.3f}'):>10}{fmt(r['gpu_idle_frac'], '{:.1%}'):>10}")
+              f"{fmt(r['host_syncs_per_token'], '{:.3f}'):>10}{fmt(r['gpu_idle_frac'], '{:.1%}'):>10}"
+              f"{fmt(r['decode_occupancy'], '{:.2f}'):>7}{fmt(r['tail_frac'], '{:.0%}'):>7}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -10,8 +10,15 @@ waits for the previous round, so the split below is approximate at the boundarie
 * decode tok/s: tokens emitted by decode-only rounds / their time; "steady" keeps only the rounds in
   which all `concurrency` requests were running.
 
-Workloads: `full` (fixed depth), `threshold=X` (the exit gate), `trace=MEAN` (per-request depth lists
-built from the loop depths with the requested mean, replayed by exit_mode=trace).
+Workloads: `full` (fixed depth), `threshold=X` (the exit gate), `depth=D` (the exit gate at the threshold
+whose mean exit depth on the run's prompts is about D: found by bisection over untimed runs of the same
+prompts, then reported as `threshold`), `trace=MEAN` (per-request depth lists built from the loop depths
+with the requested mean, replayed by exit_mode=trace).
+
+Where the time goes with early exit: `decode_occupancy` is the share of slot-rounds that carried a decode
+loop (1.0: every one of `concurrency` rows busy in every round), and `tail_frac` the share of the wall time
+spent after the last request was submitted with fewer than `concurrency` requests running. With the real
+gate each request has its own mean depth, so a closed run ends on its deepest requests.
 """
 from __future__ import annotations
 
@@ -102,6 +109,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     for _ in range(min(concurrency, num_requests)):
         submit()
     peak_kv = 0.0
+    last_submit_step = 0
     runner = engine.runner
     stats0 = engine.stats()
     runner.track_gpu_time = True
@@ -121,6 +129,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
                 outs.append(o)
                 if submitted < num_requests:
                     submit()
+                    last_submit_step = len(rounds)
     wall = time.perf_counter() - t_start
     gpu_span, gpu_busy = runner.gpu_time()
     runner.track_gpu_time = False
@@ -136,6 +145,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     # Each request's own mean depth: with the real gate it varies by prompt, and the slowest request of the
     # last wave sets the end-to-end time (the tail).
     per_request = [sum(o.exit_depths[1:]) / (len(o.exit_depths) - 1) for o in outs if len(o.exit_depths) > 1]
+    tail = sum(r[0] for r in rounds[last_submit_step:] if r[4] < concurrency)
     return dict(
         requests=len(outs), generated_tokens=gen, wall_s=wall, output_tok_s=gen / wall,
         prefill_tok_s=num_requests * input_len / pre_t if pre_t else None,
@@ -148,7 +158,24 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         steps=len(rounds), mean_step_ms=1e3 * wall / len(rounds), launches=stats["launches"],
         rounds=stats["rounds"], rounds_per_token=stats["rounds"] / gen, host_syncs_per_token=stats["host_syncs"] / gen,
         gpu_idle_frac=1.0 - gpu_busy / gpu_span if gpu_span else None,
+        decode_occupancy=sum(depths) / (stats["rounds"] * concurrency) if stats["rounds"] else None,
+        tail_frac=tail / wall,
         graph_launches=stats["graph_launches"], eager_launches=stats["eager_launches"])
+
+
+def threshold_for_depth(engine: LLMEngine, target: float, input_len: int, output_len: int, concurrency: int,
+                        num_requests: int, seed: int = 0, iters: int = 7) -> tuple[float, float]:
+    """The gate threshold whose mean exit depth on the run's prompts (seed `seed`) is closest to `target`
+    (depth rises with the threshold), by bisection over untimed runs; returns (threshold, its depth)."""
+    lo, hi, best = 0.0, 1.0, (1.0, float(engine.model_config.total_ut_steps))
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        depth = run_closed_loop(engine, input_len, output_len, concurrency, num_requests, f"threshold={mid}",
+                                seed=seed)["mean_exit_depth"]
+        if abs(depth - target) < abs(best[1] - target):
+            best = (mid, depth)
+        lo, hi = (mid, hi) if depth < target else (lo, mid)
+    return best
 
 
 def run_baseline(model_path: str, dtype: torch.dtype, device: torch.device, input_len: int, tokens: int,
@@ -192,7 +219,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--num-requests", type=int, default=None, help="per run (default: 2x concurrency, >= 4)")
-    p.add_argument("--workload", nargs="+", default=["full"], help="full | threshold=X | trace=MEAN")
+    p.add_argument("--workload", nargs="+", default=["full"], help="full | threshold=X | depth=D | trace=MEAN")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", choices=["eager", "none"], default="eager")
     p.add_argument("--baseline-tokens", type=int, default=16, help="tokens per baseline run (it is slow)")
@@ -239,13 +266,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     for workload in args.workload:
         for c in args.concurrency:
             n = args.num_requests or max(2 * c, 4)
+            run = workload
+            if workload.startswith("depth="):
+                thr, depth = threshold_for_depth(engine, float(workload[6:]), args.input_len, args.output_len, c, n)
+                log.info("%s c=%d: threshold %.4f gives mean depth %.2f", workload, c, thr, depth)
+                run = f"threshold={thr:.4f}"
             reps = []
             for rep in range(args.repeats):
-                r = run_closed_loop(engine, args.input_len, args.output_len, c, n, workload, seed=rep)
+                r = run_closed_loop(engine, args.input_len, args.output_len, c, n, run, seed=rep)
                 log.info("%s c=%d rep %d: %.1f output tok/s, mean depth %s", workload, c, rep,
                          r["output_tok_s"], r["mean_exit_depth"])
                 reps.append(r)
-            results["runs"].append(dict(workload=workload, concurrency=c, num_requests=n,
+            results["runs"].append(dict(workload=run, target=workload, concurrency=c, num_requests=n,
                                         median=median_of(reps), repeats=reps))
     print_table(results)
     if args.out:
@@ -257,19 +289,20 @@ def main(argv: Optional[list[str]] = None) -> int:
 def print_table(results: dict) -> None:
     fmt = lambda x, f="{:.0f}": "-" if x is None else f.format(x)  # noqa: E731
     print(f"\n{results['label']}  in {results['input_len']} / out {results['output_len']}  on {results['device']}")
-    print(f"{'workload':<14}{'conc':>5}{'out tok/s':>11}{'prefill':>10}{'decode':>9}{'steady':>9}"
+    print(f"{'workload':<17}{'conc':>5}{'out tok/s':>11}{'prefill':>10}{'decode':>9}{'steady':>9}"
           f"{'TTFT p50':>10}{'TPOT p50':>10}{'depth':>7}{'KV':>6}{'graph/eager':>13}{'rnd/tok':>8}{'sync/tok':>9}"
-          f"{'GPU idle':>9}")
+          f"{'GPU idle':>9}{'occup':>7}{'tail':>6}")
     for run in results["runs"]:
         m = run["median"]
-        print(f"{run['workload']:<14}{run['concurrency']:>5}{fmt(m['output_tok_s']):>11}{fmt(m['prefill_tok_s']):>10}"
+        print(f"{run['workload']:<17}{run['concurrency']:>5}{fmt(m['output_tok_s']):>11}{fmt(m['prefill_tok_s']):>10}"
               f"{fmt(m['decode_tok_s']):>9}{fmt(m['steady_decode_tok_s']):>9}"
               f"{fmt(m['ttft_s'].get('p50', 0) * 1e3, '{:.1f}ms'):>10}{fmt(m['tpot_s'].get('p50', 0) * 1e3, '{:.2f}ms'):>10}"
               f"{fmt(m['mean_exit_depth'], '{:.2f}'):>7}{fmt(m['peak_kv_usage'] * 100, '{:.0f}%'):>6}"
               f"{m['graph_launches']:>7.0f}/{m['eager_launches']:<5.0f}{m['rounds_per_token']:>8.2f}"
-              f"{m['host_syncs_per_token']:>9.3f}{fmt(m['gpu_idle_frac'] and m['gpu_idle_frac'] * 100, '{:.0f}%'):>9}")
+              f"{m['host_syncs_per_token']:>9.3f}{fmt(m['gpu_idle_frac'] and m['gpu_idle_frac'] * 100, '{:.0f}%'):>9}"
+              f"{fmt(m['decode_occupancy'], '{:.2f}'):>7}{fmt(m['tail_frac'] * 100, '{:.0f}%'):>6}")
     for b in results["baseline"]:
-        print(f"{'baseline(eager)':<14}{b['batch']:>5}{b['output_tok_s']:>11.1f}{b['prefill_tok_s']:>10.0f}"
+        print(f"{'baseline(eager)':<17}{b['batch']:>5}{b['output_tok_s']:>11.1f}{b['prefill_tok_s']:>10.0f}"
               f"{b['decode_tok_s']:>9.1f}   (HF-style eager, concatenated per-loop cache, {b['tokens']} tokens)")
 
 

@@ -1,0 +1,92 @@
+"""Kernel-level profile of one decode round and one prompt round (captured graphs replayed alone), to say
+where a round's time goes against the weight-read floor.
+
+Ouro-1.4B shape (random bf16 weights), default engine options. For decode graphs of 1 and 64 rows (one
+round, greedy) and the prompt graph of 128 tokens: the replay's median time (50 replays), then the GPU
+kernels of 5 replays under torch.profiler, grouped by kind (GEMM, attention, norm, rope/KV write,
+state machine, the rest). The floor is the bytes of one loop's weights over the HBM bandwidth given.
+
+    python3 benchmarks/round_profile.py [--out FILE.json] [--hbm-tb-s 4.8]
+"""
+import argparse
+import json
+import statistics
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ouro_backend import EngineConfig, LLMEngine
+from ouro_backend.bench import ensure_shape_checkpoint
+from ouro_backend.sampler import SamplerMode
+
+KINDS = [("gemm", ("gemm", "gemv", "cutlass", "sm90", "nvjet", "matmul", "splitk", "sgemm")),
+         ("attention", ("attn", "flash", "paged")), ("norm", ("norm",)), ("rope/kv", ("rope", "kv", "cache")),
+         ("state machine", ("prepare", "advance", "decode_step", "emit")), ("activation", ("silu", "act", "mul")),
+         ("sampling/argmax", ("argmax", "sampl", "max")), ("copy/index", ("copy", "index", "gather", "scatter", "cat"))]
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other"
+
+
+def timed(graph, n: int = 50) -> float:
+    ts = []
+    for _ in range(n + 5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts[5:])
+
+
+def kernels(graph, n: int = 5) -> dict:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            graph.replay()
+        torch.cuda.synchronize()
+    by_kind, count = defaultdict(float), defaultdict(int)
+    top = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        us = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        by_kind[kind_of(ev.name)] += us / n
+        count[kind_of(ev.name)] += 1
+        top[ev.name[:80]] += us / n
+    return dict(kernel_us_by_kind={k: round(v, 1) for k, v in sorted(by_kind.items(), key=lambda x: -x[1])},
+                kernels_per_replay={k: c // n for k, c in count.items()},
+                top_kernels_us={k: round(v, 1) for k, v in sorted(top.items(), key=lambda x: -x[1])[:12]})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--hbm-tb-s", type=float, default=4.8)
+    args = ap.parse_args()
+    eng = LLMEngine(EngineConfig.from_strings({"model": ensure_shape_checkpoint("ouro-1.4b")}))
+    r, m = eng.runner, eng.runner.model
+    loop_bytes = sum(t.numel() * t.element_size() for layer in m.layers for t in vars(layer).values())
+    head_bytes = m.lm_head.numel() * m.lm_head.element_size()
+    report = dict(loop_weight_bytes=loop_bytes, floor_loop_ms=loop_bytes / args.hbm_tb_s / 1e9,
+                  lm_head_bytes=head_bytes, floor_lm_head_ms=head_bytes / args.hbm_tb_s / 1e9, graphs={})
+    picks = [(f"decode {b} rows", r.decode_graphs[(b, 1, SamplerMode.GREEDY)]) for b in (1, 64)]
+    picks.append(("prompt 128 tokens", r._pick_mixed_graph(128, 1, SamplerMode.GREEDY)))
+    for name, g in picks:
+        report["graphs"][name] = dict(replay_ms=timed(g.graph), **kernels(g.graph))
+        print(name, json.dumps(report["graphs"][name], indent=1))
+    print(f"floor: one loop's weights {loop_bytes / 1e9:.2f} GB -> {report['floor_loop_ms']:.3f} ms; "
+          f"LM head {report['floor_lm_head_ms']:.3f} ms")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
