@@ -38,3 +38,20 @@ def test_ouro_bench_smoke(toy_path, tmp_path):
     assert 1.0 <= runs["trace=2.5"]["median"]["mean_exit_depth"] < 4.0
     assert res["baseline"] and res["baseline"][0]["output_tok_s"] > 0
     assert "workload" in r.stdout  # the table
+
+
+def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
+    """depth=D runs the gate at a threshold whose mean depth on the run's prompts is near D, and says which."""
+    out = tmp_path / "bench.json"
+    r = run(["ouro_backend.bench", "--model", toy_path, "--input-len", "8", "--output-len", "16", "--concurrency", "2",
+             "--num-requests", "4", "--repeats", "1", "--workload", "full", "depth=2.0", "--baseline", "none",
+             "--engine-arg", "device=cpu", "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = {x["target"]: x for x in json.loads(out.read_text())["runs"]}
+    gated = runs["depth=2.0"]
+    threshold = float(gated["workload"].removeprefix("threshold="))
+    assert 0.0 < threshold < 1.0
+    assert abs(gated["median"]["mean_exit_depth"] - 2.0) < 0.5  # repeat 0 is the prompts it was found on
+    full = runs["full"]["median"]
+    assert 0.5 < full["decode_occupancy"] <= 1.0 and 0.0 <= full["tail_frac"] < 1.0
+    assert gated["median"]["decode_occupancy"] < full["decode_occupancy"]
