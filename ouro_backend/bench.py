@@ -232,10 +232,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
 
-    model = args.model or (ensure_shape_checkpoint(args.shape) if args.shape != "toy" else None)
+    if args.model:
+        model = args.model
+    elif args.shape == "toy":
+        from .toy import ensure_toy_checkpoint
+
+        model = ensure_toy_checkpoint()
+    else:
+        model = ensure_shape_checkpoint(args.shape)
     opts = dict(kv.split("=", 1) for kv in args.engine_arg)
-    if model:
-        opts["model"] = model
+    opts["model"] = model
     if any(w.startswith("trace") for w in args.workload):
         if len({w.split("=")[0] for w in args.workload} - {"full"}) > 1:
             p.error("trace workloads need exit_mode=trace: run them separately from threshold workloads")
@@ -251,10 +257,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
-        from .toy import ensure_toy_checkpoint
-
         for c in args.concurrency:
-            r = run_baseline(model or ensure_toy_checkpoint(), dtype, device, args.input_len,
+            r = run_baseline(model, dtype, device, args.input_len,
                              args.baseline_tokens, min(c, args.baseline_max_batch))
             log.info("baseline c=%d: %.1f output tok/s", c, r["output_tok_s"])
             results["baseline"].append(r)

@@ -158,7 +158,7 @@ MODEL_PATH_ENV = "OURO_MODEL_PATH"
 class EngineConfig:
     """Engine options. Construct, then `validate()` (the engine does) to get clear errors.
 
-    `model` may be None: then $OURO_MODEL_PATH, else the toy checkpoint (created on first use).
+    `model` may be None: then $OURO_MODEL_PATH, else the demo model (ouro_backend.models).
     """
 
     model: Optional[str] = None

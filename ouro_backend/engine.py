@@ -54,9 +54,9 @@ class LLMEngine:
         self.config = cfg
         path = cfg.resolved_model_path()
         if path is None:
-            from .toy import ensure_toy_checkpoint
+            from .models import default_model
 
-            path = ensure_toy_checkpoint()
+            path = default_model()
         self.model_path = path
         self.model_config = mcfg = load_config(path)
         self.device = resolve_device(cfg.device)

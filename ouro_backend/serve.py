@@ -17,8 +17,8 @@ backend (library + the stub built for this Python) is copied into a writable cac
 `nvidia_pytriton.libs`, and this interpreter's bin dir goes first on PATH (the stub finds its packages
 through the `python3` on PATH; numpy must be < 2 there).
 
-The checkpoint reaches the models through $OURO_MODEL_PATH (`--model`; default: the toy checkpoint, built
-offline on first use) and extra engine options through $OURO_ENGINE_ARGS (`--engine-arg`), which override
+The checkpoint reaches the models through $OURO_MODEL_PATH (`--model`; default: the demo model shipped
+with the package) and extra engine options through $OURO_ENGINE_ARGS (`--engine-arg`), which override
 the `parameters` of ouro_engine/config.pbtxt. Engine args are validated before the server starts.
 
 The server's output goes to a log file (printed at start; its tail is printed if the server fails).
@@ -272,7 +272,7 @@ class TritonServer:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="ouro-serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--model", default=None, help="checkpoint directory (default: $OURO_MODEL_PATH, else the toy)")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: $OURO_MODEL_PATH, else the demo model)")
     p.add_argument("--address", default="0.0.0.0",
                    help="interface the HTTP, gRPC and metrics ports bind to (127.0.0.1: this host only)")
     p.add_argument("--http-port", type=int, default=8000)
@@ -308,10 +308,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"ouro-serve: --model {model}: no such directory", file=sys.stderr)
             return 2
         if not model:
-            from .toy import ensure_toy_checkpoint
+            from .models import default_model
 
-            model = ensure_toy_checkpoint()
-            print(f"ouro-serve: no --model given: serving the toy checkpoint {model}", flush=True)
+            model = default_model()
+            print(f"ouro-serve: no --model given: serving the demo model {model}", flush=True)
         server = TritonServer(model=model, http_port=args.http_port, grpc_port=args.grpc_port,
                               metrics_port=args.metrics_port, model_repository=str(repository),
                               engine_args=engine_args, log_file=args.log_file, extra_args=args.tritonserver_arg,

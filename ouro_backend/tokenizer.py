@@ -11,12 +11,28 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence, Union
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from .checkpoint import CheckpointError
 
 REPLACEMENT = "\ufffd"  # what lossy UTF-8 decoding gives for an incomplete (or invalid) byte sequence
 PREFIX_WINDOW = 5  # >= 4: an incomplete UTF-8 tail is at most 3 bytes, so at most 3 tokens
+
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in Ouro
+
+
+def train_byte_level_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> str:
+    """A byte-level BPE tokenizer (GPT-2 style, like Ouro's) with Ouro's special tokens first, as JSON.
+    Deterministic: the trainer breaks count ties by pair ids, and the byte alphabet is fixed."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+                                  special_tokens=SPECIAL_TOKENS,  # first: ids 0, 1, 2
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte encodable
+    tok.train_from_iterator(texts, trainer)
+    return tok.to_str()
 
 
 def load_tokenizer(model_dir: Union[str, os.PathLike]) -> Tokenizer:

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from .checkpoint import CheckpointError, expected_shapes, save_checkpoint
 from .config import OuroConfig
+from .tokenizer import train_byte_level_bpe
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in Ouro
 EOS_IDS = [0, 2]  # <|endoftext|> and <|im_end|>
 TOY_VERSION = "1"  # bump when the toy's weights or tokenizer change: cached toys are then rebuilt
 _COMMON = dict(rope_theta=1e6, rms_norm_eps=1e-6, total_ut_steps=4, early_exit_threshold=1.0,
@@ -86,16 +86,8 @@ def toy_config(shape: str = "toy", dtype: Optional[str] = None) -> OuroConfig:
 
 
 def build_tokenizer_json() -> str:
-    """A real byte-level BPE tokenizer (GPT-2 style, like Ouro's), trained offline on CORPUS.
-    Deterministic: the trainer breaks count ties by pair ids, and the byte alphabet is fixed."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=2, show_progress=False,
-                                  special_tokens=SPECIAL_TOKENS,  # first: ids 0, 1, 2
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte encodable
-    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer)
-    return tok.to_str()
+    """A real byte-level BPE tokenizer trained offline on CORPUS."""
+    return train_byte_level_bpe(CORPUS.splitlines(keepends=True), vocab_size=1000)
 
 
 def init_weight(name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, tokenizer_vocab: int) -> torch.Tensor:

@@ -10,10 +10,12 @@ python -m pip install -q --upgrade pip >/dev/null
 # torch==2.13.0 is the CPU build on local disk here; a plain 'torch' would pull a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0" 2>/dev/null || python -m pip install -q torch
 python -m pip install -q -e ".[test]"
-if ! ldconfig -p 2>/dev/null | grep -q libb64.so.0d; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    (apt-get install -y -q libb64-0d >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q libb64-0d >/dev/null)) \
-      || echo "setup: could not install libb64-0d; perf_analyzer tests will be skipped"
-  fi
+# From Debian: libb64 for perf_analyzer; wamerican, the word list tests/test_demo_model.py checks English with.
+debs=()
+ldconfig -p 2>/dev/null | grep -q libb64.so.0d || debs+=(libb64-0d)
+[ -f /usr/share/dict/american-english ] || debs+=(wamerican)
+if [ ${#debs[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -q "${debs[@]}" >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q "${debs[@]}" >/dev/null)) \
+    || echo "setup: could not install ${debs[*]} (perf_analyzer tests are skipped without libb64-0d)"
 fi
 echo "setup: done ($(python -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)'))"

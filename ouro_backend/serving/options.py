@@ -6,7 +6,7 @@ Precedence (later wins):
   2. $OURO_ENGINE_ARGS: a JSON object `{"max_num_seqs": "8"}` or `key=value` pairs separated by
      commas/whitespace (what `ouro-serve --engine-arg key=value` sets);
   3. $OURO_MODEL_PATH: the checkpoint directory (overrides the `model` parameter).
-If no model is given at all, the engine builds and uses the toy checkpoint (ouro_backend.toy).
+If no model is given at all, the engine uses the demo model shipped with the package (ouro_backend.models).
 A relative `model` path is resolved against the model's directory in the repository when it exists there.
 Unknown keys and bad values fail the model load with ConfigError naming the option.
 """
@@ -132,11 +132,11 @@ def engine_options(model_config: Mapping[str, Any], model_dir: Optional[str] = N
 
 
 def resolve_model_path(options: dict[str, str]) -> dict[str, str]:
-    """Fill in the toy checkpoint when no model is configured (built offline on first use)."""
+    """Fill in the default model (the shipped demo model) when no model is configured."""
     if not options.get("model"):
-        from ..toy import ensure_toy_checkpoint
+        from ..models import default_model
 
-        options = dict(options, model=ensure_toy_checkpoint())
+        options = dict(options, model=default_model())
     elif not os.path.isdir(options["model"]):
         raise ConfigError(f"model={options['model']!r}: no such checkpoint directory "
                           f"(set the `model` parameter in config.pbtxt, ${MODEL_PATH_ENV}, or ouro-serve --model)")

@@ -23,7 +23,7 @@ INSTANCES = 2
 
 # Engine options listed (empty = the default) in ouro_engine/config.pbtxt; all of EngineConfig works.
 ENGINE_PARAMETERS = [
-    ("model", "checkpoint dir (HF layout); $OURO_MODEL_PATH overrides; empty: the toy checkpoint"),
+    ("model", "checkpoint dir (HF layout); $OURO_MODEL_PATH overrides; empty: the demo model"),
     ("device", "auto | cpu | cuda | cuda:N"),
     ("dtype", "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16"),
     ("attention_backend", "auto | torch | triton | flash"),
@@ -98,7 +98,7 @@ Engine options: the parameters below (empty = default), then $OURO_ENGINE_ARGS, 
     files["preprocessing"] = (
         _header("preprocessing: text_input -> input_ids (ouro_backend/serving/text_models.py).\n"
                 "Takes all client inputs (all optional) to validate the whole request first in the ensemble.\n"
-                "The tokenizer is the engine checkpoint's ($OURO_MODEL_PATH, else `model`, else the toy).")
+                "The tokenizer is the engine checkpoint's ($OURO_MODEL_PATH, else `model`, else the demo model).")
         + f'name: "preprocessing"\nbackend: "python"\nmax_batch_size: {PRE_POST_MAX_BATCH}\n'
         + "dynamic_batching { }\n"
         + _inputs(protocol.CLIENT_INPUTS.values(), required=[], ragged=True)

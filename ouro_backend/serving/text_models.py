@@ -8,7 +8,7 @@
   keep `dynamic_batching { preserve_ordering: true }` or an ensemble reorders a stream's deltas.
 
 The tokenizer comes from the same checkpoint as the engine: $OURO_MODEL_PATH, else the `model` parameter
-of the model's config.pbtxt ($OURO_ENGINE_ARGS may set it too), else the toy checkpoint.
+of the model's config.pbtxt ($OURO_ENGINE_ARGS may set it too), else the demo model.
 """
 from __future__ import annotations
 
