@@ -137,3 +137,53 @@ def test_training_writes_a_checkpoint_the_engine_serves(tmp_path):
     assert len(out.token_ids) == 4
     log = (tmp_path / "model" / "training_log.jsonl").read_text().splitlines()
     assert len(log) == 2 and len(json.loads(log[1])["heldout"]["ce_per_loop"]) == 4
+
+
+def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
+    """The first command a user runs: `ouro-serve` with no model, then a plain HTTP generate call. The real
+    launcher and tritonserver; the served text is the offline engine's greedy text."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from ouro_backend.serve import ServerError, find_tritonserver, free_port
+
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(f"no tritonserver available: {e}")
+    http = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "OURO_MODEL_PATH"}
+    proc = subprocess.Popen([sys.executable, "-m", "ouro_backend.serve", "--address", "127.0.0.1",
+                             "--http-port", str(http), "--grpc-port", str(free_port()),
+                             "--metrics-port", str(free_port()), "--engine-arg", "device=cpu",
+                             "--engine-arg", "dtype=float32", "--log-file", str(tmp_path / "server.log")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = []
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "ouro-serve: ready" in line:
+                break
+        out = "".join(lines)
+        assert "ouro-serve: ready" in out, out + (tmp_path / "server.log").read_text()[-3000:]
+        assert f"serving the demo model {DEMO_MODEL}" in out
+        prompt = "Once upon a time, there was a little"
+        body = json.dumps({"text_input": prompt, "max_tokens": 24, "temperature": 0,
+                           "exclude_input_in_output": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/ouro/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+        served = json.loads(urllib.request.urlopen(req, timeout=120).read())["text_output"]
+        offline = LLM(device="cpu", dtype="float32").generate(
+            [prompt], SamplingParams(max_tokens=24, temperature=0.0))[0].text
+        assert served == offline and served.strip(), (served, offline)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
