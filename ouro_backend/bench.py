@@ -134,7 +134,9 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     gpu_span, gpu_busy = runner.gpu_time()
     runner.track_gpu_time = False
     stats = {k: v - stats0[k] for k, v in engine.stats().items()
-             if k in ("launches", "rounds", "host_syncs", "graph_launches", "eager_launches")}
+             if k in ("launches", "rounds", "host_syncs", "graph_launches", "eager_launches", "spec_steps",
+                      "spec_drafted", "spec_accepted")}
+    spec_k = engine.config.spec_tokens
     gen = sum(len(o.token_ids) for o in outs)
     pre_t = sum(r[0] for r in rounds if r[1])
     dec = [r for r in rounds if not r[1] and r[2]]
@@ -159,6 +161,10 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         rounds=stats["rounds"], rounds_per_token=stats["rounds"] / gen, host_syncs_per_token=stats["host_syncs"] / gen,
         gpu_idle_frac=1.0 - gpu_busy / gpu_span if gpu_span else None,
         decode_occupancy=sum(depths) / (stats["rounds"] * concurrency) if stats["rounds"] else None,
+        spec_steps=stats["spec_steps"],
+        spec_acceptance=stats["spec_accepted"] / stats["spec_drafted"] if stats["spec_drafted"] else None,
+        spec_mean_accepted_length=(1 + stats["spec_accepted"] * spec_k / stats["spec_drafted"]
+                                   if stats["spec_drafted"] else None),
         tail_frac=tail / wall,
         graph_launches=stats["graph_launches"], eager_launches=stats["eager_launches"])
 

@@ -190,6 +190,11 @@ class EngineConfig:
     # them back to back, so the host's launch and bookkeeping are paid once per launch. 1: one a launch.
     decode_rounds_per_launch: int = 4
     cpu_kv_cache_bytes: int = 256 << 20  # KV budget on CPU when num_blocks/kv_cache_bytes are unset
+    # Self-speculative decoding (docs/engine.md): the first `spec_draft_loops` loops draft `spec_tokens`
+    # tokens, the remaining loops verify them in one pass; greedy output equals plain full-depth decoding.
+    # 0: off. It verifies at full depth, so it needs kv_layout=last_exited and requests without gate exits.
+    spec_tokens: int = 0
+    spec_draft_loops: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_model_path(self) -> Optional[str]:
@@ -220,6 +225,21 @@ class EngineConfig:
         if self.prefill_chunk_size and self.prefill_chunk_size > self.max_num_batched_tokens:
             raise ConfigError(f"prefill_chunk_size ({self.prefill_chunk_size}) cannot exceed "
                               f"max_num_batched_tokens ({self.max_num_batched_tokens})")
+        if not isinstance(self.spec_tokens, int) or isinstance(self.spec_tokens, bool) or not 0 <= self.spec_tokens <= 32:
+            raise ConfigError(f"spec_tokens must be an integer in [0, 32] (0: no speculation), got {self.spec_tokens!r}")
+        if not isinstance(self.spec_draft_loops, int) or isinstance(self.spec_draft_loops, bool) \
+                or self.spec_draft_loops < 1:
+            raise ConfigError(f"spec_draft_loops must be a positive integer, got {self.spec_draft_loops!r}")
+        if self.spec_tokens:
+            if self.kv_layout != KVLayout.LAST_EXITED.value:
+                raise ConfigError("spec_tokens > 0 needs kv_layout=last_exited: under the shared layout a draft "
+                                  "would read its context's exit-loop KV, which verification has not written yet")
+            if self.exit_mode == ExitMode.TRACE.value:
+                raise ConfigError("spec_tokens > 0 cannot serve exit_mode=trace: speculation verifies every "
+                                  "token at full depth")
+            if self.exit_threshold is not None and self.exit_threshold < 1.0:
+                raise ConfigError(f"spec_tokens > 0 verifies at full depth; exit_threshold={self.exit_threshold} "
+                                  f"would ask for gate exits (use 1.0, or spec_tokens=0)")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                               f"max_num_seqs ({self.max_num_seqs}): every running sequence needs a row")

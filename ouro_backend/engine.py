@@ -70,7 +70,15 @@ class LLMEngine:
         self.exit_threshold = mcfg.early_exit_threshold if cfg.exit_threshold is None else cfg.exit_threshold
         t0 = time.monotonic()
         weights = load_weights(path, mcfg, self.dtype, self.device)
-        self.model = OuroModel(mcfg, weights, get_backend(cfg.attention_backend, self.device, cfg.block_size), self.max_model_len)
+        if cfg.spec_tokens and cfg.spec_draft_loops >= mcfg.total_ut_steps:
+            raise ConfigError(f"spec_draft_loops ({cfg.spec_draft_loops}) must be less than the model's "
+                              f"{mcfg.total_ut_steps} loops: the later loops verify the drafts")
+        if cfg.spec_tokens and self.exit_threshold < 1.0:
+            raise ConfigError(f"spec_tokens > 0 verifies at full depth, but the checkpoint's early_exit_threshold "
+                              f"is {self.exit_threshold}: set exit_threshold=1.0")
+        # Drafts run up to spec_tokens positions past a request's last token.
+        self.model = OuroModel(mcfg, weights, get_backend(cfg.attention_backend, self.device, cfg.block_size),
+                               self.max_model_len + cfg.spec_tokens)
         del weights
         log.info("loaded %s (%s, %s) in %.1fs", path, self.dtype, self.device, time.monotonic() - t0)
         num_blocks = self._num_kv_blocks()
@@ -82,7 +90,7 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps)
         self._in_flight: Optional[Launch] = None  # launched, not collected (asynchronous scheduling)
         self.runner = ModelRunner(self.model, self.kv, self.policy, cfg.max_num_seqs, self.max_model_len,
-                                  sorted(self.eos_ids), self.exit_threshold)
+                                  sorted(self.eos_ids), self.exit_threshold, cfg.spec_tokens, cfg.spec_draft_loops)
         if cfg.cuda_graphs and self.device.type == "cuda" and getattr(self.model.backend, "graph_safe", False):
             t0 = time.monotonic()
             r = self.runner
@@ -131,7 +139,14 @@ class LLMEngine:
         if len(ids) + params.max_tokens > self.max_model_len:
             raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                                f"context limit of {self.max_model_len} tokens")
-        need = self.kv.blocks_needed(len(ids), len(ids) + params.max_tokens)
+        if self.config.spec_tokens:
+            T = self.model_config.total_ut_steps
+            if (params.exit_threshold is not None and params.exit_threshold < 1.0) or \
+                    (params.max_loops is not None and params.max_loops < T):
+                raise RequestError(f"this engine speculates (spec_tokens={self.config.spec_tokens}) and verifies "
+                                   f"every token at full depth: exit_threshold < 1 and max_loops < {T} are not "
+                                   f"served (start the engine with spec_tokens=0 for gate exits)")
+        need = self.kv.blocks_needed(len(ids), len(ids) + params.max_tokens + self.config.spec_tokens)
         if need > self.kv.num_blocks:
             raise RequestError(f"request needs {need} KV blocks but the cache only has {self.kv.num_blocks}; "
                                f"lower max_tokens or give the engine more KV memory")
@@ -237,9 +252,13 @@ class LLMEngine:
     def stats(self) -> dict:
         kv = self.kv
         used = kv.num_blocks - kv.allocator.num_free
+        rs = self.runner.stats
+        row_steps = rs.spec_drafted / self.config.spec_tokens if self.config.spec_tokens else 0
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                     kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.allocator.num_free,
-                    kv_usage=used / kv.num_blocks, **dataclasses.asdict(self.runner.stats), **self.counters)
+                    kv_usage=used / kv.num_blocks, **dataclasses.asdict(rs), **self.counters,
+                    spec_acceptance_rate=rs.spec_accepted / rs.spec_drafted if rs.spec_drafted else 0.0,
+                    spec_mean_accepted_length=1 + rs.spec_accepted / row_steps if row_steps else 0.0)
 
 
 class LLM:

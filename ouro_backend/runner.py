@@ -39,6 +39,7 @@ class Launch:
     """A launched plan: whom its slots belonged to and where its records land."""
     owners: list[Optional[Sequence]]
     host: Optional[torch.Tensor] = None  # fp32 [rounds, 4, slots], filled once `ready` fires
+    speculative: bool = False  # the record's last round holds acceptance counts (speculation.py)
     ready: Optional[torch.cuda.Event] = None
     # record_logits only: per round, (slots, fp32 logits [len(slots), V]) of the rows that could emit
     logits: list[list[tuple[list[int], torch.Tensor]]] = field(default_factory=list)
@@ -60,6 +61,9 @@ class RunnerStats:
     graph_launches: int = 0
     eager_launches: int = 0
     host_syncs: int = 0  # reads that waited for the device with no later launch queued (the GPU drained)
+    spec_steps: int = 0  # speculative steps launched
+    spec_drafted: int = 0  # draft tokens proposed (spec_tokens per running row and step), counted when read
+    spec_accepted: int = 0  # of those, verified and emitted (or cut by a stop on the device)
 
 
 class HostStaging:
@@ -143,7 +147,7 @@ class _Graph:
 
 class ModelRunner:
     def __init__(self, model: OuroModel, kv: KVCache, policy: ExitPolicy, num_slots: int, max_model_len: int,
-                 eos_ids: list[int], exit_threshold: float):
+                 eos_ids: list[int], exit_threshold: float, spec_tokens: int = 0, spec_draft_loops: int = 1):
         self.model = model
         self.exit_threshold = exit_threshold  # for requests that set none
         self.kv = kv
@@ -151,7 +155,8 @@ class ModelRunner:
         self.num_loops = T = model.cfg.total_ut_steps
         self.device = dev = model.device
         self.max_model_len = max_model_len
-        self.max_blocks = -(-max_model_len // kv.block_size)
+        self.spec_tokens, self.spec_draft_loops = spec_tokens, spec_draft_loops
+        self.max_blocks = -(-(max_model_len + spec_tokens) // kv.block_size)  # drafts run past the last token
         self.state = DecodeState(num_slots, T, self.max_blocks, model.cfg.hidden_size, model.dtype, dev)
         self.vocab_hash = vocab_hashes(model.cfg.vocab_size, dev)
         self.eos = torch.tensor(sorted(eos_ids) or [-1], dtype=torch.int64, device=dev)  # -1: no EOS
@@ -235,14 +240,18 @@ class ModelRunner:
             self.staging.next_round()
         start = self._window_start()
         self._apply_rows(plan)
-        if not (plan.prefill or plan.decode_slots):
+        if plan.speculate:  # loops over all rows: K + 1 drafts of d loops, then the verify pass's T - d
+            rounds = (self.spec_tokens + 1) * self.spec_draft_loops + self.num_loops - self.spec_draft_loops
+        elif not (plan.prefill or plan.decode_slots):
             rounds = 0  # only rows to switch off: no round runs
         elif plan.prefill or self.record_logits:
             rounds = 1
         else:
             rounds = plan.num_rounds
-        launch = Launch(list(plan.owners))
-        if plan.prefill:
+        launch = Launch(list(plan.owners), speculative=plan.speculate)
+        if plan.speculate:
+            rec = self._spec_launch(plan)
+        elif plan.prefill:
             rec = self._mixed_round(plan, launch)
         elif plan.decode_slots:
             rec = self._decode_launch(plan, launch, rounds)
@@ -276,6 +285,15 @@ class ModelRunner:
             self.state.admit(self._to_dev([r.slot for r in rows], torch.long), self._to_dev(ints, torch.long),
                              self._to_dev(floats, torch.float64),
                              self._to_dev(traces, torch.long), self._to_dev(tables, torch.int32))
+
+    def _spec_launch(self, plan: SchedulerOutput) -> torch.Tensor:
+        from .speculation import spec_record, spec_step
+
+        rec = spec_record(self.state, self.spec_tokens)
+        spec_step(self, self._to_dev(plan.decode_slots, torch.long), self.spec_tokens, self.spec_draft_loops, rec)
+        self.stats.spec_steps += 1
+        self.stats.eager_launches += 1
+        return rec
 
     def _decode_launch(self, plan: SchedulerOutput, launch: Launch, rounds: int) -> torch.Tensor:
         span = max(plan.decode_slots) + 1
@@ -397,6 +415,11 @@ class ModelRunner:
             self.stats.host_syncs += 1
         rec = launch.host.numpy()  # pinned host memory (CUDA) or the CPU record itself
         rounds, slots = np.nonzero(rec[:, ds.REC_EMITTED])
+        if launch.speculative:
+            from .speculation import REC_ACCEPTED, REC_DRAFTED
+
+            self.stats.spec_drafted += self.spec_tokens * int(rec[-1, REC_DRAFTED].sum())
+            self.stats.spec_accepted += int(rec[-1, REC_ACCEPTED].sum())
         out = []
         for r, s in zip(rounds.tolist(), slots.tolist()):
             seq = launch.owners[s]
@@ -459,7 +482,9 @@ class ModelRunner:
         self._pool = None
         idx = self._arange[:max_rows]
         for mode in SamplerMode:
-            for t in reversed(tok_buckets):
+            # With speculation, decode rows sit out prompt rounds (scheduler.py), which these graphs, whose
+            # decode rows are every slot, cannot express: prompt rounds run eagerly there.
+            for t in reversed(tok_buckets if not self.spec_tokens else []):
                 pre = self._prefill_inputs(t, max_rows)
                 rec, (out, logits) = self._capture(lambda rec: self._mixed_step(idx, pre, rec[0], mode), 1)
                 self.mixed_graphs[(t, mode)] = _Graph(self._last_graph, t, max_rows, rec, logits, out, max_rows)

@@ -8,7 +8,10 @@ Each step it plans one launch (`SchedulerOutput`) with explicit kinds of work:
   because a row whose token exits starts the next token at loop 1 in the very next round.
 * PREFILL chunks: prompts run in chunks at full depth (one loop a round), interleaved with decode under
   `max_num_batched_tokens`; the host tracks their loops (they are deterministic).
-* (VERIFY rows of self-speculation will be a third kind.)
+* SPECULATIVE steps (`spec_tokens` > 0, docs/engine.md): when only greedy decode rows run, one launch drafts
+  K tokens per row with the first d loops and verifies them at full depth. Speculation keeps every decode
+  row at a token boundary, so on such an engine decode rows sit out launches with prompt work, and rows
+  of a batch with sampled requests decode whole tokens (T rounds) per launch.
 
 Admission is first-come-first-served, bounded by `max_num_seqs` (the slots) and by KV capacity. A launch
 with no prompt work and nobody waiting runs several decode rounds (`decode_rounds_per_launch`).
@@ -53,6 +56,7 @@ class SchedulerOutput:
     released: list[int] = field(default_factory=list)  # slots to switch off before the round
     sampler: SamplerMode = SamplerMode.GREEDY
     owners: list[Optional[Sequence]] = field(default_factory=list)  # slot -> request, at launch time
+    speculate: bool = False  # the decode rows run one speculative step (draft K, verify) instead of rounds
 
     @property
     def has_work(self) -> bool:
@@ -65,6 +69,7 @@ class Scheduler:
         self.max_tokens = cfg.max_num_batched_tokens
         self.chunk = cfg.prefill_chunk_size or cfg.max_num_batched_tokens
         self.decode_rounds = cfg.decode_rounds_per_launch
+        self.spec_tokens = cfg.spec_tokens
         self.kv = kv
         self.num_loops = num_loops
         self.waiting: deque[Sequence] = deque()
@@ -81,7 +86,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _total_len(self, seq: Sequence) -> int:
-        return len(seq.prompt_ids) + seq.params.max_tokens
+        """Positions whose KV the request may write: its drafts run up to spec_tokens past its last token."""
+        return len(seq.prompt_ids) + seq.params.max_tokens + self.spec_tokens
 
     def schedule(self) -> SchedulerOutput:
         decode = [s.slot for s in self.running if s.slot not in self.chunks and not s.in_prefill]
@@ -115,7 +121,15 @@ class Scheduler:
         released, self._released = self._released, []
         sampler = (SamplerMode.SAMPLE if any(s.params.temperature > 0 for s in self.running)
                    else SamplerMode.GREEDY)
-        out = SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners))
+        speculate = False
+        if self.spec_tokens and decode:
+            if prefill:
+                decode = []  # rows stay at their token boundary while prompts run
+            elif sampler is SamplerMode.GREEDY:
+                speculate, rounds = True, 1
+            else:
+                rounds = self.num_loops  # whole tokens (full depth): every row ends at a token boundary
+        out = SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners), speculate)
         self._advance_chunks(prefill)
         return out
 

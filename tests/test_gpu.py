@@ -125,3 +125,16 @@ def test_seeded_sampling_same_with_and_without_graphs(toy_path):
     for outs in runs[1:]:
         assert [(o.token_ids, o.exit_depths) for o in outs] == [(o.token_ids, o.exit_depths) for o in runs[0]]
     assert (alone[0].token_ids, alone[0].exit_depths) == (runs[0][1].token_ids, runs[0][1].exit_depths)
+
+
+@pytest.mark.parametrize("K,d", [(4, 1), (7, 3)])
+def test_fp32_speculation_equals_oracle(toy_path, oracle, K, d):
+    """Self-speculation on the Triton backend (the verify pass is a varlen causal chunk over paged KV):
+    greedy tokens equal the oracle's full-depth decoding; graphs on for plain launches, 4 rounds a launch."""
+    eng = gpu_engine(toy_path, "float32", spec_tokens=K, spec_draft_loops=d, prefill_chunk_size=5,
+                     max_num_batched_tokens=16)
+    eng.runner.record_logits = False
+    outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.token_ids == oracle.generate(prompt, 12)[0]
+    assert eng.stats()["spec_steps"] > 0

@@ -13,6 +13,8 @@ All families carry the labels `model` and `version`. Names (vLLM-like):
   ouro_exit_depth                          histogram  loop depth at which each generated token exited
   ouro_kv_cache_usage_ratio                gauge      used / total KV blocks (0 when idle)
   ouro_num_requests_running / _waiting     gauge      scheduler queues
+  ouro_spec_acceptance_rate                gauge      self-speculation: accepted / drafted tokens
+  ouro_spec_mean_accepted_length           gauge      self-speculation: tokens per row and step (1 + accepted)
   ouro_engine_stat{stat}                   gauge      every other numeric counter of engine.stats()
                                                       (launches, rounds, host_syncs, steps...)
 
@@ -37,7 +39,8 @@ LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.
 TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                 0.3, 0.5, 0.75, 1.0, 2.5]
 GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_requests_running",
-              "num_waiting": "ouro_num_requests_waiting"}
+              "num_waiting": "ouro_num_requests_waiting", "spec_acceptance_rate": "ouro_spec_acceptance_rate",
+              "spec_mean_accepted_length": "ouro_spec_mean_accepted_length"}
 
 
 @dataclass
@@ -169,6 +172,10 @@ class EngineMetrics:
             ("kv_usage", GAUGE_KEYS["kv_usage"], "Fraction of KV cache blocks in use"),
             ("num_running", GAUGE_KEYS["num_running"], "Requests being generated"),
             ("num_waiting", GAUGE_KEYS["num_waiting"], "Requests waiting for admission"),
+            ("spec_acceptance_rate", GAUGE_KEYS["spec_acceptance_rate"],
+             "Self-speculation: accepted / drafted tokens since start (0 without speculation)"),
+            ("spec_mean_accepted_length", GAUGE_KEYS["spec_mean_accepted_length"],
+             "Self-speculation: tokens emitted per row and speculative step (1 + accepted drafts)"),
         ]}
         self._stat_family = family("ouro_engine_stat", "Engine counters from LLMEngine.stats()", MF.GAUGE)
         self._stat_metrics: dict[str, Any] = {}

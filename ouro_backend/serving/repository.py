@@ -41,6 +41,8 @@ ENGINE_PARAMETERS = [
     ("cuda_graph_max_tokens", "largest round captured in a CUDA graph; larger ones run eagerly (2048)"),
     ("async_scheduling", "launch the next round(s) before reading the last launch back (true)"),
     ("decode_rounds_per_launch", "decode rounds one launch (one graph replay) runs when no prompt work waits (4)"),
+    ("spec_tokens", "self-speculative decoding: tokens drafted per step, 0 = off (0); needs last_exited, no gate exits"),
+    ("spec_draft_loops", "loops that draft when spec_tokens > 0; the rest verify (1)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
 ]
 def _tensor(name: str, dtype: str, dims: str, optional: bool = False, ragged: bool = False) -> str:

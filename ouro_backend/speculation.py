@@ -1,0 +1,95 @@
+"""Self-speculative decoding: Ouro's early loops draft, its later loops verify (docs/engine.md).
+
+Loop t of token i depends only on loop t-1 of tokens <= i. So when each decode row drafts K tokens with
+loops 1..d (each draft is the argmax of the LM head on the previous token's loop-d state), those loops
+compute exactly the states and KV that full-depth decoding would compute for the same tokens. The verify
+pass then carries all K+1 tokens of a row (the row's current token and its K drafts) through loops
+d+1..T as one causal chunk, from the drafts' loop-d states, writing their deeper planes' KV. Its
+full-depth argmax y_j is the true successor of token j; the step accepts the longest run of drafts equal
+to it and emits y_0..y_n (the accepted drafts, then the correction or bonus token). Greedy output is
+thus plain full-depth decoding's, token for token. KV written past the accepted frontier is rewritten
+by the next step before anything reads it.
+
+Everything happens on the device: the step's record holds each emitted token (rounds 0..K) and, in its
+last round, how many drafts each row had accepted, for the host's statistics.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import decode_state as ds
+from .attention import AttentionMetadata
+from .sampler import SamplerMode
+
+if TYPE_CHECKING:
+    from .runner import ModelRunner
+
+# The speculative record's last round: per slot, accepted drafts (REC_TOKEN) and whether the row drafted
+# (REC_DEPTH); its REC_EMITTED stays 0, so `collect` reads no token from it.
+REC_ACCEPTED, REC_DRAFTED = ds.REC_TOKEN, ds.REC_DEPTH
+
+
+def spec_record(state: ds.DecodeState, spec_tokens: int) -> torch.Tensor:
+    return state.new_record(spec_tokens + 2)
+
+
+@torch.inference_mode()
+def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Tensor) -> torch.Tensor:
+    """One speculative step for decode rows `idx` (slots, each at loop 1 of its current token); fills
+    `rec` [K + 2, 4, slots] and returns the verify pass's logits [S, K + 1, V]."""
+    st, model, kv, bs, T = r.state, r.model, r.kv.kv, r.kv.block_size, r.num_loops
+    S = idx.shape[0]
+    ints = st.ints.index_select(0, idx)
+    active = ints[:, ds.ACTIVE] > 0
+    pos0 = torch.where(active, ints[:, ds.POS], 0)
+    max_k = r.max_model_len + K
+
+    def kv_slots(pos: torch.Tensor, plane: int, rows: torch.Tensor) -> torch.Tensor:
+        blocks = st.tables[rows, plane, pos // bs].long()
+        return torch.where(active.repeat_interleave(pos.shape[0] // S), blocks * bs + pos % bs, -1)
+
+    # Draft: token i at position pos0 + i runs loops 1..d; its loop-d state drafts token i + 1.
+    toks, states = [ints[:, ds.TOKEN]], []
+    single_cu = r._arange[: S + 1].int()
+    for i in range(K + 1):
+        pos = pos0 + i
+        h = model.embed(toks[i])
+        for t in range(d):
+            meta = AttentionMetadata(single_cu, torch.where(active, pos + 1, 1).int(), st.tables[idx, t],
+                                     kv_slots(pos, t, idx), max_seqlen_q=1, max_seqlen_k=max_k,
+                                     cu_seqlens_q_host=list(range(S + 1)))
+            h = model.loop(h, pos, meta, kv)
+        states.append(h)
+        if i < K:
+            toks.append(model.logits(h).argmax(-1))
+    # Verify: the K + 1 tokens of each row as one causal chunk through loops d+1..T.
+    n = K + 1
+    offs = torch.arange(n, device=idx.device)
+    pos_all = (pos0[:, None] + offs[None, :]).flatten()
+    rows_all = idx.repeat_interleave(n)
+    h = torch.stack(states, 1).flatten(0, 1)
+    cu = (r._arange[: S + 1] * n).int()
+    lens = torch.where(active, pos0 + n, n).int()
+    lens_host = lens.tolist() if not getattr(model.backend, "graph_safe", False) else None
+    for t in range(d, T):
+        meta = AttentionMetadata(cu, lens, st.tables[idx, t], kv_slots(pos_all, t, rows_all), max_seqlen_q=n,
+                                 max_seqlen_k=max_k, cu_seqlens_q_host=list(range(0, S * n + 1, n)),
+                                 seq_lens_host=lens_host)
+        h = model.loop(h, pos_all, meta, kv)
+    logits = model.logits(h)
+    y, lp = r._sample(rows_all, logits, SamplerMode.GREEDY)
+    y, lp = y.view(S, n), lp.view(S, n)
+    drafts = torch.stack(toks[1:], 1) if K else y[:, :0]
+    accepted = (drafts == y[:, :K]).long().cumprod(1).sum(1)  # the longest run of drafts that verified
+    depth = torch.full((S,), T, dtype=torch.long, device=idx.device)
+    ones, no = torch.ones(S, device=idx.device), torch.zeros(S, dtype=torch.bool, device=idx.device)
+    for j in range(n):  # emit y_0 .. y_accepted, each through the same state update as plain decoding
+        cur = st.ints.index_select(0, idx)
+        live = cur[:, ds.ACTIVE] > 0
+        r.ops.emit(st, idx, cur, live, live & (j <= accepted), y[:, j], lp[:, j], depth, ones, no, r.eos, rec[j])
+    st.ints[:, ds.LOOP].index_fill_(0, idx, 1)  # every row waits at loop 1 of its next token
+    rec[n, REC_ACCEPTED].index_copy_(0, idx, (accepted * active).float())
+    rec[n, REC_DRAFTED].index_copy_(0, idx, active.float())
+    return logits.view(S, n, -1)

@@ -1,0 +1,139 @@
+"""Self-speculative decoding (ouro_backend/speculation.py) against plain full-depth decoding, fp32 on CPU:
+greedy tokens identical (logprobs within fp32 batching noise) for every K and d, batched with different
+prompt lengths, staggered arrivals, aborts, stop strings, EOS and max_tokens inside an accepted run; and
+clear errors for what it cannot serve."""
+import pytest
+
+from ouro_backend import LLM, LLMEngine, SamplingParams
+from ouro_backend.config import ConfigError, EngineConfig
+from ouro_backend.engine import RequestError
+from ouro_backend.models import DEMO_MODEL
+from test_engine_oracle import PROMPTS
+
+GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+
+
+def make(model, **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model), device="cpu", dtype="float32", block_size=4, num_blocks=512,
+                                  max_num_seqs=8, **kw))
+
+
+def drive(eng, arrivals, aborts=()):
+    """arrivals: {step: [(request id, prompt, params)]}; aborts: {step: [request id]}. Runs to the end."""
+    outs, step = {}, 0
+    arrivals, aborts = dict(arrivals), dict(aborts)
+    while arrivals or eng.has_unfinished_requests():
+        for rid, prompt, params in arrivals.pop(step, []):
+            eng.add_request(rid, prompt, params)
+        for rid in dict(aborts).pop(step, []):
+            eng.abort_request(rid)
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+        step += 1
+    assert eng.kv.allocator.num_free == eng.kv.num_blocks, "KV blocks leaked"
+    return outs
+
+
+def batch(model, params=GREEDY, **kw):
+    outs = drive(make(model, **kw), {0: [(str(i), p, params) for i, p in enumerate(PROMPTS)]})
+    return [outs[str(i)] for i in range(len(PROMPTS))]
+
+
+def assert_same(plain, spec):
+    for a, b in zip(plain, spec):
+        assert b.token_ids == a.token_ids
+        assert b.exit_depths == a.exit_depths
+        assert b.finish_reason == a.finish_reason
+        assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def plain_toy(toy_path):
+    return batch(toy_path)
+
+
+@pytest.mark.parametrize("K", [1, 4, 7])
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_greedy_equals_plain_decoding(toy_path, plain_toy, K, d):
+    eng = make(toy_path, spec_tokens=K, spec_draft_loops=d)
+    outs = drive(eng, {0: [(str(i), p, GREEDY) for i, p in enumerate(PROMPTS)]})
+    assert_same(plain_toy, [outs[str(i)] for i in range(len(PROMPTS))])
+    st = eng.stats()
+    assert st["spec_steps"] > 0 and 0 <= st["spec_accepted"] <= st["spec_drafted"]
+
+
+def test_demo_model_drafts_are_accepted():
+    """On the trained demo model the early loops agree with the last often: real acceptance."""
+    prompts = ["Once upon a time, there was a little", "My dear friend,", "The weather today is"]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32").generate(prompts, params)
+    spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=4, spec_draft_loops=3)
+    got = spec.generate(prompts, params)
+    assert_same(plain, got)
+    st = spec.engine.stats()
+    assert st["spec_accepted"] / st["spec_drafted"] > 0.5, st
+
+
+def test_staggered_arrivals_and_aborts(toy_path):
+    long = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    arrivals = {0: [("a", PROMPTS[0], GREEDY)], 2: [("b", PROMPTS[1], long)], 3: [("c", PROMPTS[2], GREEDY)],
+                7: [("d", PROMPTS[1], GREEDY)]}
+    plain = {rid: drive(make(toy_path), {0: [(rid, p, sp)]})[rid] for reqs in arrivals.values() for rid, p, sp in reqs}
+    outs = drive(make(toy_path, spec_tokens=4, spec_draft_loops=2), arrivals, aborts={5: ["b"]})
+    for rid in "acd":
+        assert_same([plain[rid]], [outs[rid]])
+    b = outs["b"]
+    assert b.finish_reason == "abort" and b.token_ids == plain["b"].token_ids[: len(b.token_ids)]
+
+
+def test_stop_string_eos_and_max_tokens_inside_a_run():
+    llm_plain = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32")
+    llm_spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=7, spec_draft_loops=3)
+    prompt = "She looked at him and said"
+    full = llm_plain.generate([prompt], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))[0]
+    words = full.text.split()
+    stop = " ".join(words[4:6])  # a stop string that shows up mid-text, very likely inside an accepted run
+    cases = [SamplingParams(max_tokens=30, temperature=0.0, stop=[stop]),
+             SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True),  # ends inside a run of K=7
+             SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=[full.token_ids[9]])]
+    for params in cases:
+        a = llm_plain.generate([prompt], params)[0]
+        b = llm_spec.generate([prompt], params)[0]
+        assert (b.text, b.token_ids, b.finish_reason) == (a.text, a.token_ids, a.finish_reason), params
+    assert stop not in llm_spec.generate([prompt], cases[0])[0].text
+    eos = full.token_ids[12]  # the model's EOS set to a token it emits: the device stops the row itself
+    a = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", eos_token_ids=[eos]).generate(
+        [prompt], SamplingParams(max_tokens=30, temperature=0.0))[0]
+    b = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", eos_token_ids=[eos], spec_tokens=7,
+            spec_draft_loops=3).generate([prompt], SamplingParams(max_tokens=30, temperature=0.0))[0]
+    assert b.token_ids == a.token_ids and a.token_ids[-1] == eos and a.finish_reason == b.finish_reason == "stop"
+
+
+def test_sampled_requests_decode_whole_tokens_exactly(toy_path):
+    """Rejection sampling is not there yet: a batch with a sampled request decodes without drafts, whole
+    tokens a launch, with the same seeded tokens as a plain engine."""
+    sampled = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
+    reqs = {0: [("g", PROMPTS[0], GREEDY), ("s", PROMPTS[1], sampled)]}
+    plain = drive(make(toy_path), reqs)
+    eng = make(toy_path, spec_tokens=4, spec_draft_loops=1)
+    spec = drive(eng, reqs)
+    for rid in "gs":
+        assert_same([plain[rid]], [spec[rid]])
+
+
+def test_bad_options_and_requests_are_clear_errors(toy_path):
+    for kw, words in [(dict(spec_tokens=-1), "spec_tokens"), (dict(spec_tokens=33), "spec_tokens"),
+                      (dict(spec_tokens=4, spec_draft_loops=0), "spec_draft_loops"),
+                      (dict(spec_tokens=4, kv_layout="shared"), "last_exited"),
+                      (dict(spec_tokens=4, exit_mode="trace"), "trace"),
+                      (dict(spec_tokens=4, exit_threshold=0.5), "full depth")]:
+        with pytest.raises(ConfigError, match=words):
+            EngineConfig(model=toy_path, **kw).validate()
+    with pytest.raises(ConfigError, match="spec_draft_loops"):
+        make(toy_path, spec_tokens=2, spec_draft_loops=4)
+    eng = make(toy_path, spec_tokens=2, spec_draft_loops=2)
+    for params in (SamplingParams(exit_threshold=0.7), SamplingParams(max_loops=2)):
+        with pytest.raises(RequestError, match="full depth"):
+            eng.add_request("x", PROMPTS[0], params)
+    assert drive(eng, {0: [("ok", PROMPTS[1], GREEDY)]})["ok"].finish_reason == "length"  # still serving
