@@ -195,6 +195,10 @@ class EngineConfig:
     # 0: off. It verifies at full depth, so it needs kv_layout=last_exited and requests without gate exits.
     spec_tokens: int = 0
     spec_draft_loops: int = 1
+    # Automatic fallback: speculate only while the cost model says it pays (speculation.SpecPolicy);
+    # false: speculate whenever only greedy rows decode.
+    spec_auto: bool = True
+    spec_max_verify_tokens: int = 256  # larger verify passes are compute-bound: decode without drafts
     extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_model_path(self) -> Optional[str]:
@@ -211,7 +215,7 @@ class EngineConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device={self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         positive = ["block_size", "max_num_seqs", "max_num_batched_tokens"]
-        positive += ["cuda_graph_max_tokens", "decode_rounds_per_launch"]
+        positive += ["cuda_graph_max_tokens", "decode_rounds_per_launch", "spec_max_verify_tokens"]
         for name in positive + ["num_blocks", "kv_cache_bytes", "max_model_len", "prefill_chunk_size"]:
             value = getattr(self, name)
             if value is None and name not in positive:

@@ -214,7 +214,10 @@ class LLMEngine:
             done, self._in_flight = self._in_flight, launched
         else:
             done = launched
-        for e in self.runner.collect(done) if done is not None else []:
+        emitted = self.runner.collect(done) if done is not None else []
+        if self.scheduler.spec_policy is not None:
+            self.scheduler.spec_policy.observe(self.runner.stats.spec_drafted, self.runner.stats.spec_accepted)
+        for e in emitted:
             if not e.seq.finished:  # else aborted, or stopped on an earlier token, while this one was out
                 self._append(e)
                 changed[e.seq.request_id] = e.seq

@@ -175,6 +175,7 @@ class ModelRunner:
         self._gpu_windows: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.decode_graphs: dict[tuple[int, int, SamplerMode], _Graph] = {}
         self.mixed_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # rounds with prompt chunks, per token bucket
+        self.spec_graphs: dict[int, _Graph] = {}  # speculative steps (greedy), per row bucket
         self.graph_memory = 0
         self.last_round: dict[str, int] = {}
         self._newest: Optional[Launch] = None
@@ -289,9 +290,16 @@ class ModelRunner:
     def _spec_launch(self, plan: SchedulerOutput) -> torch.Tensor:
         from .speculation import spec_record, spec_step
 
+        self.stats.spec_steps += 1
+        span = max(plan.decode_slots) + 1
+        fits = [b for b in self.spec_graphs if b >= span]
+        if fits:
+            graph = self.spec_graphs[min(fits)]
+            graph.graph.replay()
+            self.stats.graph_launches += 1
+            return graph.rec
         rec = spec_record(self.state, self.spec_tokens)
         spec_step(self, self._to_dev(plan.decode_slots, torch.long), self.spec_tokens, self.spec_draft_loops, rec)
-        self.stats.spec_steps += 1
         self.stats.eager_launches += 1
         return rec
 
@@ -488,10 +496,19 @@ class ModelRunner:
                 pre = self._prefill_inputs(t, max_rows)
                 rec, (out, logits) = self._capture(lambda rec: self._mixed_step(idx, pre, rec[0], mode), 1)
                 self.mixed_graphs[(t, mode)] = _Graph(self._last_graph, t, max_rows, rec, logits, out, max_rows)
-            for rounds in sorted({1, rounds_per_launch}, reverse=True):
+            # Speculating engines decode whole tokens (T rounds) a launch when they do not speculate.
+            rounds_set = {1, rounds_per_launch} | ({self.num_loops} if self.spec_tokens else set())
+            for rounds in sorted(rounds_set, reverse=True):
                 for b in reversed(row_buckets):
                     rec, logits = self._capture(lambda rec: self._decode_steps(self._arange[:b], rec, mode), rounds)
                     self.decode_graphs[(b, rounds, mode)] = _Graph(self._last_graph, 0, b, rec, logits)
+        if self.spec_tokens:  # speculative steps: idle rows of a bucket are masked by the state, as above
+            from .speculation import spec_step
+
+            K, d = self.spec_tokens, self.spec_draft_loops
+            for b in reversed(row_buckets):
+                rec, _ = self._capture(lambda rec: spec_step(self, self._arange[:b], K, d, rec), K + 2)
+                self.spec_graphs[b] = _Graph(self._last_graph, 0, b, rec, None)
         torch.cuda.synchronize(dev)
         self.graph_memory = torch.cuda.memory_allocated(dev) - before
 

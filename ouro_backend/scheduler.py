@@ -31,6 +31,7 @@ from .config import EngineConfig
 from .kv_cache import KVCache
 from .sampler import SamplerMode
 from .sequence import Sequence, Status
+from .speculation import SpecPolicy
 
 
 @dataclass
@@ -70,6 +71,8 @@ class Scheduler:
         self.chunk = cfg.prefill_chunk_size or cfg.max_num_batched_tokens
         self.decode_rounds = cfg.decode_rounds_per_launch
         self.spec_tokens = cfg.spec_tokens
+        self.spec_policy = SpecPolicy(cfg.spec_tokens, cfg.spec_draft_loops, num_loops, cfg.spec_auto,
+                                      cfg.spec_max_verify_tokens) if cfg.spec_tokens else None
         self.kv = kv
         self.num_loops = num_loops
         self.waiting: deque[Sequence] = deque()
@@ -125,7 +128,7 @@ class Scheduler:
         if self.spec_tokens and decode:
             if prefill:
                 decode = []  # rows stay at their token boundary while prompts run
-            elif sampler is SamplerMode.GREEDY:
+            elif sampler is SamplerMode.GREEDY and self.spec_policy.decide(len(decode)):
                 speculate, rounds = True, 1
             else:
                 rounds = self.num_loops  # whole tokens (full depth): every row ends at a token boundary

@@ -8,12 +8,14 @@ from ouro_backend import LLM, LLMEngine, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.engine import RequestError
 from ouro_backend.models import DEMO_MODEL
+from ouro_backend.speculation import SpecPolicy
 from test_engine_oracle import PROMPTS
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 
 
 def make(model, **kw) -> LLMEngine:
+    kw.setdefault("spec_auto", False)  # speculate on every greedy launch: the exactness tests need the drafts
     return LLMEngine(EngineConfig(model=str(model), device="cpu", dtype="float32", block_size=4, num_blocks=512,
                                   max_num_seqs=8, **kw))
 
@@ -68,7 +70,8 @@ def test_demo_model_drafts_are_accepted():
     prompts = ["Once upon a time, there was a little", "My dear friend,", "The weather today is"]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     plain = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32").generate(prompts, params)
-    spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=4, spec_draft_loops=3)
+    spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=4, spec_draft_loops=3,
+               spec_auto=False)
     got = spec.generate(prompts, params)
     assert_same(plain, got)
     st = spec.engine.stats()
@@ -89,7 +92,8 @@ def test_staggered_arrivals_and_aborts(toy_path):
 
 def test_stop_string_eos_and_max_tokens_inside_a_run():
     llm_plain = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32")
-    llm_spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=7, spec_draft_loops=3)
+    llm_spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=7, spec_draft_loops=3,
+                   spec_auto=False)
     prompt = "She looked at him and said"
     full = llm_plain.generate([prompt], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))[0]
     words = full.text.split()
@@ -106,7 +110,7 @@ def test_stop_string_eos_and_max_tokens_inside_a_run():
     a = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", eos_token_ids=[eos]).generate(
         [prompt], SamplingParams(max_tokens=30, temperature=0.0))[0]
     b = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", eos_token_ids=[eos], spec_tokens=7,
-            spec_draft_loops=3).generate([prompt], SamplingParams(max_tokens=30, temperature=0.0))[0]
+            spec_draft_loops=3, spec_auto=False).generate([prompt], SamplingParams(max_tokens=30, temperature=0.0))[0]
     assert b.token_ids == a.token_ids and a.token_ids[-1] == eos and a.finish_reason == b.finish_reason == "stop"
 
 
@@ -137,3 +141,35 @@ def test_bad_options_and_requests_are_clear_errors(toy_path):
         with pytest.raises(RequestError, match="full depth"):
             eng.add_request("x", PROMPTS[0], params)
     assert drive(eng, {0: [("ok", PROMPTS[1], GREEDY)]})["ok"].finish_reason == "length"  # still serving
+
+
+def test_fallback_policy_cost_model_and_estimator():
+    p = SpecPolicy(K=8, d=1, T=4, auto=True, max_verify_tokens=256)
+    assert p.expected_gain(0.9) == pytest.approx(sum(0.9 ** i for i in range(9)) * 4 / 12)  # about 2.04
+    assert p.expected_gain(0.0) < 1.0 < p.expected_gain(1.0)
+    assert p.decide(28) and not p.decide(29)  # 29 x 9 verify tokens > 256: compute-bound, no drafts
+    for drafted in range(8, 8 * 200, 8):  # every step accepts 1 of 8: the estimate falls to 1/8
+        p.observe(drafted, drafted // 8)
+    assert p.acceptance == pytest.approx(0.125, abs=1e-6)
+    decisions = [p.decide(1) for _ in range(64)]
+    assert sum(decisions) == 4 and decisions[15]  # it only probes, every 16th launch
+    rng = __import__("random").Random(0)
+    q, drafted, accepted = SpecPolicy(K=4, d=1, T=4, auto=True, max_verify_tokens=256), 0, 0
+    for _ in range(100_000):  # long runs stay inside [0, 1] and near the true rate (no drift)
+        drafted += 4
+        accepted += sum(rng.random() < 0.7 for _ in range(4))
+        q.observe(drafted, accepted)
+    assert 0.6 < q.acceptance < 0.8
+    assert SpecPolicy(K=4, d=3, T=4, auto=False, max_verify_tokens=1).decide(64)  # auto off: always
+
+
+def test_automatic_fallback_stops_drafting_when_it_does_not_pay(toy_path, plain_toy):
+    """The random toy's early loops rarely agree with the last: the engine soon decodes without drafts,
+    probing now and then, and its output stays exact."""
+    eng = make(toy_path, spec_tokens=4, spec_draft_loops=3, spec_auto=True)
+    outs = drive(eng, {0: [(str(i), p, GREEDY) for i, p in enumerate(PROMPTS)]})
+    assert_same(plain_toy, [outs[str(i)] for i in range(len(PROMPTS))])
+    st = eng.stats()
+    assert 0 < st["spec_steps"] < st["launches"] // 2, st
+    policy = eng.scheduler.spec_policy
+    assert policy.expected_gain(policy.acceptance) < 1.0

@@ -43,6 +43,8 @@ ENGINE_PARAMETERS = [
     ("decode_rounds_per_launch", "decode rounds one launch (one graph replay) runs when no prompt work waits (4)"),
     ("spec_tokens", "self-speculative decoding: tokens drafted per step, 0 = off (0); needs last_exited, no gate exits"),
     ("spec_draft_loops", "loops that draft when spec_tokens > 0; the rest verify (1)"),
+    ("spec_auto", "speculate only while the cost model says it pays (true)"),
+    ("spec_max_verify_tokens", "no drafts when rows x (spec_tokens + 1) exceeds this (256)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
 ]
 def _tensor(name: str, dtype: str, dims: str, optional: bool = False, ragged: bool = False) -> str:
