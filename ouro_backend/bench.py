@@ -42,13 +42,15 @@ from .sampling_params import SamplingParams
 log = logging.getLogger("ouro_backend.bench")
 
 
-def ensure_shape_checkpoint(shape: str) -> str:
+def ensure_shape_checkpoint(shape: str, loop_change: float = 1.0) -> str:
+    """The random-weight checkpoint of `shape` under the cache dir (built once); `loop_change` < 1 makes a
+    variant whose early loops agree more with the last (toy.init_weight)."""
     from .toy import default_toy_path, write_checkpoint
 
-    path = default_toy_path().parent / shape
+    path = default_toy_path().parent / (shape if loop_change == 1.0 else f"{shape}-loopchange{loop_change:g}")
     if not (path / "config.json").is_file():
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        write_checkpoint(tmp, shape=shape, verbose=True)
+        write_checkpoint(tmp, shape=shape, verbose=True, loop_change=loop_change)
         os.replace(tmp, path)
     return str(path)
 
@@ -221,6 +223,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     src.add_argument("--model", help="checkpoint directory")
     src.add_argument("--shape", choices=["toy", "ouro-1.4b", "ouro-2.6b"], default="toy",
                      help="random-weight checkpoint of this shape (built once under the cache dir)")
+    p.add_argument("--loop-change", type=float, default=1.0,
+                   help="with --shape: how much each loop of the random weights changes the state (1: default); "
+                        "smaller makes early loops agree more with the last (self-speculation's acceptance)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
@@ -245,7 +250,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         model = ensure_toy_checkpoint()
     else:
-        model = ensure_shape_checkpoint(args.shape)
+        model = ensure_shape_checkpoint(args.shape, args.loop_change)
     opts = dict(kv.split("=", 1) for kv in args.engine_arg)
     opts["model"] = model
     if any(w.startswith("trace") for w in args.workload):

@@ -90,7 +90,10 @@ def build_tokenizer_json() -> str:
     return train_byte_level_bpe(CORPUS.splitlines(keepends=True), vocab_size=1000)
 
 
-def init_weight(name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, tokenizer_vocab: int) -> torch.Tensor:
+
+
+def init_weight(name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, tokenizer_vocab: int,
+                loop_change: float = 1.0) -> torch.Tensor:
     """One tensor, seeded from (seed, name): the same values whatever the sharding or generation order.
 
     Scales (why; tuned with a dense reference forward on the toy):
@@ -98,6 +101,10 @@ def init_weight(name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, t
       post_attention_layernorm_2, before joining the residual. Those two use weights ~0.2 (the other norms
       ~1), so each sublayer refines the residual instead of overwriting it: with ~1 the 2*L*T unit-RMS
       updates wash out the token identity, tokens collapse to one state and greedy text repeats one token.
+    * `loop_change` (default 1) scales how much one loop changes the state: the sandwich weights (0.2 x it)
+      and the spread of the other norm weights (0.1 x it; each loop's final norm multiplies the state by
+      those weights again). Smaller, an early loop's argmax agrees with the last loop's more often: the
+      draft/verify agreement of self-speculation (`ouro-bench --loop-change`).
     * Projections: std 1/sqrt(fan_in), so attention scores and MLP inputs are O(1) (attention not uniform).
     * Embeddings std 1 (same scale as the residual); lm_head std 2/sqrt(H): logits of std ~2.
     * Exit gate: std 1.5/sqrt(H), bias -0.25: gate logits ~N(-0.25, 1.5) per token and loop, so with
@@ -109,9 +116,9 @@ def init_weight(name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, t
     g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     H = cfg.hidden_size
     if name.endswith("layernorm_2.weight"):  # scales each sublayer's update to the residual
-        t = 0.2 * (1.0 + 0.1 * torch.randn(shape, generator=g))
+        t = 0.2 * loop_change * (1.0 + 0.1 * torch.randn(shape, generator=g))
     elif name.endswith("layernorm.weight") or name == "model.norm.weight":
-        t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        t = 1.0 + 0.1 * loop_change * torch.randn(shape, generator=g)
     elif name == "model.early_exit_gate.bias":
         t = torch.full(shape, -0.25)
     elif name == "model.early_exit_gate.weight":
@@ -129,14 +136,16 @@ def init_weight(name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, t
 class LazyWeights(Mapping[str, torch.Tensor]):
     """Generates each tensor when asked: writing a 2.6B checkpoint holds about one shard in memory."""
 
-    def __init__(self, cfg: OuroConfig, seed: int, tokenizer_vocab: int, verbose: bool = False) -> None:
+    def __init__(self, cfg: OuroConfig, seed: int, tokenizer_vocab: int, verbose: bool = False,
+                 loop_change: float = 1.0) -> None:
         self.cfg, self.seed, self.vocab, self.verbose = cfg, seed, tokenizer_vocab, verbose
+        self.loop_change = loop_change
         self.shapes = expected_shapes(cfg)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if self.verbose and name.endswith("q_proj.weight"):
             print(f"  generating {name.rsplit('.self_attn', 1)[0]}", file=sys.stderr, flush=True)
-        return init_weight(name, self.shapes[name], self.cfg, self.seed, self.vocab)
+        return init_weight(name, self.shapes[name], self.cfg, self.seed, self.vocab, self.loop_change)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.shapes)
@@ -165,7 +174,8 @@ def _shard_size(sizes: list[int], shards: int) -> Optional[int]:
 
 
 def write_checkpoint(out: str | os.PathLike, shape: str = "toy", seed: int = 0, dtype: Optional[str] = None,
-                     shards: Optional[int] = None, verbose: bool = False) -> Path:
+                     shards: Optional[int] = None, verbose: bool = False,
+                     loop_change: float = 1.0) -> Path:
     cfg = toy_config(shape, dtype)
     tok_json = build_tokenizer_json()
     vocab = Tokenizer.from_str(tok_json).get_vocab_size(with_added_tokens=True)
@@ -178,7 +188,7 @@ def write_checkpoint(out: str | os.PathLike, shape: str = "toy", seed: int = 0, 
         print(f"writing {shape} ({sum(sizes) / 1e9:.2f} GB, {cfg.torch_dtype}, {shards} shard(s)) to {out}",
               file=sys.stderr, flush=True)
     t0 = time.time()
-    path = save_checkpoint(out, cfg, LazyWeights(cfg, seed, vocab, verbose), tok_json,
+    path = save_checkpoint(out, cfg, LazyWeights(cfg, seed, vocab, verbose, loop_change), tok_json,
                            generation_config={"bos_token_id": 1, "eos_token_id": EOS_IDS},
                            shard_size_bytes=_shard_size(sizes, shards))
     if verbose:
@@ -232,8 +242,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default: float32 for toy, bfloat16 for the large shapes)")
     p.add_argument("--shards", type=int, default=None, help="number of safetensors files (default: ~2 GB each)")
+    p.add_argument("--loop-change", type=float, default=1.0,
+                   help="how much each loop changes the state (1: default); smaller makes early loops agree "
+                        "more with the last")
     args = p.parse_args(argv)
-    path = write_checkpoint(args.out, args.shape, args.seed, args.dtype, args.shards, verbose=True)
+    path = write_checkpoint(args.out, args.shape, args.seed, args.dtype, args.shards, verbose=True,
+                            loop_change=args.loop_change)
     print(path)
 
 

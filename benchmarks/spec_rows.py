@@ -1,0 +1,59 @@
+"""ouro-bench results of plain and speculative engines -> one row per measurement, with the speedup of
+speculation against plain decoding of the same model in the same run.
+
+    python benchmarks/spec_rows.py plain.json spec.json [plain2.json spec2.json ...] --out rows.json
+
+Files come in pairs (plain first); a row: model, concurrency, input/output lengths, spec_tokens,
+spec_draft_loops, acceptance (accepted / drafted), mean accepted length, output_tok_s (median), the plain
+engine's, spec_speedup, and the share of launches that were speculative steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def rows_of(plain: dict, spec: dict) -> list[dict]:
+    opts = spec.get("engine_options", {})
+    base = {(r["workload"], r["concurrency"]): r["median"] for r in plain["runs"]}
+    rows = []
+    for run in spec["runs"]:
+        m, c = run["median"], run["concurrency"]
+        p = base.get((run["workload"], c))
+        rows.append(dict(
+            model=opts.get("model"), label=spec.get("label"), concurrency=c, input_len=spec["input_len"],
+            output_len=spec["output_len"], spec_tokens=int(opts.get("spec_tokens", 0)),
+            spec_draft_loops=int(opts.get("spec_draft_loops", 1)), spec_auto=opts.get("spec_auto", "true"),
+            acceptance=m.get("spec_acceptance"), mean_accepted_length=m.get("spec_mean_accepted_length"),
+            spec_steps=m.get("spec_steps"), launches=m.get("launches"),
+            output_tok_s=m["output_tok_s"], repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],
+            plain_tok_s=p["output_tok_s"] if p else None,
+            spec_speedup=m["output_tok_s"] / p["output_tok_s"] if p else None,
+            ttft_p50_s=m["ttft_s"].get("p50"), plain_ttft_p50_s=p["ttft_s"].get("p50") if p else None))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if len(args.files) % 2:
+        ap.error("give the files in pairs: plain.json spec.json")
+    rows = []
+    for plain, spec in zip(args.files[::2], args.files[1::2]):
+        with open(plain) as f, open(spec) as g:
+            rows += rows_of(json.load(f), json.load(g))
+    fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
+    print(f"{'label':<22}{'conc':>5}{'K':>3}{'d':>3}{'accept':>8}{'len':>6}{'tok/s':>9}{'plain':>9}{'speedup':>9}")
+    for r in rows:
+        print(f"{str(r['label']):<22}{r['concurrency']:>5}{r['spec_tokens']:>3}{r['spec_draft_loops']:>3}"
+              f"{fmt(r['acceptance'], '{:.1%}'):>8}{fmt(r['mean_accepted_length'], '{:.2f}'):>6}"
+              f"{r['output_tok_s']:>9.0f}{fmt(r['plain_tok_s'], '{:.0f}'):>9}{fmt(r['spec_speedup'], '{:.2f}x'):>9}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
