@@ -173,3 +173,45 @@ def test_automatic_fallback_stops_drafting_when_it_does_not_pay(toy_path, plain_
     assert 0 < st["spec_steps"] < st["launches"] // 2, st
     policy = eng.scheduler.spec_policy
     assert policy.expected_gain(policy.acceptance) < 1.0
+
+
+def test_served_speculation_text_equals_plain_and_metrics_show_acceptance(tmp_path):
+    """Through the real tritonserver and the `ouro` model (gRPC streaming, the demo model): the text equals
+    plain greedy decoding, and the metrics port shows the acceptance."""
+    import re
+    import time
+    import urllib.request
+
+    from client.ouro_client import generate, request_options
+    from ouro_backend.serve import ServerError, TritonServer, find_tritonserver, free_port
+
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(f"no tritonserver available: {e}")
+    args = dict(device="cpu", dtype="float32", spec_tokens=4, spec_draft_loops=3, spec_auto=False)
+    srv = TritonServer(model=str(DEMO_MODEL), engine_args=args, address="127.0.0.1", http_port=free_port(),
+                       grpc_port=free_port(), metrics_port=free_port())
+    prompt = "Once upon a time, there was a little"
+    plain = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32").generate(
+        [prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))[0].text
+    try:
+        srv.start(timeout=300)
+        res = generate(srv.grpc_url, "ouro", prompt, request_options(max_tokens=32, temperature=0.0,
+                                                                     ignore_eos=True))
+        assert res.error is None and res.text == plain
+
+        offline = LLM(model=str(DEMO_MODEL), **args)
+        offline.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))
+        want = offline.engine.stats()["spec_acceptance_rate"]  # the same request on an idle engine
+
+        def acceptance():
+            text = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()
+            m = re.search(r'^ouro_spec_acceptance_rate\{[^}]*model="ouro_engine"[^}]*\} (\S+)$', text, re.M)
+            return float(m.group(1)) if m else None
+        deadline = time.monotonic() + 15  # the engine publishes a snapshot every 0.25 s
+        while acceptance() != pytest.approx(want) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert acceptance() == pytest.approx(want) and want > 0.5, (acceptance(), want)
+    finally:
+        assert srv.stop() == 0, srv.log_tail()
