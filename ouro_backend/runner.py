@@ -175,7 +175,7 @@ class ModelRunner:
         self._gpu_windows: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.decode_graphs: dict[tuple[int, int, SamplerMode], _Graph] = {}
         self.mixed_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # rounds with prompt chunks, per token bucket
-        self.spec_graphs: dict[int, _Graph] = {}  # speculative steps (greedy), per row bucket
+        self.spec_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # speculative steps, per row bucket
         self.graph_memory = 0
         self.last_round: dict[str, int] = {}
         self._newest: Optional[Launch] = None
@@ -292,14 +292,15 @@ class ModelRunner:
 
         self.stats.spec_steps += 1
         span = max(plan.decode_slots) + 1
-        fits = [b for b in self.spec_graphs if b >= span]
+        fits = [b for b, m in self.spec_graphs if b >= span and m is plan.sampler]
         if fits:
-            graph = self.spec_graphs[min(fits)]
+            graph = self.spec_graphs[(min(fits), plan.sampler)]
             graph.graph.replay()
             self.stats.graph_launches += 1
             return graph.rec
         rec = spec_record(self.state, self.spec_tokens)
-        spec_step(self, self._to_dev(plan.decode_slots, torch.long), self.spec_tokens, self.spec_draft_loops, rec)
+        spec_step(self, self._to_dev(plan.decode_slots, torch.long), self.spec_tokens, self.spec_draft_loops, rec,
+                  plan.sampler)
         self.stats.eager_launches += 1
         return rec
 
@@ -506,9 +507,10 @@ class ModelRunner:
             from .speculation import spec_step
 
             K, d = self.spec_tokens, self.spec_draft_loops
-            for b in reversed(row_buckets):
-                rec, _ = self._capture(lambda rec: spec_step(self, self._arange[:b], K, d, rec), K + 2)
-                self.spec_graphs[b] = _Graph(self._last_graph, 0, b, rec, None)
+            for mode in SamplerMode:
+                for b in reversed(row_buckets):
+                    rec, _ = self._capture(lambda rec: spec_step(self, self._arange[:b], K, d, rec, mode), K + 2)
+                    self.spec_graphs[(b, mode)] = _Graph(self._last_graph, 0, b, rec, None)
         torch.cuda.synchronize(dev)
         self.graph_memory = torch.cuda.memory_allocated(dev) - before
 

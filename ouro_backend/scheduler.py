@@ -8,10 +8,10 @@ Each step it plans one launch (`SchedulerOutput`) with explicit kinds of work:
   because a row whose token exits starts the next token at loop 1 in the very next round.
 * PREFILL chunks: prompts run in chunks at full depth (one loop a round), interleaved with decode under
   `max_num_batched_tokens`; the host tracks their loops (they are deterministic).
-* SPECULATIVE steps (`spec_tokens` > 0, docs/engine.md): when only greedy decode rows run, one launch drafts
-  K tokens per row with the first d loops and verifies them at full depth. Speculation keeps every decode
-  row at a token boundary, so on such an engine decode rows sit out launches with prompt work, and rows
-  of a batch with sampled requests decode whole tokens (T rounds) per launch.
+* SPECULATIVE steps (`spec_tokens` > 0, docs/engine.md): one launch drafts K tokens per decode row with the
+  first d loops and verifies them at full depth, when the speculation policy says it pays. Speculation
+  keeps every decode row at a token boundary, so on such an engine decode rows sit out launches with
+  prompt work, and launches that do not speculate decode whole tokens (T rounds).
 
 Admission is first-come-first-served, bounded by `max_num_seqs` (the slots) and by KV capacity. A launch
 with no prompt work and nobody waiting runs several decode rounds (`decode_rounds_per_launch`).
@@ -128,7 +128,7 @@ class Scheduler:
         if self.spec_tokens and decode:
             if prefill:
                 decode = []  # rows stay at their token boundary while prompts run
-            elif sampler is SamplerMode.GREEDY and self.spec_policy.decide(len(decode)):
+            elif self.spec_policy.decide(len(decode)):
                 speculate, rounds = True, 1
             else:
                 rounds = self.num_loops  # whole tokens (full depth): every row ends at a token boundary

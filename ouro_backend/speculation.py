@@ -10,6 +10,14 @@ to it and emits y_0..y_n (the accepted drafts, then the correction or bonus toke
 thus plain full-depth decoding's, token for token. KV written past the accepted frontier is rewritten
 by the next step before anything reads it.
 
+Sampling is coupled rather than rejection-sampled: plain decoding draws token k of a request as the
+argmax of its filtered, tempered logits plus Gumbel noise that is a hash of (seed, k, vocab id)
+(sampler.py). A draft for token k is drawn with that same noise from the draft's logits, and y_k with it
+from the verify pass's logits, so y_k is exactly the token plain sampling would draw, and a draft is
+accepted when both races pick the same token. Sampled output therefore equals plain sampling token for
+token (so its distribution is plain sampling's, and a seeded request is the same alone, batched,
+speculated or not); the price is an acceptance rate somewhat below rejection sampling's 1 - TV(p, q).
+
 Everything happens on the device: the step's record holds each emitted token (rounds 0..K) and, in its
 last round, how many drafts each row had accepted, for the host's statistics.
 """
@@ -22,7 +30,7 @@ import torch
 from . import decode_state as ds
 from . import decode_step
 from .attention import AttentionMetadata
-from .sampler import SamplerMode
+from .sampler import SamplerMode, sample
 
 if TYPE_CHECKING:
     from .runner import ModelRunner
@@ -79,10 +87,22 @@ def spec_record(state: ds.DecodeState, spec_tokens: int) -> torch.Tensor:
     return state.new_record(spec_tokens + 2)
 
 
+def _draw(r: "ModelRunner", rows: torch.Tensor, logits: torch.Tensor, offset: torch.Tensor | int,
+          mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token (and logprob) that plain decoding would draw from `logits` for slot rows[i]'s token
+    number NGEN + offset: the same counter-based noise, so a draft and its verification share it."""
+    if mode is SamplerMode.GREEDY:
+        return sample(logits, mode)
+    ints, floats = r.state.ints.index_select(0, rows), r.state.floats.index_select(0, rows)
+    return sample(logits, mode, floats[:, ds.TEMPERATURE], ints[:, ds.TOP_K], floats[:, ds.TOP_P],
+                  ints[:, ds.SEED], ints[:, ds.NGEN] + offset, r.vocab_hash)
+
+
 @torch.inference_mode()
-def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Tensor) -> torch.Tensor:
+def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Tensor,
+              mode: SamplerMode = SamplerMode.GREEDY) -> torch.Tensor:
     """One speculative step for decode rows `idx` (slots, each at loop 1 of its current token); fills
-    `rec` [K + 2, 4, slots] and returns the verify pass's logits [S, K + 1, V]."""
+    `rec` [K + 2, 4, slots] and returns the verify pass's logits [S * (K + 1), V]."""
     st, model, kv, bs, T = r.state, r.model, r.kv.kv, r.kv.block_size, r.num_loops
     S = idx.shape[0]
     ints = st.ints.index_select(0, idx)
@@ -107,7 +127,7 @@ def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Te
             h = model.loop(h, pos, meta, kv)
         states.append(h)
         if i < K:
-            toks.append(model.logits(h).argmax(-1))
+            toks.append(_draw(r, idx, model.logits(h), i, mode)[0])
     # Verify: the K + 1 tokens of each row as one causal chunk through loops d+1..T.
     n = K + 1
     offs = torch.arange(n, device=idx.device)
@@ -123,7 +143,7 @@ def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Te
                                  seq_lens_host=lens_host)
         h = model.loop(h, pos_all, meta, kv)
     logits = model.logits(h)
-    y, lp = r._sample(rows_all, logits, SamplerMode.GREEDY)
+    y, lp = _draw(r, rows_all, logits, offs.repeat(S), mode)
     y, lp = y.view(S, n), lp.view(S, n)
     drafts = torch.stack(toks[1:], 1) if K else y[:, :0]
     accepted = (drafts == y[:, :K]).long().cumprod(1).sum(1)  # the longest run of drafts that verified
@@ -137,4 +157,4 @@ def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Te
     st.ints[:, ds.LOOP].index_fill_(0, idx, 1)  # every row waits at loop 1 of its next token
     rec[n, REC_ACCEPTED].index_copy_(0, idx, (accepted * active).float())
     rec[n, REC_DRAFTED].index_copy_(0, idx, active.float())
-    return logits.view(S, n, -1)
+    return logits

@@ -1,7 +1,8 @@
 """Self-speculative decoding (ouro_backend/speculation.py) against plain full-depth decoding, fp32 on CPU:
 greedy tokens identical (logprobs within fp32 batching noise) for every K and d, batched with different
-prompt lengths, staggered arrivals, aborts, stop strings, EOS and max_tokens inside an accepted run; and
-clear errors for what it cannot serve."""
+prompt lengths, staggered arrivals, aborts, stop strings, EOS and max_tokens inside an accepted run;
+seeded sampled tokens identical to plain sampling's, and their distribution checked by chi-square; the
+automatic fallback; served through tritonserver; clear errors for what it cannot serve."""
 import pytest
 
 from ouro_backend import LLM, LLMEngine, SamplingParams
@@ -15,9 +16,9 @@ GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 
 
 def make(model, **kw) -> LLMEngine:
-    kw.setdefault("spec_auto", False)  # speculate on every greedy launch: the exactness tests need the drafts
-    return LLMEngine(EngineConfig(model=str(model), device="cpu", dtype="float32", block_size=4, num_blocks=512,
-                                  max_num_seqs=8, **kw))
+    kw.setdefault("spec_auto", False)  # speculate on every launch it can: the exactness tests need the drafts
+    kw = dict(dict(block_size=4, num_blocks=512, max_num_seqs=8), **kw)
+    return LLMEngine(EngineConfig(model=str(model), device="cpu", dtype="float32", **kw))
 
 
 def drive(eng, arrivals, aborts=()):
@@ -114,16 +115,51 @@ def test_stop_string_eos_and_max_tokens_inside_a_run():
     assert b.token_ids == a.token_ids and a.token_ids[-1] == eos and a.finish_reason == b.finish_reason == "stop"
 
 
-def test_sampled_requests_decode_whole_tokens_exactly(toy_path):
-    """Rejection sampling is not there yet: a batch with a sampled request decodes without drafts, whole
-    tokens a launch, with the same seeded tokens as a plain engine."""
-    sampled = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
-    reqs = {0: [("g", PROMPTS[0], GREEDY), ("s", PROMPTS[1], sampled)]}
+@pytest.mark.parametrize("K,d", [(1, 1), (4, 2), (7, 3)])
+def test_sampled_output_equals_plain_sampling(toy_path, K, d):
+    """Coupled sampling: speculation draws each token with plain sampling's own noise, so seeded sampled
+    requests (mixed with greedy ones, top-k and top-p included) produce plain sampling's tokens."""
+    reqs = {0: [("g", PROMPTS[0], GREEDY),
+                ("s1", PROMPTS[1], SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)),
+                ("s2", PROMPTS[2], SamplingParams(max_tokens=16, temperature=1.3, top_k=5, seed=11, ignore_eos=True))],
+            3: [("s3", PROMPTS[0], SamplingParams(max_tokens=10, temperature=0.5, seed=3, ignore_eos=True))]}
     plain = drive(make(toy_path), reqs)
-    eng = make(toy_path, spec_tokens=4, spec_draft_loops=1)
+    eng = make(toy_path, spec_tokens=K, spec_draft_loops=d)
     spec = drive(eng, reqs)
-    for rid in "gs":
+    for rid in plain:
         assert_same([plain[rid]], [spec[rid]])
+    assert eng.stats()["spec_steps"] > 0
+
+
+def test_sampled_distribution_chi_square(toy_path, oracle):
+    """Over many seeds, the first three sampled tokens of a speculating engine (the second and third come
+    out of a draft/verify step, the third only right if the step handled acceptance right) follow the
+    model's tempered top-k distribution, computed by the dense oracle."""
+    import torch
+
+    prompt, temp, k, n = PROMPTS[1], 1.5, 2, 1600
+    params = [SamplingParams(max_tokens=3, temperature=temp, top_k=k, seed=s, ignore_eos=True) for s in range(n)]
+    eng = make(toy_path, spec_tokens=3, spec_draft_loops=1, max_num_seqs=64, num_blocks=2048)
+    outs = drive(eng, {0: [(str(i), prompt, p) for i, p in enumerate(params)]})
+    assert eng.stats()["spec_accepted"] > 0
+
+    def dist(tokens):
+        logits = oracle.forward(tokens, len(prompt), [4] * len(tokens)).logits[-1] / temp
+        top = logits.topk(k)
+        return dict(zip(top.indices.tolist(), torch.softmax(top.values, -1).tolist()))
+    expected = {}
+    for t1, p1 in dist(prompt).items():
+        for t2, p2 in dist(prompt + [t1]).items():
+            for t3, p3 in dist(prompt + [t1, t2]).items():
+                expected[(t1, t2, t3)] = n * p1 * p2 * p3
+    observed = dict.fromkeys(expected, 0)
+    for o in outs.values():
+        triple = tuple(o.token_ids)
+        assert triple in expected, triple  # nothing outside the top-k support
+        observed[triple] += 1
+    chi2 = sum((observed[c] - e) ** 2 / e for c, e in expected.items())
+    assert len(expected) == 8 and min(expected.values()) > 5
+    assert chi2 < 24.3, (chi2, observed, expected)  # the 99.9% quantile of chi-square with 7 dof
 
 
 def test_bad_options_and_requests_are_clear_errors(toy_path):
