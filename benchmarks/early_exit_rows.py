@@ -15,6 +15,8 @@ import argparse
 import json
 import os
 
+from table import dump, print_rows
+
 
 def rows_of(results: dict) -> list[dict]:
     mode = results.get("engine_options", {}).get("exit_mode", "ouro")
@@ -46,17 +48,13 @@ def main() -> None:
         if os.path.exists(path):
             with open(path) as f:
                 rows += rows_of(json.load(f))
-    fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
-    print(f"{'engine':<8}{'threshold':>10}{'conc':>6}{'depth':>7}{'tok/s':>8}{'x full':>8}{'rnd/tok':>9}"
-          f"{'sync/tok':>10}{'GPU idle':>10}{'occup':>7}{'tail':>7}")
-    for r in rows:
-        print(f"{r['engine']:<8}{r['threshold']:>10.2f}{r['concurrency']:>6}{r['mean_depth']:>7.2f}"
-              f"{r['output_tok_s']:>8.0f}{fmt(r['ratio_vs_full'], '{:.2f}'):>8}{fmt(r['rounds_per_token'], '{:.2f}'):>9}"
-              f"{fmt(r['host_syncs_per_token'], '{:.3f}'):>10}{fmt(r['gpu_idle_frac'], '{:.1%}'):>10}"
-              f"{fmt(r['decode_occupancy'], '{:.2f}'):>7}{fmt(r['tail_frac'], '{:.0%}'):>7}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    print_rows(rows, [("engine", "engine", 8, ""), ("threshold", "threshold", 10, ".2f"),
+                      ("conc", "concurrency", 6, "d"), ("depth", "mean_depth", 7, ".2f"),
+                      ("tok/s", "output_tok_s", 8, ".0f"), ("x full", "ratio_vs_full", 8, ".2f"),
+                      ("rnd/tok", "rounds_per_token", 9, ".2f"), ("sync/tok", "host_syncs_per_token", 10, ".3f"),
+                      ("GPU idle", "gpu_idle_frac", 10, ".1%"), ("occup", "decode_occupancy", 7, ".2f"),
+                      ("tail", "tail_frac", 7, ".0%")])
+    dump(rows, args.out)
 
 
 if __name__ == "__main__":

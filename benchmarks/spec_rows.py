@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from table import dump, print_rows
+
 
 def rows_of(plain: dict, spec: dict) -> list[dict]:
     opts = spec.get("engine_options", {})
@@ -44,15 +46,11 @@ def main() -> None:
     for plain, spec in zip(args.files[::2], args.files[1::2]):
         with open(plain) as f, open(spec) as g:
             rows += rows_of(json.load(f), json.load(g))
-    fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
-    print(f"{'label':<22}{'conc':>5}{'K':>3}{'d':>3}{'accept':>8}{'len':>6}{'tok/s':>9}{'plain':>9}{'speedup':>9}")
-    for r in rows:
-        print(f"{str(r['label']):<22}{r['concurrency']:>5}{r['spec_tokens']:>3}{r['spec_draft_loops']:>3}"
-              f"{fmt(r['acceptance'], '{:.1%}'):>8}{fmt(r['mean_accepted_length'], '{:.2f}'):>6}"
-              f"{r['output_tok_s']:>9.0f}{fmt(r['plain_tok_s'], '{:.0f}'):>9}{fmt(r['spec_speedup'], '{:.2f}x'):>9}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    print_rows(rows, [("label", "label", 22, ""), ("conc", "concurrency", 5, "d"), ("K", "spec_tokens", 3, "d"),
+                      ("d", "spec_draft_loops", 3, "d"), ("accept", "acceptance", 8, ".1%"),
+                      ("len", "mean_accepted_length", 6, ".2f"), ("tok/s", "output_tok_s", 9, ".0f"),
+                      ("plain", "plain_tok_s", 9, ".0f"), ("speedup", "spec_speedup", 9, ".2f")])
+    dump(rows, args.out)
 
 
 if __name__ == "__main__":

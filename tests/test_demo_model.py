@@ -12,7 +12,7 @@ from ouro_backend.models import DEMO_MODEL
 from ouro_backend.oracle import DenseOracle
 from ouro_backend.tokenizer import load_tokenizer
 from ouro_backend.train.evaluate import WORD_LIST, english_report, heldout_report, load_word_list
-from test_engine_oracle import make_engine, ouro_exit, run_all
+from test_engine_oracle import check_exits_against_oracle, make_engine
 
 HELDOUT = Path(__file__).parent / "data" / "demo_heldout.txt"  # paragraphs of the corpus's held-out split
 
@@ -70,19 +70,8 @@ def test_engine_matches_dense_oracle_with_exits(layout):
     tok = load_tokenizer(DEMO_MODEL)
     prompts = [tok.encode(p).ids for p in ("Once upon a time, there was a little", "The weather today is")]
     eng = make_engine(str(DEMO_MODEL), kv_layout=layout, max_num_batched_tokens=32)
-    threshold = 0.5  # the demo gate exits at loop 3 often enough here for mixed depths in one batch
-    outs = run_all(eng, prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
-                                                exit_threshold=threshold))
-    depths_seen = set()
-    for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        tokens, depths = oracle.generate(prompt, 8, exit_fn=ouro_exit(threshold), layout=layout)
-        assert out.token_ids == tokens and out.exit_depths == depths, (layout, i)
-        depths_seen |= set(depths[1:])
-        seq = prompt + out.token_ids
-        loops = [4] * len(prompt) + out.exit_depths[1:] + [4]
-        ref = oracle.forward(seq[:-1], len(prompt), loops[: len(seq) - 1], layout)
-        for k, got in enumerate(eng.recorded[str(i)]):
-            assert torch.allclose(got, ref.logits[len(prompt) - 1 + k], atol=1e-4, rtol=0)
+    # The demo gate exits at loop 3 often enough at 0.5 for mixed depths in one batch.
+    depths_seen = check_exits_against_oracle(eng, oracle, prompts, 0.5, layout)
     assert len(depths_seen) > 1, depths_seen
 
 

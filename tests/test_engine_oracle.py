@@ -79,24 +79,29 @@ def test_greedy_full_depth_matches_oracle(toy_path, oracle, layout):
         assert out.exit_depths == depths == [4] * 6
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("threshold", [0.5, 0.8])
-def test_early_exit_mixed_depths_match_oracle(toy_path, oracle, layout, threshold):
-    eng = make_engine(toy_path, kv_layout=layout, max_num_batched_tokens=32)
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
-    outs = run_all(eng, PROMPTS, params)
+def check_exits_against_oracle(eng, oracle, prompts, threshold, layout, max_tokens=8) -> set[int]:
+    """Batch `prompts` with the gate at `threshold`: tokens and exit depths equal the oracle's, and every
+    step's logits equal a fresh oracle pass with the engine's own depths (fp32, 1e-4). Returns the depths."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
+    outs = run_all(eng, prompts, params)
     all_depths = set()
-    for i, (prompt, out) in enumerate(zip(PROMPTS, outs)):
-        tokens, depths = oracle.generate(prompt, 8, exit_fn=ouro_exit(threshold), layout=layout)
-        assert out.token_ids == tokens, (layout, threshold, i)
-        assert out.exit_depths == depths
+    for i, (prompt, out) in enumerate(zip(prompts, outs)):
+        tokens, depths = oracle.generate(prompt, max_tokens, exit_fn=ouro_exit(threshold), layout=layout)
+        assert (out.token_ids, out.exit_depths) == (tokens, depths), (layout, threshold, i)
         all_depths |= set(depths[1:])
-        # Logits of every step against a fresh oracle pass with the engine's own depths.
         seq = prompt + out.token_ids
         loops = [4] * len(prompt) + out.exit_depths[1:] + [4]
         ref = oracle.forward(seq[:-1], len(prompt), loops[:len(seq) - 1], layout)
         for k, got in enumerate(eng.recorded[str(i)]):
             assert torch.allclose(got, ref.logits[len(prompt) - 1 + k], atol=1e-4, rtol=0)
+    return all_depths
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("threshold", [0.5, 0.8])
+def test_early_exit_mixed_depths_match_oracle(toy_path, oracle, layout, threshold):
+    eng = make_engine(toy_path, kv_layout=layout, max_num_batched_tokens=32)
+    all_depths = check_exits_against_oracle(eng, oracle, PROMPTS, threshold, layout)
     assert len(all_depths) > 1, "the test needs rows at different depths in one batch"
 
 
