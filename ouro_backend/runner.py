@@ -491,15 +491,11 @@ class ModelRunner:
         self._pool = None
         idx = self._arange[:max_rows]
         for mode in SamplerMode:
-            # With speculation, decode rows sit out prompt rounds (scheduler.py), which these graphs, whose
-            # decode rows are every slot, cannot express: prompt rounds run eagerly there.
-            for t in reversed(tok_buckets if not self.spec_tokens else []):
+            for t in reversed(tok_buckets):
                 pre = self._prefill_inputs(t, max_rows)
                 rec, (out, logits) = self._capture(lambda rec: self._mixed_step(idx, pre, rec[0], mode), 1)
                 self.mixed_graphs[(t, mode)] = _Graph(self._last_graph, t, max_rows, rec, logits, out, max_rows)
-            # Speculating engines decode whole tokens (T rounds) a launch when they do not speculate.
-            rounds_set = {1, rounds_per_launch} | ({self.num_loops} if self.spec_tokens else set())
-            for rounds in sorted(rounds_set, reverse=True):
+            for rounds in sorted({1, rounds_per_launch}, reverse=True):
                 for b in reversed(row_buckets):
                     rec, logits = self._capture(lambda rec: self._decode_steps(self._arange[:b], rec, mode), rounds)
                     self.decode_graphs[(b, rounds, mode)] = _Graph(self._last_graph, 0, b, rec, logits)

@@ -8,10 +8,10 @@ Each step it plans one launch (`SchedulerOutput`) with explicit kinds of work:
   because a row whose token exits starts the next token at loop 1 in the very next round.
 * PREFILL chunks: prompts run in chunks at full depth (one loop a round), interleaved with decode under
   `max_num_batched_tokens`; the host tracks their loops (they are deterministic).
-* SPECULATIVE steps (`spec_tokens` > 0, docs/engine.md): one launch drafts K tokens per decode row with the
-  first d loops and verifies them at full depth, when the speculation policy says it pays. Speculation
-  keeps every decode row at a token boundary, so on such an engine decode rows sit out launches with
-  prompt work, and launches that do not speculate decode whole tokens (T rounds).
+* SPECULATIVE steps (`spec_tokens` > 0, docs/engine.md): a launch with no prompt work may draft K tokens per
+  decode row with the first d loops and verify them at full depth, when the speculation policy says it
+  pays. A step recomputes each row's current token from loop 1, so a row may enter it mid-token (after
+  mixed or plain rounds); otherwise decode launches are the plain engine's.
 
 Admission is first-come-first-served, bounded by `max_num_seqs` (the slots) and by KV capacity. A launch
 with no prompt work and nobody waiting runs several decode rounds (`decode_rounds_per_launch`).
@@ -124,14 +124,9 @@ class Scheduler:
         released, self._released = self._released, []
         sampler = (SamplerMode.SAMPLE if any(s.params.temperature > 0 for s in self.running)
                    else SamplerMode.GREEDY)
-        speculate = False
-        if self.spec_tokens and decode:
-            if prefill:
-                decode = []  # rows stay at their token boundary while prompts run
-            elif self.spec_policy.decide(len(decode)):
-                speculate, rounds = True, 1
-            else:
-                rounds = self.num_loops  # whole tokens (full depth): every row ends at a token boundary
+        speculate = bool(self.spec_tokens and decode and not prefill and self.spec_policy.decide(len(decode)))
+        if speculate:
+            rounds = 1
         out = SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners), speculate)
         self._advance_chunks(prefill)
         return out

@@ -101,8 +101,9 @@ def _draw(r: "ModelRunner", rows: torch.Tensor, logits: torch.Tensor, offset: to
 @torch.inference_mode()
 def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Tensor,
               mode: SamplerMode = SamplerMode.GREEDY) -> torch.Tensor:
-    """One speculative step for decode rows `idx` (slots, each at loop 1 of its current token); fills
-    `rec` [K + 2, 4, slots] and returns the verify pass's logits [S * (K + 1), V]."""
+    """One speculative step for decode rows `idx` (slots); fills `rec` [K + 2, 4, slots] and returns the
+    verify pass's logits [S * (K + 1), V]. Each row's current token is computed from loop 1 (rewriting the
+    same KV), so a row that plain rounds left mid-token enters as well; every row leaves at loop 1."""
     st, model, kv, bs, T = r.state, r.model, r.kv.kv, r.kv.block_size, r.num_loops
     S = idx.shape[0]
     ints = st.ints.index_select(0, idx)
