@@ -196,7 +196,7 @@ class EngineConfig:
     spec_tokens: int = 0
     spec_draft_loops: int = 1
     # Automatic fallback: speculate only while the cost model says it pays (speculation.SpecPolicy);
-    # false: speculate whenever only greedy rows decode.
+    # false: speculate on every decode launch without prompt work.
     spec_auto: bool = True
     spec_max_verify_tokens: int = 256  # larger verify passes are compute-bound: decode without drafts
     extra: dict[str, Any] = field(default_factory=dict)
