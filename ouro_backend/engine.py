@@ -236,6 +236,9 @@ class LLMEngine:
         if len(seq.output_ids) == 0:
             self.counters["prompt_tokens"] += len(seq.prompt_ids)
         seq.append_token(e.token, e.depth, e.logprob)
+        if e.spec_accepted is not None:
+            seq.spec_drafted += self.config.spec_tokens
+            seq.spec_accepted += e.spec_accepted
         self.counters["generation_tokens"] += 1
         n = len(seq.output_ids)
         reason = None

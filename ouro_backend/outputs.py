@@ -33,6 +33,10 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
+    # Self-speculation (spec_tokens > 0): draft tokens proposed for this request so far, and how many of
+    # them verification accepted.
+    num_spec_drafted: int = 0
+    num_spec_accepted: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

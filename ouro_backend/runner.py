@@ -52,6 +52,8 @@ class Emitted:
     logprob: float
     depth: int
     logits: Optional[torch.Tensor] = None  # only when the runner records logits (tests, debugging)
+    # On the first token a speculative step emitted for a request: the drafts it accepted in that step.
+    spec_accepted: Optional[int] = None
 
 
 @dataclass
@@ -439,6 +441,8 @@ class ModelRunner:
                         logits = lg[owned.index(s)].cpu()
             out.append(Emitted(seq, int(rec[r, ds.REC_TOKEN, s]), float(rec[r, ds.REC_LOGPROB, s]),
                                int(rec[r, ds.REC_DEPTH, s]), logits))
+            if launch.speculative and r == 0:  # every row a step drafted for emits its token 0
+                out[-1].spec_accepted = int(rec[-1, REC_ACCEPTED, s])
         return out
 
     # ---- GPU time (ouro-bench) ----

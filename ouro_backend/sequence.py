@@ -33,6 +33,7 @@ class Sequence:
         self.finish_reason: Optional[str] = None
         self.stop = stop_checker
         self.num_emitted = 0  # output tokens already handed out in a RequestOutput
+        self.spec_drafted = self.spec_accepted = 0  # self-speculation: draft tokens proposed / accepted
         self.trim_chars = 0
         self.arrival_time = time.monotonic()
         self.first_token_time: Optional[float] = None
@@ -98,7 +99,8 @@ class Sequence:
             finished=self.finished, finish_reason=self.finish_reason, new_token_ids=new_ids,
             new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
             prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
-            arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time)
+            arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
+            num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
 
 
 class StopChecker:

@@ -64,6 +64,9 @@ def test_greedy_equals_plain_decoding(toy_path, plain_toy, K, d):
     assert_same(plain_toy, [outs[str(i)] for i in range(len(PROMPTS))])
     st = eng.stats()
     assert st["spec_steps"] > 0 and 0 <= st["spec_accepted"] <= st["spec_drafted"]
+    per_request = [outs[str(i)] for i in range(len(PROMPTS))]  # the engine's counts, split by request
+    assert sum(o.num_spec_drafted for o in per_request) == st["spec_drafted"]
+    assert sum(o.num_spec_accepted for o in per_request) == st["spec_accepted"]
 
 
 def test_demo_model_drafts_are_accepted():
