@@ -1,7 +1,8 @@
 """`ouro-bench`: engine-direct benchmarks with a baseline timed in the same run.
 
 Closed loop: `concurrency` requests are in flight; each one that finishes is replaced until
-`num_requests` are done. Fixed input/output lengths, random prompt ids, greedy, EOS ignored.
+`num_requests` are done. Or open loop (`--arrival-rate`): Poisson arrivals. Fixed input lengths, random
+prompt ids, greedy; EOS ignored (fixed output lengths) unless `--natural-eos`.
 Every engine step is timed and labelled with the round it launched. With asynchronous scheduling a step
 waits for the previous round, so the split below is approximate at the boundaries between kinds of rounds
 (exact with async_scheduling=false, where a round that emits tokens ends in their read-back):
@@ -77,15 +78,18 @@ def percentiles(xs: list[float]) -> dict:
 
 
 def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurrency: int, num_requests: int,
-                    workload: str, seed: int = 0, prompt_ids: Optional[list[int]] = None) -> dict:
-    """One closed-loop run; random prompts of input_len tokens unless prompt_ids is given."""
+                    workload: str, seed: int = 0, prompt_ids: Optional[list[int]] = None,
+                    arrival_rate: Optional[float] = None, ignore_eos: bool = True) -> dict:
+    """One run; random prompts of input_len tokens unless prompt_ids is given. Closed loop (`concurrency`
+    requests in flight), or with `arrival_rate` open loop: Poisson arrivals at that many requests/s, queued
+    by the engine however many are running. ignore_eos=False lets requests end at EOS (natural lengths)."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     T = engine.model_config.total_ut_steps
     kind, _, arg = workload.partition("=")
 
     def params() -> SamplingParams:
-        p = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        p = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=ignore_eos)
         if kind == "threshold":
             p.exit_threshold = float(arg)
         elif kind == "trace":
@@ -108,8 +112,15 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         engine.add_request(f"b{submitted}", ids, p)
         submitted += 1
 
-    for _ in range(min(concurrency, num_requests)):
-        submit()
+    arrivals = None
+    if arrival_rate:  # seconds after the start at which each request arrives
+        t, arrivals = 0.0, []
+        for _ in range(num_requests):
+            t += rng.expovariate(arrival_rate)
+            arrivals.append(t)
+    else:
+        for _ in range(min(concurrency, num_requests)):
+            submit()
     peak_kv = 0.0
     last_submit_step = 0
     runner = engine.runner
@@ -118,6 +129,13 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     runner.gpu_time()  # forget earlier launches
     t_start = time.perf_counter()
     while finished < num_requests:
+        if arrivals is not None:
+            while submitted < num_requests and arrivals[submitted] <= time.perf_counter() - t_start:
+                submit()
+                last_submit_step = len(rounds)
+            if not engine.has_unfinished_requests():  # idle until the next arrival
+                time.sleep(max(0.0, arrivals[submitted] - (time.perf_counter() - t_start)))
+                continue
         t0 = time.perf_counter()
         step_outs = engine.step()
         dt = time.perf_counter() - t0
@@ -129,7 +147,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
             if o.finished:
                 finished += 1
                 outs.append(o)
-                if submitted < num_requests:
+                if submitted < num_requests and arrivals is None:
                     submit()
                     last_submit_step = len(rounds)
     wall = time.perf_counter() - t_start
@@ -231,6 +249,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--num-requests", type=int, default=None, help="per run (default: 2x concurrency, >= 4)")
     p.add_argument("--workload", nargs="+", default=["full"], help="full | threshold=X | depth=D | trace=MEAN")
+    p.add_argument("--arrival-rate", type=float, default=None,
+                   help="open loop: Poisson arrivals at this many requests/s (default: closed loop at --concurrency)")
+    p.add_argument("--natural-eos", action="store_true",
+                   help="let requests stop at EOS (default: EOS ignored, every request makes --output-len tokens)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", choices=["eager", "none"], default="eager")
     p.add_argument("--baseline-tokens", type=int, default=16, help="tokens per baseline run (it is slow)")
@@ -260,6 +282,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = EngineConfig.from_strings(opts)
     results = dict(label=args.label, command=" ".join(["ouro-bench"] + (argv or sys.argv[1:])),
                    engine_options=opts, input_len=args.input_len, output_len=args.output_len,
+                   arrival_rate=args.arrival_rate, natural_eos=args.natural_eos,
                    device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                    torch=torch.__version__, runs=[], baseline=[])
 
@@ -288,7 +311,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 run = f"threshold={thr:.4f}"
             reps = []
             for rep in range(args.repeats):
-                r = run_closed_loop(engine, args.input_len, args.output_len, c, n, run, seed=rep)
+                r = run_closed_loop(engine, args.input_len, args.output_len, c, n, run, seed=rep,
+                                    arrival_rate=args.arrival_rate, ignore_eos=not args.natural_eos)
                 log.info("%s c=%d rep %d: %.1f output tok/s, mean depth %s", workload, c, rep,
                          r["output_tok_s"], r["mean_exit_depth"])
                 reps.append(r)

@@ -55,3 +55,15 @@ def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
     full = runs["full"]["median"]
     assert 0.5 < full["decode_occupancy"] <= 1.0 and 0.0 <= full["tail_frac"] < 1.0
     assert gated["median"]["decode_occupancy"] < full["decode_occupancy"]
+
+
+def test_ouro_bench_poisson_arrivals_with_natural_eos(toy_path, tmp_path):
+    out = tmp_path / "bench.json"
+    r = run(["ouro_backend.bench", "--model", toy_path, "--input-len", "8", "--output-len", "12", "--concurrency", "4",
+             "--num-requests", "6", "--repeats", "1", "--arrival-rate", "40", "--natural-eos", "--baseline", "none",
+             "--engine-arg", "device=cpu", "--engine-arg", "eos_token_ids=5,9,17,33,65", "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["arrival_rate"] == 40.0 and res["natural_eos"] is True
+    m = res["runs"][0]["median"]
+    assert m["requests"] == 6 and 6 <= m["generated_tokens"] <= 6 * 12
