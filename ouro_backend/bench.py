@@ -330,7 +330,7 @@ def print_table(results: dict) -> None:
     print(f"\n{results['label']}  in {results['input_len']} / out {results['output_len']}  on {results['device']}")
     print(f"{'workload':<17}{'conc':>5}{'out tok/s':>11}{'prefill':>10}{'decode':>9}{'steady':>9}"
           f"{'TTFT p50':>10}{'TPOT p50':>10}{'depth':>7}{'KV':>6}{'graph/eager':>13}{'rnd/tok':>8}{'sync/tok':>9}"
-          f"{'GPU idle':>9}{'occup':>7}{'tail':>6}")
+          f"{'GPU idle':>9}{'occup':>7}{'tail':>6}{'accept':>8}")
     for run in results["runs"]:
         m = run["median"]
         print(f"{run['workload']:<17}{run['concurrency']:>5}{fmt(m['output_tok_s']):>11}{fmt(m['prefill_tok_s']):>10}"
@@ -339,7 +339,8 @@ def print_table(results: dict) -> None:
               f"{fmt(m['mean_exit_depth'], '{:.2f}'):>7}{fmt(m['peak_kv_usage'] * 100, '{:.0f}%'):>6}"
               f"{m['graph_launches']:>7.0f}/{m['eager_launches']:<5.0f}{m['rounds_per_token']:>8.2f}"
               f"{m['host_syncs_per_token']:>9.3f}{fmt(m['gpu_idle_frac'] and m['gpu_idle_frac'] * 100, '{:.0f}%'):>9}"
-              f"{fmt(m['decode_occupancy'], '{:.2f}'):>7}{fmt(m['tail_frac'] * 100, '{:.0f}%'):>6}")
+              f"{fmt(m['decode_occupancy'], '{:.2f}'):>7}{fmt(m['tail_frac'] * 100, '{:.0f}%'):>6}"
+              f"{fmt(None if m.get('spec_acceptance') is None else m['spec_acceptance'] * 100, '{:.0f}%'):>8}")
     for b in results["baseline"]:
         print(f"{'baseline(eager)':<17}{b['batch']:>5}{b['output_tok_s']:>11.1f}{b['prefill_tok_s']:>10.0f}"
               f"{b['decode_tok_s']:>9.1f}   (HF-style eager, concatenated per-loop cache, {b['tokens']} tokens)")

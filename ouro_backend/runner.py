@@ -185,7 +185,7 @@ class ModelRunner:
         # here). It must not call into the engine.
         self.overlap: Optional[Callable[[], None]] = None
         self.staging = HostStaging(dev) if dev.type == "cuda" else None
-        self._arange = torch.arange(max(num_slots, T) + 1, dtype=torch.int64, device=dev)
+        self.arange = torch.arange(max(num_slots, T) + 1, dtype=torch.int64, device=dev)  # static: graphs index it
 
     def _to_dev(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         """A flat host list on the device without a device sync (pinned staging on CUDA)."""
@@ -324,7 +324,7 @@ class ModelRunner:
 
     def _decode_meta(self, rows: DecodeInputs) -> AttentionMetadata:
         S = rows.pos.shape[0]
-        return AttentionMetadata(self._arange[: S + 1].int(), rows.seq_lens, rows.tables, rows.slot,
+        return AttentionMetadata(self.arange[: S + 1].int(), rows.seq_lens, rows.tables, rows.slot,
                                  max_seqlen_q=1, max_seqlen_k=self.max_model_len,
                                  cu_seqlens_q_host=list(range(S + 1)))
 
@@ -493,7 +493,7 @@ class ModelRunner:
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
         self._pool = None
-        idx = self._arange[:max_rows]
+        idx = self.arange[:max_rows]
         for mode in SamplerMode:
             for t in reversed(tok_buckets):
                 pre = self._prefill_inputs(t, max_rows)
@@ -501,7 +501,7 @@ class ModelRunner:
                 self.mixed_graphs[(t, mode)] = _Graph(self._last_graph, t, max_rows, rec, logits, out, max_rows)
             for rounds in sorted({1, rounds_per_launch}, reverse=True):
                 for b in reversed(row_buckets):
-                    rec, logits = self._capture(lambda rec: self._decode_steps(self._arange[:b], rec, mode), rounds)
+                    rec, logits = self._capture(lambda rec: self._decode_steps(self.arange[:b], rec, mode), rounds)
                     self.decode_graphs[(b, rounds, mode)] = _Graph(self._last_graph, 0, b, rec, logits)
         if self.spec_tokens:  # speculative steps: idle rows of a bucket are masked by the state, as above
             from .speculation import spec_step
@@ -509,7 +509,7 @@ class ModelRunner:
             K, d = self.spec_tokens, self.spec_draft_loops
             for mode in SamplerMode:
                 for b in reversed(row_buckets):
-                    rec, _ = self._capture(lambda rec: spec_step(self, self._arange[:b], K, d, rec, mode), K + 2)
+                    rec, _ = self._capture(lambda rec: spec_step(self, self.arange[:b], K, d, rec, mode), K + 2)
                     self.spec_graphs[(b, mode)] = _Graph(self._last_graph, 0, b, rec, None)
         torch.cuda.synchronize(dev)
         self.graph_memory = torch.cuda.memory_allocated(dev) - before

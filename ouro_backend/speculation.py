@@ -117,7 +117,7 @@ def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Te
 
     # Draft: token i at position pos0 + i runs loops 1..d; its loop-d state drafts token i + 1.
     toks, states = [ints[:, ds.TOKEN]], []
-    single_cu = r._arange[: S + 1].int()
+    single_cu = r.arange[: S + 1].int()
     for i in range(K + 1):
         pos = pos0 + i
         h = model.embed(toks[i])
@@ -135,7 +135,7 @@ def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Te
     pos_all = (pos0[:, None] + offs[None, :]).flatten()
     rows_all = idx.repeat_interleave(n)
     h = torch.stack(states, 1).flatten(0, 1)
-    cu = (r._arange[: S + 1] * n).int()
+    cu = (r.arange[: S + 1] * n).int()
     lens = torch.where(active, pos0 + n, n).int()
     lens_host = lens.tolist() if not getattr(model.backend, "graph_safe", False) else None
     for t in range(d, T):
