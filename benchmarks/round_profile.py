@@ -77,7 +77,7 @@ def main() -> None:
     report = dict(loop_weight_bytes=loop_bytes, floor_loop_ms=loop_bytes / args.hbm_tb_s / 1e9,
                   lm_head_bytes=head_bytes, floor_lm_head_ms=head_bytes / args.hbm_tb_s / 1e9, graphs={})
     picks = [(f"decode {b} rows", r.decode_graphs[(b, 1, SamplerMode.GREEDY)]) for b in (1, 64)]
-    picks.append(("prompt 128 tokens", r._pick_mixed_graph(128, 1, SamplerMode.GREEDY)))
+    picks.append(("prompt 128 tokens", r.mixed_graphs[(128, SamplerMode.GREEDY)]))
     for name, g in picks:
         report["graphs"][name] = dict(replay_ms=timed(g.graph), **kernels(g.graph))
         print(name, json.dumps(report["graphs"][name], indent=1))

@@ -39,6 +39,7 @@ import torch
 from .config import EngineConfig
 from .engine import LLMEngine
 from .sampling_params import SamplingParams
+from .speculation import mean_accepted_length
 
 log = logging.getLogger("ouro_backend.bench")
 
@@ -183,9 +184,9 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         decode_occupancy=sum(depths) / (stats["rounds"] * concurrency) if stats["rounds"] else None,
         spec_steps=stats["spec_steps"],
         spec_acceptance=stats["spec_accepted"] / stats["spec_drafted"] if stats["spec_drafted"] else None,
-        spec_mean_accepted_length=(1 + stats["spec_accepted"] * spec_k / stats["spec_drafted"]
+        spec_mean_accepted_length=(mean_accepted_length(stats["spec_drafted"], stats["spec_accepted"], spec_k)
                                    if stats["spec_drafted"] else None),
-        tail_frac=tail / wall,
+        tail_frac=tail / wall, last_arrival_s=arrivals[-1] if arrivals else None,
         graph_launches=stats["graph_launches"], eager_launches=stats["eager_launches"])
 
 

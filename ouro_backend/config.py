@@ -215,7 +215,7 @@ class EngineConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device={self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         positive = ["block_size", "max_num_seqs", "max_num_batched_tokens"]
-        positive += ["cuda_graph_max_tokens", "decode_rounds_per_launch", "spec_max_verify_tokens"]
+        positive += ["cuda_graph_max_tokens", "decode_rounds_per_launch", "spec_max_verify_tokens", "spec_draft_loops"]
         for name in positive + ["num_blocks", "kv_cache_bytes", "max_model_len", "prefill_chunk_size"]:
             value = getattr(self, name)
             if value is None and name not in positive:
@@ -229,11 +229,9 @@ class EngineConfig:
         if self.prefill_chunk_size and self.prefill_chunk_size > self.max_num_batched_tokens:
             raise ConfigError(f"prefill_chunk_size ({self.prefill_chunk_size}) cannot exceed "
                               f"max_num_batched_tokens ({self.max_num_batched_tokens})")
-        if not isinstance(self.spec_tokens, int) or isinstance(self.spec_tokens, bool) or not 0 <= self.spec_tokens <= 32:
-            raise ConfigError(f"spec_tokens must be an integer in [0, 32] (0: no speculation), got {self.spec_tokens!r}")
-        if not isinstance(self.spec_draft_loops, int) or isinstance(self.spec_draft_loops, bool) \
-                or self.spec_draft_loops < 1:
-            raise ConfigError(f"spec_draft_loops must be a positive integer, got {self.spec_draft_loops!r}")
+        K = self.spec_tokens
+        if isinstance(K, bool) or not isinstance(K, int) or not 0 <= K <= 32:
+            raise ConfigError(f"spec_tokens must be an integer in [0, 32] (0: no speculation), got {K!r}")
         if self.spec_tokens:
             if self.kv_layout != KVLayout.LAST_EXITED.value:
                 raise ConfigError("spec_tokens > 0 needs kv_layout=last_exited: under the shared layout a draft "

@@ -20,6 +20,7 @@ from .outputs import RequestOutput
 from .runner import Emitted, Launch, ModelRunner
 from .sampling_params import RequestError, SamplingParams
 from .scheduler import Scheduler
+from .speculation import mean_accepted_length
 from .sequence import Sequence, StopChecker
 from .tokenizer import load_tokenizer
 
@@ -259,12 +260,12 @@ class LLMEngine:
         kv = self.kv
         used = kv.num_blocks - kv.allocator.num_free
         rs = self.runner.stats
-        row_steps = rs.spec_drafted / self.config.spec_tokens if self.config.spec_tokens else 0
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                     kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.allocator.num_free,
                     kv_usage=used / kv.num_blocks, **dataclasses.asdict(rs), **self.counters,
                     spec_acceptance_rate=rs.spec_accepted / rs.spec_drafted if rs.spec_drafted else 0.0,
-                    spec_mean_accepted_length=1 + rs.spec_accepted / row_steps if row_steps else 0.0)
+                    spec_mean_accepted_length=mean_accepted_length(rs.spec_drafted, rs.spec_accepted,
+                                                                   self.config.spec_tokens))
 
 
 class LLM:

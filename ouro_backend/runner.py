@@ -32,6 +32,7 @@ from .model import OuroModel
 from .sampler import SamplerMode, sample, vocab_hashes
 from .scheduler import PrefillChunk, SchedulerOutput
 from .sequence import Sequence
+from .speculation import REC_ACCEPTED, REC_DRAFTED, spec_record, spec_step
 
 
 @dataclass
@@ -212,13 +213,18 @@ class ModelRunner:
         st.hidden.index_copy_(0, idx, out)
         return logits
 
-    def _sample(self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows' next tokens (counter = tokens the request generated so far) and their logprobs."""
+    def sampling_rows(self, idx: torch.Tensor, mode: SamplerMode, offset: torch.Tensor | int = 0) -> tuple:
+        """The per-row sampler arguments of slots `idx` (none for GREEDY): temperature, top-k, top-p, seed,
+        and the noise counter = tokens the request generated so far + `offset`."""
         if mode is SamplerMode.GREEDY:
-            return sample(logits, mode)
+            return ()
         ints, floats = self.state.ints.index_select(0, idx), self.state.floats.index_select(0, idx)
-        return sample(logits, mode, floats[:, ds.TEMPERATURE], ints[:, ds.TOP_K], floats[:, ds.TOP_P],
-                      ints[:, ds.SEED], ints[:, ds.NGEN], self.vocab_hash)
+        return (floats[:, ds.TEMPERATURE], ints[:, ds.TOP_K], floats[:, ds.TOP_P], ints[:, ds.SEED],
+                ints[:, ds.NGEN] + offset, self.vocab_hash)
+
+    def _sample(self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' next tokens and their logprobs."""
+        return sample(logits, mode, *self.sampling_rows(idx, mode))
 
     def _complete_prompts(self, chunks: list[PrefillChunk], out: torch.Tensor, first_row: list[int],
                           rec: torch.Tensor, mode: SamplerMode) -> Optional[torch.Tensor]:
@@ -290,8 +296,6 @@ class ModelRunner:
                              self._to_dev(traces, torch.long), self._to_dev(tables, torch.int32))
 
     def _spec_launch(self, plan: SchedulerOutput) -> torch.Tensor:
-        from .speculation import spec_record, spec_step
-
         self.stats.spec_steps += 1
         span = max(plan.decode_slots) + 1
         fits = [b for b, m in self.spec_graphs if b >= span and m is plan.sampler]
@@ -427,8 +431,6 @@ class ModelRunner:
         rec = launch.host.numpy()  # pinned host memory (CUDA) or the CPU record itself
         rounds, slots = np.nonzero(rec[:, ds.REC_EMITTED])
         if launch.speculative:
-            from .speculation import REC_ACCEPTED, REC_DRAFTED
-
             self.stats.spec_drafted += self.spec_tokens * int(rec[-1, REC_DRAFTED].sum())
             self.stats.spec_accepted += int(rec[-1, REC_ACCEPTED].sum())
         out = []
@@ -504,8 +506,6 @@ class ModelRunner:
                     rec, logits = self._capture(lambda rec: self._decode_steps(self.arange[:b], rec, mode), rounds)
                     self.decode_graphs[(b, rounds, mode)] = _Graph(self._last_graph, 0, b, rec, logits)
         if self.spec_tokens:  # speculative steps: idle rows of a bucket are masked by the state, as above
-            from .speculation import spec_step
-
             K, d = self.spec_tokens, self.spec_draft_loops
             for mode in SamplerMode:
                 for b in reversed(row_buckets):

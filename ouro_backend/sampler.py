@@ -63,18 +63,22 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(logits < cutoff, float("-inf"))
 
 
-def sample(logits: torch.Tensor, mode: SamplerMode, temperature: Optional[torch.Tensor] = None,
-           top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
-           seed: Optional[torch.Tensor] = None, counter: Optional[torch.Tensor] = None,
-           vocab_hash: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits fp32 [R, V] -> (tokens int64 [R], each token's logprob under the model's distribution fp32
-    [R]). GREEDY takes every row's argmax and needs no per-row values; SAMPLE draws for the rows with
-    temperature > 0 (the per-row tensors are [R]). Nothing is read back."""
-    logprobs = torch.log_softmax(logits, dim=-1)
+def sample_tokens(logits: torch.Tensor, mode: SamplerMode, temperature: Optional[torch.Tensor] = None,
+                  top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
+                  seed: Optional[torch.Tensor] = None, counter: Optional[torch.Tensor] = None,
+                  vocab_hash: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """logits fp32 [R, V] -> tokens int64 [R]. GREEDY takes every row's argmax and needs no per-row values;
+    SAMPLE draws for the rows with temperature > 0 (the per-row tensors are [R]). Nothing is read back."""
     tokens = logits.argmax(-1)
     if mode is SamplerMode.SAMPLE:
         temp = temperature.float()
         scaled = filter_top_k_top_p(logits / torch.where(temp > 0, temp, 1.0)[:, None], top_k, top_p)
         race = scaled - torch.log(-torch.log(uniform_noise(seed, counter, vocab_hash)))
         tokens = torch.where(temp > 0, race.argmax(-1), tokens)
-    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+    return tokens
+
+
+def sample(logits: torch.Tensor, mode: SamplerMode, *rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_tokens` (same arguments), and each token's logprob under the model's distribution, fp32 [R]."""
+    tokens = sample_tokens(logits, mode, *rows)
+    return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None])[:, 0]

@@ -30,7 +30,7 @@ import torch
 from . import decode_state as ds
 from . import decode_step
 from .attention import AttentionMetadata
-from .sampler import SamplerMode, sample
+from .sampler import SamplerMode, sample, sample_tokens
 
 if TYPE_CHECKING:
     from .runner import ModelRunner
@@ -83,19 +83,13 @@ class SpecPolicy:
         return False
 
 
+def mean_accepted_length(drafted: int, accepted: int, K: int) -> float:
+    """Tokens emitted per row and speculative step (1 + accepted drafts), from draft counts; 0 if none."""
+    return 1 + accepted * K / drafted if drafted else 0.0
+
+
 def spec_record(state: ds.DecodeState, spec_tokens: int) -> torch.Tensor:
     return state.new_record(spec_tokens + 2)
-
-
-def _draw(r: "ModelRunner", rows: torch.Tensor, logits: torch.Tensor, offset: torch.Tensor | int,
-          mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
-    """The token (and logprob) that plain decoding would draw from `logits` for slot rows[i]'s token
-    number NGEN + offset: the same counter-based noise, so a draft and its verification share it."""
-    if mode is SamplerMode.GREEDY:
-        return sample(logits, mode)
-    ints, floats = r.state.ints.index_select(0, rows), r.state.floats.index_select(0, rows)
-    return sample(logits, mode, floats[:, ds.TEMPERATURE], ints[:, ds.TOP_K], floats[:, ds.TOP_P],
-                  ints[:, ds.SEED], ints[:, ds.NGEN] + offset, r.vocab_hash)
 
 
 @torch.inference_mode()
@@ -128,7 +122,8 @@ def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Te
             h = model.loop(h, pos, meta, kv)
         states.append(h)
         if i < K:
-            toks.append(_draw(r, idx, model.logits(h), i, mode)[0])
+            # Token i + 1 drawn as plain decoding would draw it (same noise), so verification can agree.
+            toks.append(sample_tokens(model.logits(h), mode, *r.sampling_rows(idx, mode, i)))
     # Verify: the K + 1 tokens of each row as one causal chunk through loops d+1..T.
     n = K + 1
     offs = torch.arange(n, device=idx.device)
@@ -144,7 +139,7 @@ def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Te
                                  seq_lens_host=lens_host)
         h = model.loop(h, pos_all, meta, kv)
     logits = model.logits(h)
-    y, lp = _draw(r, rows_all, logits, offs.repeat(S), mode)
+    y, lp = sample(logits, mode, *r.sampling_rows(rows_all, mode, offs.repeat(S)))
     y, lp = y.view(S, n), lp.view(S, n)
     drafts = torch.stack(toks[1:], 1) if K else y[:, :0]
     accepted = (drafts == y[:, :K]).long().cumprod(1).sum(1)  # the longest run of drafts that verified

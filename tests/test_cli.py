@@ -25,29 +25,31 @@ def test_ouro_generate_bad_option_is_a_clear_error(toy_path):
     assert r.returncode == 2 and "kv_layout='diagonal'" in r.stderr
 
 
-def test_ouro_bench_smoke(toy_path, tmp_path):
+def bench(toy_path, tmp_path, *args: str) -> tuple[dict, str]:
+    """Run ouro-bench on the toy (CPU) with `args`; returns its results JSON and stdout."""
     out = tmp_path / "bench.json"
-    r = run(["ouro_backend.bench", "--model", toy_path, "--input-len", "8", "--output-len", "4", "--concurrency", "2",
-             "--num-requests", "3", "--repeats", "2", "--workload", "full", "trace=2.5", "--baseline-tokens", "2",
-             "--engine-arg", "device=cpu", "--out", str(out)])
+    r = run(["ouro_backend.bench", "--model", toy_path, "--input-len", "8", "--engine-arg", "device=cpu",
+             "--out", str(out), *args])
     assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text()), r.stdout
+
+
+def test_ouro_bench_smoke(toy_path, tmp_path):
+    res, stdout = bench(toy_path, tmp_path, "--output-len", "4", "--concurrency", "2", "--num-requests", "3",
+                        "--repeats", "2", "--workload", "full", "trace=2.5", "--baseline-tokens", "2")
     runs = {x["workload"]: x for x in res["runs"]}
     assert runs["full"]["median"]["requests"] == 3 and runs["full"]["median"]["mean_exit_depth"] == 4.0
     assert len(runs["trace=2.5"]["repeats"]) == 2
     assert 1.0 <= runs["trace=2.5"]["median"]["mean_exit_depth"] < 4.0
     assert res["baseline"] and res["baseline"][0]["output_tok_s"] > 0
-    assert "workload" in r.stdout  # the table
+    assert "workload" in stdout  # the table
 
 
 def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
     """depth=D runs the gate at a threshold whose mean depth on the run's prompts is near D, and says which."""
-    out = tmp_path / "bench.json"
-    r = run(["ouro_backend.bench", "--model", toy_path, "--input-len", "8", "--output-len", "16", "--concurrency", "2",
-             "--num-requests", "4", "--repeats", "1", "--workload", "full", "depth=2.0", "--baseline", "none",
-             "--engine-arg", "device=cpu", "--out", str(out)])
-    assert r.returncode == 0, r.stderr[-2000:]
-    runs = {x["target"]: x for x in json.loads(out.read_text())["runs"]}
+    res, _ = bench(toy_path, tmp_path, "--output-len", "16", "--concurrency", "2", "--num-requests", "4",
+                   "--repeats", "1", "--workload", "full", "depth=2.0", "--baseline", "none")
+    runs = {x["target"]: x for x in res["runs"]}
     gated = runs["depth=2.0"]
     threshold = float(gated["workload"].removeprefix("threshold="))
     assert 0.0 < threshold < 1.0
@@ -58,12 +60,13 @@ def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
 
 
 def test_ouro_bench_poisson_arrivals_with_natural_eos(toy_path, tmp_path):
-    out = tmp_path / "bench.json"
-    r = run(["ouro_backend.bench", "--model", toy_path, "--input-len", "8", "--output-len", "12", "--concurrency", "4",
-             "--num-requests", "6", "--repeats", "1", "--arrival-rate", "40", "--natural-eos", "--baseline", "none",
-             "--engine-arg", "device=cpu", "--engine-arg", "eos_token_ids=5,9,17,33,65", "--out", str(out)])
-    assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads(out.read_text())
-    assert res["arrival_rate"] == 40.0 and res["natural_eos"] is True
+    """Open loop: the run lasts at least until its last (seeded Poisson) arrival; with every non-special id
+    an EOS, natural EOS ends each request at its first token."""
+    eos = ",".join(str(i) for i in range(3, 1024))  # the toy's vocabulary, past its special ids
+    res, _ = bench(toy_path, tmp_path, "--output-len", "12", "--concurrency", "4", "--num-requests", "6",
+                   "--repeats", "1", "--arrival-rate", "20", "--natural-eos", "--baseline", "none",
+                   "--engine-arg", f"eos_token_ids={eos}")
+    assert res["arrival_rate"] == 20.0 and res["natural_eos"] is True
     m = res["runs"][0]["median"]
-    assert m["requests"] == 6 and 6 <= m["generated_tokens"] <= 6 * 12
+    assert m["requests"] == 6 and m["generated_tokens"] == 6
+    assert 0.0 < m["last_arrival_s"] <= m["wall_s"]
