@@ -30,12 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def make_prompt(model: str, length: int) -> tuple[str, list[int]]:
-    """A text prompt of about `length` tokens (random ids decoded, re-encoded)."""
+def make_prompt(model: str, length: int, seed: int = 0) -> tuple[str, list[int]]:
+    """A text prompt of about `length` tokens (random ids decoded, re-encoded); `seed` picks the ids."""
     from ouro_backend.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
-    rng = random.Random(0)
+    rng = random.Random(seed)
     ids = [rng.randrange(3, tok.get_vocab_size()) for _ in range(length)]
     # Decoding and re-encoding random ids yields more tokens: trim until the text is `length` tokens or less.
     n = length

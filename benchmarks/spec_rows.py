@@ -5,7 +5,8 @@ speculation against plain decoding of the same model in the same run.
 
 Files come in pairs (plain first); a row: model, concurrency, input/output lengths, spec_tokens,
 spec_draft_loops, acceptance (accepted / drafted), mean accepted length, output_tok_s (median), the plain
-engine's, spec_speedup, and the share of launches that were speculative steps.
+engine's, spec_speedup, speculative steps and launches (eager ones apart), and the workload's arrivals and
+stopping rule.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def rows_of(plain: dict, spec: dict) -> list[dict]:
             spec_draft_loops=int(opts.get("spec_draft_loops", 1)), spec_auto=opts.get("spec_auto", "true"),
             acceptance=m.get("spec_acceptance"), mean_accepted_length=m.get("spec_mean_accepted_length"),
             spec_steps=m.get("spec_steps"), launches=m.get("launches"),
+            eager_launches=m.get("eager_launches"), plain_eager_launches=p.get("eager_launches") if p else None,
+            arrival_rate=spec.get("arrival_rate"), natural_eos=spec.get("natural_eos"),
+            eos_every=spec.get("eos_every"), generated_tokens=m.get("generated_tokens"),
             output_tok_s=m["output_tok_s"], repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],
             plain_tok_s=p["output_tok_s"] if p else None,
             spec_speedup=m["output_tok_s"] / p["output_tok_s"] if p else None,
@@ -46,10 +50,11 @@ def main() -> None:
     for plain, spec in zip(args.files[::2], args.files[1::2]):
         with open(plain) as f, open(spec) as g:
             rows += rows_of(json.load(f), json.load(g))
-    print_rows(rows, [("label", "label", 22, ""), ("conc", "concurrency", 5, "d"), ("K", "spec_tokens", 3, "d"),
+    print_rows(rows, [("label", "label", 26, ""), ("conc", "concurrency", 5, "d"), ("K", "spec_tokens", 3, "d"),
                       ("d", "spec_draft_loops", 3, "d"), ("accept", "acceptance", 8, ".1%"),
                       ("len", "mean_accepted_length", 6, ".2f"), ("tok/s", "output_tok_s", 9, ".0f"),
-                      ("plain", "plain_tok_s", 9, ".0f"), ("speedup", "spec_speedup", 9, ".2f")])
+                      ("plain", "plain_tok_s", 9, ".0f"), ("speedup", "spec_speedup", 9, ".2f"),
+                      ("eager", "eager_launches", 6, ".0f")])
     dump(rows, args.out)
 
 

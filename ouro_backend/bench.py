@@ -80,17 +80,21 @@ def percentiles(xs: list[float]) -> dict:
 
 def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurrency: int, num_requests: int,
                     workload: str, seed: int = 0, prompt_ids: Optional[list[int]] = None,
-                    arrival_rate: Optional[float] = None, ignore_eos: bool = True) -> dict:
+                    arrival_rate: Optional[float] = None, ignore_eos: bool = True,
+                    min_output_len: Optional[int] = None) -> dict:
     """One run; random prompts of input_len tokens unless prompt_ids is given. Closed loop (`concurrency`
     requests in flight), or with `arrival_rate` open loop: Poisson arrivals at that many requests/s, queued
-    by the engine however many are running. ignore_eos=False lets requests end at EOS (natural lengths)."""
+    by the engine however many are running. ignore_eos=False lets requests end at EOS (natural lengths);
+    `min_output_len` gives each request a max_tokens drawn uniformly from [min_output_len, output_len]
+    (random weights almost never sample EOS, so this is how they end at staggered lengths)."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     T = engine.model_config.total_ut_steps
     kind, _, arg = workload.partition("=")
 
     def params() -> SamplingParams:
-        p = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=ignore_eos)
+        n = output_len if min_output_len is None else rng.randint(min_output_len, output_len)
+        p = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=ignore_eos)
         if kind == "threshold":
             p.exit_threshold = float(arg)
         elif kind == "trace":
@@ -254,6 +258,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="open loop: Poisson arrivals at this many requests/s (default: closed loop at --concurrency)")
     p.add_argument("--natural-eos", action="store_true",
                    help="let requests stop at EOS (default: EOS ignored, every request makes --output-len tokens)")
+    p.add_argument("--eos-every", type=int, default=None, metavar="N",
+                   help="with --natural-eos: every N-th token id counts as EOS, so a random-weight model (which "
+                        "almost never samples its one EOS id) stops on its own after about N tokens")
+    p.add_argument("--min-output-len", type=int, default=None,
+                   help="each request's max_tokens uniform in [this, --output-len] (default: all --output-len)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", choices=["eager", "none"], default="eager")
     p.add_argument("--baseline-tokens", type=int, default=16, help="tokens per baseline run (it is slow)")
@@ -266,6 +275,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
 
+    if args.min_output_len is not None and not 1 <= args.min_output_len <= args.output_len:
+        p.error(f"--min-output-len must be in [1, --output-len={args.output_len}], got {args.min_output_len}")
     if args.model:
         model = args.model
     elif args.shape == "toy":
@@ -276,6 +287,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = ensure_shape_checkpoint(args.shape, args.loop_change)
     opts = dict(kv.split("=", 1) for kv in args.engine_arg)
     opts["model"] = model
+    if args.eos_every:
+        if not args.natural_eos:
+            p.error("--eos-every needs --natural-eos")
+        from .checkpoint import load_config
+
+        vocab = load_config(model).vocab_size
+        opts["eos_token_ids"] = ",".join(str(i) for i in range(args.eos_every, vocab, args.eos_every))
     if any(w.startswith("trace") for w in args.workload):
         if len({w.split("=")[0] for w in args.workload} - {"full"}) > 1:
             p.error("trace workloads need exit_mode=trace: run them separately from threshold workloads")
@@ -284,6 +302,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     results = dict(label=args.label, command=" ".join(["ouro-bench"] + (argv or sys.argv[1:])),
                    engine_options=opts, input_len=args.input_len, output_len=args.output_len,
                    arrival_rate=args.arrival_rate, natural_eos=args.natural_eos,
+                   min_output_len=args.min_output_len, eos_every=args.eos_every,
                    device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                    torch=torch.__version__, runs=[], baseline=[])
 
@@ -313,7 +332,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             reps = []
             for rep in range(args.repeats):
                 r = run_closed_loop(engine, args.input_len, args.output_len, c, n, run, seed=rep,
-                                    arrival_rate=args.arrival_rate, ignore_eos=not args.natural_eos)
+                                    arrival_rate=args.arrival_rate, ignore_eos=not args.natural_eos,
+                                    min_output_len=args.min_output_len)
                 log.info("%s c=%d rep %d: %.1f output tok/s, mean depth %s", workload, c, rep,
                          r["output_tok_s"], r["mean_exit_depth"])
                 reps.append(r)
