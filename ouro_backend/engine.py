@@ -98,9 +98,16 @@ class LLMEngine:
             r.capture_graphs(cfg.max_num_seqs, min(cfg.cuda_graph_max_tokens, cfg.max_num_batched_tokens),
                              cfg.decode_rounds_per_launch)
             log.info("captured CUDA graphs in %.1fs (%.0f MiB): decode launches of %s rows x %s rounds, "
-                     "rounds with prompt chunks of up to %s tokens", time.monotonic() - t0, r.graph_memory / 2**20,
-                     sorted({k[0] for k in r.decode_graphs}), sorted({k[1] for k in r.decode_graphs}),
-                     sorted(r.mixed_graphs))
+                     "rounds with prompt chunks of up to %s tokens, speculative steps of %s rows",
+                     time.monotonic() - t0, r.graph_memory / 2**20, sorted({k[0] for k in r.decode_graphs}),
+                     sorted({k[1] for k in r.decode_graphs}), sorted({k[0] for k in r.mixed_graphs}),
+                     sorted({k[0] for k in r.spec_graphs}) or "none")
+            from .memory import RESERVE_BYTES
+
+            if r.graph_memory > RESERVE_BYTES and not (cfg.num_blocks or cfg.kv_cache_bytes):
+                log.warning("the CUDA graphs took %.0f MiB, more than the %.0f MiB that KV sizing reserved for "
+                            "them: lower gpu_memory_utilization if later launches run out of memory",
+                            r.graph_memory / 2**20, RESERVE_BYTES / 2**20)
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []

@@ -68,6 +68,7 @@ class Delta(NamedTuple):
     prefix: list
     trim: int
     finish_reason: Optional[str]
+    spec_counts: tuple[int, int] = (0, 0)  # self-speculation: the request's (drafted, accepted) so far
 
 
 @dataclass(frozen=True)
@@ -381,7 +382,8 @@ class EngineServer:
                 continue
             batch = batches.setdefault(id(peer), (peer, []))[1]
             batch.append(Delta(out.request_id, out.new_token_ids, out.new_exit_depths, out.prefix_token_ids,
-                               out.trim_chars, out.finish_reason if out.finished else None))
+                               out.trim_chars, out.finish_reason if out.finished else None,
+                               (out.num_spec_drafted, out.num_spec_accepted)))
         for peer, deltas in batches.values():
             if not peer.send(("outputs", deltas)):
                 self._drop(peer)

@@ -14,6 +14,7 @@ eagerly. The runner owns its device state; the scheduler's `Sequence`s carry non
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -495,6 +496,19 @@ class ModelRunner:
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
         self._pool = None
+        # A collection during a capture would run Python finalizers (and their CUDA frees) mid-capture and
+        # costs seconds over hundreds of captures: collect once, then pause the collector until done.
+        gc.collect()
+        gc.disable()
+        try:
+            self._capture_all(max_rows, row_buckets, tok_buckets, rounds_per_launch)
+        finally:
+            gc.enable()
+        torch.cuda.synchronize(dev)
+        self.graph_memory = torch.cuda.memory_allocated(dev) - before
+
+    def _capture_all(self, max_rows: int, row_buckets: list[int], tok_buckets: list[int],
+                     rounds_per_launch: int) -> None:
         idx = self.arange[:max_rows]
         for mode in SamplerMode:
             for t in reversed(tok_buckets):
@@ -511,8 +525,6 @@ class ModelRunner:
                 for b in reversed(row_buckets):
                     rec, _ = self._capture(lambda rec: spec_step(self, self.arange[:b], K, d, rec, mode), K + 2)
                     self.spec_graphs[(b, mode)] = _Graph(self._last_graph, 0, b, rec, None)
-        torch.cuda.synchronize(dev)
-        self.graph_memory = torch.cuda.memory_allocated(dev) - before
 
     def _capture(self, fn: Callable[[torch.Tensor], object], rounds: int):
         """Warm fn up (compile and autotune outside the capture; with idle rows nothing in the state

@@ -237,12 +237,17 @@ def test_served_speculation_text_equals_plain_and_metrics_show_acceptance(tmp_pa
     try:
         srv.start(timeout=300)
         res = generate(srv.grpc_url, "ouro", prompt, request_options(max_tokens=32, temperature=0.0,
-                                                                     ignore_eos=True))
+                                                                     ignore_eos=True, return_spec_counts=True))
         assert res.error is None and res.text == plain
 
         offline = LLM(model=str(DEMO_MODEL), **args)
-        offline.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))
+        out = offline.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))[0]
         want = offline.engine.stats()["spec_acceptance_rate"]  # the same request on an idle engine
+        # The request's own counts come with its final response (and equal the offline request's).
+        final = res.chunks[-1]
+        assert (final.num_spec_drafted_tokens, final.num_spec_accepted_tokens) == \
+            (out.num_spec_drafted, out.num_spec_accepted)
+        assert out.num_spec_drafted > 0 and 0 < out.num_spec_accepted <= out.num_spec_drafted
 
         def acceptance():
             text = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()

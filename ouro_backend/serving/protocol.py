@@ -61,6 +61,8 @@ RETURN_FLAGS = _spec(
     InputSpec("return_num_input_tokens", "BOOL", "bool"),
     InputSpec("return_num_output_tokens", "BOOL", "bool"),
     InputSpec("return_finish_reason", "BOOL", "bool"),
+    InputSpec("return_spec_counts", "BOOL", "bool",
+              doc="self-speculation: return num_spec_drafted_tokens / num_spec_accepted_tokens (request totals)"),
 )
 TEXT_INPUT = InputSpec("text_input", "STRING", "str", doc="the prompt (required)")
 # What a client may send to `ouro` / `ouro_ensemble`.
@@ -86,10 +88,13 @@ ENGINE_OUTPUTS = {
     "num_input_tokens": "INT32",
     "num_output_tokens": "INT32",  # tokens in this response
     "finish_reason": "STRING",  # "" until the last response: stop | length | cancelled
+    "num_spec_drafted_tokens": "INT32",  # self-speculation: the request's drafted tokens so far
+    "num_spec_accepted_tokens": "INT32",  # ... and how many of them verification accepted
     "echo_text": "STRING",  # text to put before this response's text: the prompt when echoed, else ""
     "return_num_input_tokens": "BOOL",  # the request's return_* flags, passed through
     "return_num_output_tokens": "BOOL",
     "return_finish_reason": "BOOL",
+    "return_spec_counts": "BOOL",
 }
 POST_INPUTS = _spec(
     InputSpec("output_ids", "INT32", "int", is_list=True),
@@ -99,6 +104,8 @@ POST_INPUTS = _spec(
     InputSpec("num_input_tokens", "INT32", "int"),
     InputSpec("num_output_tokens", "INT32", "int"),
     InputSpec("finish_reason", "STRING", "str"),
+    InputSpec("num_spec_drafted_tokens", "INT32", "int"),
+    InputSpec("num_spec_accepted_tokens", "INT32", "int"),
     InputSpec("echo_text", "STRING", "str"),
     *RETURN_FLAGS.values(),
 )
@@ -108,6 +115,8 @@ CLIENT_OUTPUTS = {
     "num_input_tokens": "INT32",
     "num_output_tokens": "INT32",
     "finish_reason": "STRING",
+    "num_spec_drafted_tokens": "INT32",
+    "num_spec_accepted_tokens": "INT32",
 }
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "cancelled": "cancelled"}
 
@@ -123,12 +132,12 @@ class ParsedRequest:
     """A validated request: the prompt, the SamplingParams and the serving flags."""
 
     __slots__ = ("prompt", "params", "stream", "exclude_input_in_output", "return_num_input_tokens",
-                 "return_num_output_tokens", "return_finish_reason", "request_id", "abort_request_id",
-                 "prompt_text")
+                 "return_num_output_tokens", "return_finish_reason", "return_spec_counts", "request_id",
+                 "abort_request_id", "prompt_text")
 
     def __init__(self, prompt, params, stream=False, exclude_input_in_output=False,
                  return_num_input_tokens=False, return_num_output_tokens=False, return_finish_reason=False,
-                 request_id=None, abort_request_id=None, prompt_text=None):
+                 return_spec_counts=False, request_id=None, abort_request_id=None, prompt_text=None):
         self.prompt: Union[str, list[int], None] = prompt
         self.params: Optional[SamplingParams] = params
         self.stream = stream
@@ -136,6 +145,7 @@ class ParsedRequest:
         self.return_num_input_tokens = return_num_input_tokens
         self.return_num_output_tokens = return_num_output_tokens
         self.return_finish_reason = return_finish_reason
+        self.return_spec_counts = return_spec_counts
         self.request_id: Optional[str] = request_id
         self.abort_request_id: Optional[str] = abort_request_id
         # The prompt as text (client models; the engine when given text_input): what echo_text repeats.
@@ -311,6 +321,7 @@ def parse_request(inputs: Mapping[str, Any], *, specs: Mapping[str, InputSpec] =
         return_num_input_tokens=bool(scalar("return_num_input_tokens", False)),
         return_num_output_tokens=bool(scalar("return_num_output_tokens", False)),
         return_finish_reason=bool(scalar("return_finish_reason", False)),
+        return_spec_counts=bool(scalar("return_spec_counts", False)),
         request_id=request_id,
     )
 
@@ -340,10 +351,10 @@ def finish_reason_name(reason: Optional[str]) -> str:
 
 def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int], exit_depths: Sequence[int],
                            trim_chars: int, num_input_tokens: int, finish_reason: Optional[str],
-                           echo_text: str = "", return_flags: Sequence[bool] = (False, False, False)
-                           ) -> dict[str, np.ndarray]:
-    """One `ouro_engine` response. `return_flags`: the request's (return_num_input_tokens,
-    return_num_output_tokens, return_finish_reason)."""
+                           echo_text: str = "", return_flags: Sequence[bool] = (False, False, False, False),
+                           spec_counts: tuple[int, int] = (0, 0)) -> dict[str, np.ndarray]:
+    """One `ouro_engine` response. `return_flags`: the request's RETURN_FLAGS, in order;
+    `spec_counts`: the request's (drafted, accepted) speculative tokens so far."""
     if len(exit_depths) != len(output_ids):
         raise ValueError(f"{len(output_ids)} tokens but {len(exit_depths)} exit depths")
     return {
@@ -354,6 +365,8 @@ def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int],
         "num_input_tokens": _scalar_int(num_input_tokens),
         "num_output_tokens": _scalar_int(len(output_ids)),
         "finish_reason": _string(finish_reason_name(finish_reason)),
+        "num_spec_drafted_tokens": _scalar_int(spec_counts[0]),
+        "num_spec_accepted_tokens": _scalar_int(spec_counts[1]),
         "echo_text": _string(echo_text or ""),
         **{name: np.asarray([[bool(v)]], dtype=np.bool_) for name, v in zip(RETURN_FLAGS, return_flags)},
     }
@@ -397,6 +410,9 @@ def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.nda
         out["num_output_tokens"] = _scalar_int(len(ids) if n is None else n)
     if read_scalar(inputs, "return_finish_reason", POST_INPUTS, False):
         out["finish_reason"] = _string(finish_reason_name(reason))
+    if read_scalar(inputs, "return_spec_counts", POST_INPUTS, False):
+        for name in ("num_spec_drafted_tokens", "num_spec_accepted_tokens"):
+            out[name] = _scalar_int(read_scalar(inputs, name, POST_INPUTS, 0))
     return out
 
 

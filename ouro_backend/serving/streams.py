@@ -36,7 +36,7 @@ class Stream:
     out crashes tritonserver 2.51 (the response factory is gone)."""
 
     __slots__ = ("rid", "sender", "parsed", "num_input", "data_lock", "send_lock", "done", "cancelled",
-                 "ids", "depths", "prefix", "trim", "reason", "error", "queued", "worker")
+                 "ids", "depths", "prefix", "trim", "reason", "error", "queued", "worker", "spec_counts")
 
     def __init__(self, rid: str, sender: Any, parsed: protocol.ParsedRequest, num_input: int, worker: int):
         self.rid = rid
@@ -55,6 +55,7 @@ class Stream:
         self.error: Optional[str] = None
         self.queued = False
         self.worker = worker
+        self.spec_counts = (0, 0)
 
 
 class StreamingModel(abc.ABC):
@@ -156,6 +157,7 @@ class StreamingModel(abc.ABC):
                 s.prefix = list(d.prefix)
             s.ids.extend(d.ids)
             s.depths.extend(d.depths)
+            s.spec_counts = d.spec_counts
             if d.finish_reason is not None:
                 s.reason, s.trim = d.finish_reason, d.trim
             ready = d.finish_reason is not None or (s.parsed.stream and s.ids)
@@ -192,7 +194,7 @@ class StreamingModel(abc.ABC):
         with s.data_lock:
             s.queued = False
             error, reason, trim = s.error, s.reason, s.trim
-            ids, depths, prefix = s.ids, s.depths, s.prefix or []
+            ids, depths, prefix, spec_counts = s.ids, s.depths, s.prefix or [], s.spec_counts
             s.ids, s.depths, s.prefix = [], [], None
         pb = self.pb
         if error is not None:
@@ -206,7 +208,8 @@ class StreamingModel(abc.ABC):
         arrays = protocol.engine_response_arrays(
             ids, prefix, depths, trim, s.num_input, reason,
             echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
-            return_flags=(p.return_num_input_tokens, p.return_num_output_tokens, p.return_finish_reason))
+            return_flags=(p.return_num_input_tokens, p.return_num_output_tokens, p.return_finish_reason,
+                          p.return_spec_counts), spec_counts=spec_counts)
         try:
             arrays = self.client_arrays(s, arrays)
             response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()])
