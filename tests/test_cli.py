@@ -60,13 +60,26 @@ def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
 
 
 def test_ouro_bench_poisson_arrivals_with_natural_eos(toy_path, tmp_path):
-    """Open loop: the run lasts at least until its last (seeded Poisson) arrival; with every non-special id
-    an EOS, natural EOS ends each request at its first token."""
-    eos = ",".join(str(i) for i in range(3, 1024))  # the toy's vocabulary, past its special ids
+    """Open loop: the run lasts at least until its last (seeded Poisson) arrival; with every id an EOS
+    (--eos-every 1), natural EOS ends each request at its first token."""
     res, _ = bench(toy_path, tmp_path, "--output-len", "12", "--concurrency", "4", "--num-requests", "6",
-                   "--repeats", "1", "--arrival-rate", "20", "--natural-eos", "--baseline", "none",
-                   "--engine-arg", f"eos_token_ids={eos}")
-    assert res["arrival_rate"] == 20.0 and res["natural_eos"] is True
+                   "--repeats", "1", "--arrival-rate", "20", "--natural-eos", "--eos-every", "1",
+                   "--baseline", "none")
+    assert res["arrival_rate"] == 20.0 and res["natural_eos"] is True and res["eos_every"] == 1
+    assert res["engine_options"]["eos_token_ids"].split(",")[:3] == ["1", "2", "3"]
     m = res["runs"][0]["median"]
     assert m["requests"] == 6 and m["generated_tokens"] == 6
     assert 0.0 < m["last_arrival_s"] <= m["wall_s"]
+
+
+def test_ouro_bench_min_output_len_draws_each_requests_length(toy_path, tmp_path):
+    """--min-output-len: each request's max_tokens is drawn from [min, --output-len] (EOS still ignored)."""
+    res, _ = bench(toy_path, tmp_path, "--output-len", "12", "--min-output-len", "2", "--concurrency", "4",
+                   "--num-requests", "12", "--repeats", "1", "--baseline", "none")
+    m = res["runs"][0]["median"]
+    assert res["min_output_len"] == 2 and m["requests"] == 12
+    assert 2 * 12 <= m["generated_tokens"] < 12 * 12  # not all 12 long (seeded draw)
+    r = run(["ouro_backend.bench", "--model", toy_path, "--output-len", "4", "--min-output-len", "5"])
+    assert r.returncode == 2 and "--min-output-len must be in [1, --output-len=4], got 5" in r.stderr
+    r = run(["ouro_backend.bench", "--model", toy_path, "--eos-every", "3"])
+    assert r.returncode == 2 and "--eos-every needs --natural-eos" in r.stderr
