@@ -160,7 +160,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     runner.track_gpu_time = False
     stats = {k: v - stats0[k] for k, v in engine.stats().items()
              if k in ("launches", "rounds", "host_syncs", "graph_launches", "eager_launches", "spec_steps",
-                      "spec_drafted", "spec_accepted")}
+                      "spec_drafted", "spec_accepted", "num_preemptions")}
     spec_k = engine.config.spec_tokens
     gen = sum(len(o.token_ids) for o in outs)
     pre_t = sum(r[0] for r in rounds if r[1])
@@ -183,6 +183,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         mean_exit_depth=sum(depths) / len(depths) if depths else None, peak_kv_usage=peak_kv,
         request_depth=dict(percentiles(per_request), max=max(per_request, default=None)),
         steps=len(rounds), mean_step_ms=1e3 * wall / len(rounds), launches=stats["launches"],
+        max_running=max((r[4] for r in rounds), default=0), preemptions=stats["num_preemptions"],
         rounds=stats["rounds"], rounds_per_token=stats["rounds"] / gen, host_syncs_per_token=stats["host_syncs"] / gen,
         gpu_idle_frac=1.0 - gpu_busy / gpu_span if gpu_span else None,
         decode_occupancy=sum(depths) / (stats["rounds"] * concurrency) if stats["rounds"] else None,

@@ -190,6 +190,12 @@ class EngineConfig:
     # them back to back, so the host's launch and bookkeeping are paid once per launch. 1: one a launch.
     decode_rounds_per_launch: int = 4
     cpu_kv_cache_bytes: int = 256 << 20  # KV budget on CPU when num_blocks/kv_cache_bytes are unset
+    # KV blocks are taken as each request's frontier advances (docs/kv-memory.md). Admission leaves this
+    # share of the cache free for running requests to grow into.
+    kv_watermark: float = 0.01
+    # When running requests need blocks that are not free, the newest are preempted: their KV and decode
+    # rows move to host memory, up to this many GiB in all, and come back when blocks are free again.
+    swap_space_gib: float = 4.0
     # Self-speculative decoding (docs/engine.md): the first `spec_draft_loops` loops draft `spec_tokens`
     # tokens, the remaining loops verify them in one pass; greedy output equals plain full-depth decoding.
     # 0: off. It verifies at full depth, so it needs kv_layout=last_exited and requests without gate exits.
@@ -222,6 +228,10 @@ class EngineConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 <= self.kv_watermark < 1.0:
+            raise ConfigError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
+        if not self.swap_space_gib >= 0.0:
+            raise ConfigError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= 1.0:

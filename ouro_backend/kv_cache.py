@@ -9,8 +9,9 @@ recurrent batch reads and writes exactly one plane, so depth awareness reduces t
   done only the last plane is kept and every decode loop reads/writes it, overwriting the token's KV
   loop after loop, so earlier tokens are seen at their exit loop.
 
-Blocks are reserved for the whole request (prompt + max_tokens) at admission, so a running request can
-never run out of KV and nothing needs preempting; a request that finishes early frees its tail.
+Blocks are taken on demand (docs/kv-memory.md): a request gets its prompt's blocks in every plane at
+admission, and its decode planes grow as its frontier advances, a few launches ahead of the device. A
+plane's table only ever grows at its end, so a block id, once written to the device's table row, stays.
 """
 from __future__ import annotations
 
@@ -56,23 +57,44 @@ class KVCache:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def blocks_needed(self, prompt_len: int, total_len: int) -> int:
-        """Blocks a request of `total_len` tokens (prompt + max_tokens) reserves at admission."""
-        if self.layout is KVLayout.LAST_EXITED:
-            return self.num_loops * self.blocks_for(total_len)
-        return (self.num_loops - 1) * self.blocks_for(prompt_len) + self.blocks_for(total_len)
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block of one plane (all layers, K and V)."""
+        return self.kv[:, :, 0].numel() * self.kv.element_size()
 
-    def can_allocate(self, prompt_len: int, total_len: int) -> bool:
-        return self.blocks_needed(prompt_len, total_len) <= self.allocator.num_free
+    def decode_planes(self) -> range:
+        """The planes decode rows write: all of them (LAST_EXITED) or the last (SHARED)."""
+        return range(self.num_loops) if self.layout is KVLayout.LAST_EXITED else range(self.num_loops - 1, self.num_loops)
 
-    def allocate(self, prompt_len: int, total_len: int) -> list[list[int]]:
+    def _plane_len(self, plane: int, prompt_len: int, horizon: int) -> int:
+        """Positions plane `plane` covers for a request that may write positions < horizon."""
+        return max(prompt_len, horizon) if plane in self.decode_planes() else prompt_len
+
+    def blocks_needed(self, prompt_len: int, horizon: int) -> int:
+        """Blocks a request needs in all planes to write positions < horizon (its whole request: the most it
+        can ever hold)."""
+        return sum(self.blocks_for(self._plane_len(p, prompt_len, horizon)) for p in range(self.num_loops))
+
+    def allocate(self, prompt_len: int, horizon: int) -> list[list[int]]:
         """One block table per plane (T of them; SHARED's first T-1 cover only the prompt)."""
-        tables = []
-        for plane in range(self.num_loops):
-            last = plane == self.num_loops - 1
-            n = self.blocks_for(total_len if last or self.layout is KVLayout.LAST_EXITED else prompt_len)
-            tables.append(self.allocator.allocate(n))
-        return tables
+        return [self.allocator.allocate(self.blocks_for(self._plane_len(p, prompt_len, horizon)))
+                for p in range(self.num_loops)]
+
+    def growth_needed(self, tables: list[list[int]], horizon: int) -> int:
+        """Blocks the decode planes need to cover positions < horizon."""
+        want = self.blocks_for(horizon)
+        return sum(max(0, want - len(tables[p])) for p in self.decode_planes())
+
+    def grow(self, tables: list[list[int]], horizon: int) -> list[tuple[int, int, int]]:
+        """Extend the decode planes to cover positions < horizon; returns (plane, index, block) per new block,
+        for the device's copy of the tables."""
+        want = self.blocks_for(horizon)
+        new = []
+        for p in self.decode_planes():
+            add = self.allocator.allocate(max(0, want - len(tables[p])))
+            new += [(p, len(tables[p]) + i, b) for i, b in enumerate(add)]
+            tables[p].extend(add)
+        return new
 
     def release_prefill_planes(self, tables: list[list[int]]) -> None:
         """SHARED: the prompt keeps only its final plane once prefill is complete."""

@@ -34,6 +34,7 @@ from .sampler import SamplerMode, sample, vocab_hashes
 from .scheduler import PrefillChunk, SchedulerOutput
 from .sequence import Sequence
 from .speculation import REC_ACCEPTED, REC_DRAFTED, spec_record, spec_step
+from .swap import SwapStore
 
 
 @dataclass
@@ -188,6 +189,7 @@ class ModelRunner:
         self.overlap: Optional[Callable[[], None]] = None
         self.staging = HostStaging(dev) if dev.type == "cuda" else None
         self.arange = torch.arange(max(num_slots, T) + 1, dtype=torch.int64, device=dev)  # static: graphs index it
+        self.swap = SwapStore(kv, self.state, self._to_dev)
 
     def _to_dev(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         """A flat host list on the device without a device sync (pinned staging on CUDA)."""
@@ -282,11 +284,23 @@ class ModelRunner:
         return launch
 
     def _apply_rows(self, plan: SchedulerOutput) -> None:
-        """Switch off the rows of requests the host ended, and write the rows of admitted ones."""
+        """Save the rows of preempted requests, switch off the rows of requests the host ended or preempted,
+        bring resumed rows back, write the rows of admitted ones and extend the block tables that grew."""
+        for s in plan.swap_out:
+            self.swap.save(s.key, s.slot, s.blocks, s.counts)
+        for key in plan.swap_dropped:
+            self.swap.drop(key)
         for slot in plan.released:
             self.carry.pop(slot, None)
         if plan.released:
             self.state.release(self._to_dev(plan.released, torch.long))
+        for s in plan.swap_in:
+            self.swap.restore(s.key, s.slot, s.tables)
+        if plan.table_growth:
+            slots, planes, index, blocks = zip(*plan.table_growth)
+            self.state.tables.index_put_((self._to_dev(list(slots), torch.long), self._to_dev(list(planes), torch.long),
+                                          self._to_dev(list(index), torch.long)),
+                                         self._to_dev(list(blocks), torch.int32))
         if plan.admitted:
             rows = [NewRow(s.slot, len(s.prompt_ids), s.params, s.params.max_loops or self.num_loops,
                            self.exit_threshold if s.params.exit_threshold is None else s.params.exit_threshold,

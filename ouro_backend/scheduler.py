@@ -13,8 +13,12 @@ Each step it plans one launch (`SchedulerOutput`) with explicit kinds of work:
   pays. A step recomputes each row's current token from loop 1, so a row may enter it mid-token (after
   mixed or plain rounds); otherwise decode launches are the plain engine's.
 
-Admission is first-come-first-served, bounded by `max_num_seqs` (the slots) and by KV capacity. A launch
-with no prompt work and nobody waiting runs several decode rounds (`decode_rounds_per_launch`).
+Admission is first-come-first-served, bounded by `max_num_seqs` (the slots) and by KV capacity: a request
+gets its prompt's blocks and a few launches of decode room, and its decode planes grow as the host learns
+its tokens (docs/kv-memory.md). When running requests cannot grow, the newest are preempted: their KV and
+decode rows move to host memory (SWAPPED), and come back, before anyone waiting is admitted, once blocks
+are free. A launch with no prompt work and nobody waiting runs several decode rounds
+(`decode_rounds_per_launch`).
 
 The host follows the device a launch or more behind: `RunnerOutput` tokens are appended by the engine,
 which finishes requests on stop strings, stop tokens, EOS and max_tokens; the next plan releases their
@@ -48,6 +52,24 @@ class PrefillChunk:
 
 
 @dataclass
+class SwapOut:
+    """Preempted: copy the row of `slot` and these blocks (plane by plane, `counts` per plane) to host
+    memory under `key`, before the launch switches the row off."""
+    key: str
+    slot: int
+    blocks: list[int]
+    counts: list[int]
+
+
+@dataclass
+class SwapIn:
+    """Resumed: the saved row goes to `slot`; plane p's saved blocks go to `tables[p][:counts[p]]`."""
+    key: str
+    slot: int
+    tables: list[list[int]]
+
+
+@dataclass
 class SchedulerOutput:
     """One launch's plan. The runner turns it into device work; the host state stays here."""
     prefill: list[PrefillChunk]
@@ -58,10 +80,15 @@ class SchedulerOutput:
     sampler: SamplerMode = SamplerMode.GREEDY
     owners: list[Optional[Sequence]] = field(default_factory=list)  # slot -> request, at launch time
     speculate: bool = False  # the decode rows run one speculative step (draft K, verify) instead of rounds
+    swap_out: list[SwapOut] = field(default_factory=list)  # done first, before rows are released
+    swap_in: list[SwapIn] = field(default_factory=list)  # done after the releases, before admissions
+    swap_dropped: list[str] = field(default_factory=list)  # saved rows of requests that ended while swapped
+    table_growth: list[tuple[int, int, int, int]] = field(default_factory=list)  # (slot, plane, index, block)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.prefill or self.decode_slots or self.released or self.admitted)
+        return bool(self.prefill or self.decode_slots or self.released or self.admitted or self.swap_out
+                    or self.swap_in or self.swap_dropped)
 
 
 class Scheduler:
@@ -75,8 +102,19 @@ class Scheduler:
                                       cfg.spec_max_verify_tokens) if cfg.spec_tokens else None
         self.kv = kv
         self.num_loops = num_loops
+        # Positions a row may write beyond what the host knows: the launch in flight and the one being planned
+        # each advance it by up to max(rounds, K + 1) tokens, and drafts write K past the last of them.
+        self.lookahead = 2 * max(cfg.decode_rounds_per_launch, cfg.spec_tokens + 1) + cfg.spec_tokens
+        self.watermark = int(cfg.kv_watermark * kv.num_blocks)
+        self.swap_budget = int(cfg.swap_space_gib * 2**30)
+        self.swap_used = 0
+        self.num_preemptions = 0
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in admission order: the newest is preempted first
+        self.swapped: deque[Sequence] = deque()  # preempted, oldest first
+        self.failed: list[Sequence] = []  # ended by the scheduler in the last schedule() (the engine reports them)
+        self._swap_sizes: dict[str, tuple[list[int], int]] = {}  # request id -> (blocks per plane, bytes)
+        self._dropped: list[str] = []
         self.chunks: dict[int, PrefillChunk] = {}  # slot -> the prompt chunk in flight
         self.free_slots = list(range(cfg.max_num_seqs))
         self.owners: list[Optional[Sequence]] = [None] * cfg.max_num_seqs
@@ -86,13 +124,91 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def _total_len(self, seq: Sequence) -> int:
         """Positions whose KV the request may write: its drafts run up to spec_tokens past its last token."""
         return len(seq.prompt_ids) + seq.params.max_tokens + self.spec_tokens
 
+    def _horizon(self, seq: Sequence) -> int:
+        """Positions the device may write for `seq` before the host plans again (see `lookahead`)."""
+        return min(self._total_len(seq), seq.num_tokens + self.lookahead)
+
+    def _grow_running(self, growth: list, swap_out: list[SwapOut]) -> None:
+        """Give every decoding request blocks up to its horizon, oldest first; preempt the newest decoding
+        request while blocks are short (possibly the one growing)."""
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING or seq.in_prefill:
+                continue  # preempted below, or its prompt's blocks were given at admission
+            horizon = self._horizon(seq)
+            while self.kv.growth_needed(seq.block_tables, horizon) > self.kv.allocator.num_free:
+                victim = next(s for s in reversed(self.running) if not s.in_prefill and s.slot not in self.chunks)
+                self._preempt(victim, swap_out)
+                if victim is seq:
+                    break
+            if seq.status is Status.RUNNING:
+                growth += [(seq.slot, *g) for g in self.kv.grow(seq.block_tables, horizon)]
+
+    def _preempt(self, seq: Sequence, swap_out: list[SwapOut]) -> None:
+        counts = [len(t) for t in seq.block_tables]
+        size = sum(counts) * self.kv.block_bytes
+        slot = seq.slot
+        self.running.remove(seq)
+        self._release_slot(seq)
+        if self.swap_used + size > self.swap_budget:
+            seq.error = (f"preempted for lack of KV blocks, and its {size / 2**20:.1f} MiB of KV do not fit the "
+                         f"swap space ({self.swap_used / 2**20:.1f} of {self.swap_budget / 2**20:.1f} MiB used): "
+                         f"raise swap_space_gib or give the engine more KV memory")
+            self.kv.free(seq.block_tables)
+            seq.finish("error")
+            self.failed.append(seq)
+            return
+        swap_out.append(SwapOut(seq.request_id, slot, [b for t in seq.block_tables for b in t], counts))
+        self.kv.free(seq.block_tables)  # the copy to host is enqueued before any later launch reuses them
+        self.swap_used += size
+        self._swap_sizes[seq.request_id] = (counts, size)
+        seq.status = Status.SWAPPED
+        self.swapped.append(seq)
+        self.num_preemptions += 1
+
+    def _swap_in(self, swap_in: list[SwapIn]) -> None:
+        """Bring preempted requests back, oldest first, while slots and blocks (above the watermark) allow."""
+        while self.swapped and self.free_slots:
+            seq = self.swapped[0]
+            counts, size = self._swap_sizes[seq.request_id]
+            want = self.kv.blocks_for(self._horizon(seq))
+            planes = set(self.kv.decode_planes())
+            need = [max(c, want) if p in planes else c for p, c in enumerate(counts)]
+            if sum(need) > self.kv.allocator.num_free - (self.watermark if self.running else 0):
+                return
+            self.swapped.popleft()
+            del self._swap_sizes[seq.request_id]
+            self.swap_used -= size
+            seq.block_tables = [self.kv.allocator.allocate(n) for n in need]
+            self._take_slot(seq)
+            swap_in.append(SwapIn(seq.request_id, seq.slot, seq.block_tables))
+
+    def _take_slot(self, seq: Sequence) -> None:
+        seq.status = Status.RUNNING
+        seq.slot = heapq.heappop(self.free_slots)
+        self.owners[seq.slot] = seq
+        self.running.append(seq)
+
+    def _release_slot(self, seq: Sequence) -> None:
+        self.chunks.pop(seq.slot, None)
+        self._released.append(seq.slot)
+        self.owners[seq.slot] = None
+        heapq.heappush(self.free_slots, seq.slot)
+        seq.slot = None
+
     def schedule(self) -> SchedulerOutput:
+        self.failed = []
+        growth: list[tuple[int, int, int, int]] = []
+        swap_out: list[SwapOut] = []
+        swap_in: list[SwapIn] = []
+        self._grow_running(growth, swap_out)
+        if not swap_out:  # a step that preempts does not resume anyone (no thrashing)
+            self._swap_in(swap_in)
         decode = [s.slot for s in self.running if s.slot not in self.chunks and not s.in_prefill]
         budget = self.max_tokens - len(decode)
         prefill: list[PrefillChunk] = []
@@ -105,16 +221,15 @@ class Scheduler:
             if seq.slot not in self.chunks and seq.in_prefill and budget > 0:
                 budget -= self._start_chunk(seq, budget, prefill)
         admitted = []
-        while self.waiting and self.free_slots and budget > 0:
+        while self.waiting and not self.swapped and self.free_slots and budget > 0:
             seq = self.waiting[0]
-            if not self.kv.can_allocate(len(seq.prompt_ids), self._total_len(seq)):
+            need = self.kv.blocks_needed(len(seq.prompt_ids), self._horizon(seq))
+            # The watermark keeps room for running requests to grow; alone, a request may take everything.
+            if need > self.kv.allocator.num_free - (self.watermark if self.running else 0):
                 break  # FCFS: later requests wait too, so the head cannot starve
             self.waiting.popleft()
-            seq.block_tables = self.kv.allocate(len(seq.prompt_ids), self._total_len(seq))
-            seq.status = Status.RUNNING
-            seq.slot = heapq.heappop(self.free_slots)
-            self.owners[seq.slot] = seq
-            self.running.append(seq)
+            seq.block_tables = self.kv.allocate(len(seq.prompt_ids), self._horizon(seq))
+            self._take_slot(seq)
             admitted.append(seq)
             budget -= self._start_chunk(seq, budget, prefill)
         # Several rounds per launch only when nothing waits on the host: no prompt work, nobody queued, and
@@ -127,7 +242,9 @@ class Scheduler:
         speculate = bool(self.spec_tokens and decode and not prefill and self.spec_policy.decide(len(decode)))
         if speculate:
             rounds = 1
-        out = SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners), speculate)
+        dropped, self._dropped = self._dropped, []
+        out = SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners), speculate,
+                              swap_out, swap_in, dropped, growth)
         self._advance_chunks(prefill)
         return out
 
@@ -152,18 +269,18 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
-            self.chunks.pop(seq.slot, None)
-            self._released.append(seq.slot)
-            self.owners[seq.slot] = None
-            heapq.heappush(self.free_slots, seq.slot)
-            seq.slot = None
+            self._release_slot(seq)
+            self.kv.free(seq.block_tables)
         elif seq.status is Status.WAITING:
             self.waiting.remove(seq)
-        self.kv.free(seq.block_tables)
+        elif seq.status is Status.SWAPPED:  # its blocks went back when it was preempted
+            self.swapped.remove(seq)
+            self.swap_used -= self._swap_sizes.pop(seq.request_id)[1]
+            self._dropped.append(seq.request_id)
         seq.finish(reason)
 
     def find(self, request_id: str) -> Optional[Sequence]:
-        for seq in (*self.running, *self.waiting):
+        for seq in (*self.running, *self.waiting, *self.swapped):
             if seq.request_id == request_id:
                 return seq
         return None

@@ -13,6 +13,7 @@ from .tokenizer import PREFIX_WINDOW, IncrementalDetokenizer, decode_delta
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted: its KV and decode row wait in host memory (docs/kv-memory.md)
     FINISHED = "finished"
 
 
@@ -31,6 +32,7 @@ class Sequence:
         self.block_tables: list[list[int]] = []
         self.num_prefilled = 0  # prompt tokens that have completed all loops (or are completing now)
         self.finish_reason: Optional[str] = None
+        self.error: Optional[str] = None  # why the engine ended it (finish_reason "error")
         self.stop = stop_checker
         self.num_emitted = 0  # output tokens already handed out in a RequestOutput
         self.spec_drafted = self.spec_accepted = 0  # self-speculation: draft tokens proposed / accepted
@@ -99,7 +101,7 @@ class Sequence:
             finished=self.finished, finish_reason=self.finish_reason, new_token_ids=new_ids,
             new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
             prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
-            arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
+            error=self.error, arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
             num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
 
 

@@ -150,3 +150,22 @@ def test_fp32_sampled_speculation_equals_plain_sampling(toy_path):
     spec = run_all(eng, PROMPTS, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert eng.stats()["spec_steps"] > 0 and eng.stats()["graph_launches"] > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fp32_preemption_with_graphs_equals_runs_alone(toy_path, layout):
+    """A cache that holds half of what 8 requests grow to: blocks grow under CUDA graphs and multi-round
+    launches, requests are swapped out and back, and each one's tokens and depths equal its run alone."""
+    from test_kv_memory import NUM_BLOCKS, PROMPTS as KV_PROMPTS, params
+
+    eng = gpu_engine(toy_path, "float32", kv_layout=layout, num_blocks=NUM_BLOCKS[layout], exit_threshold=0.5)
+    eng.runner.record_logits = False
+    outs = run_all(eng, KV_PROMPTS, [params(i, 0.5, False) for i in range(len(KV_PROMPTS))])
+    st = eng.stats()
+    assert st["num_preemptions"] > 0 and st["graph_launches"] > 0
+    assert st["kv_blocks_free"] == st["kv_blocks_total"] and st["num_swapped"] == 0
+    big = gpu_engine(toy_path, "float32", kv_layout=layout, exit_threshold=0.5)  # 512 blocks: no preemption
+    big.runner.record_logits = False
+    for i, (prompt, out) in enumerate(zip(KV_PROMPTS, outs)):
+        ref = run_all(big, [prompt], [params(i, 0.5, False)])[0]  # each request alone
+        assert (out.token_ids, out.exit_depths) == (ref.token_ids, ref.exit_depths), f"request {i}"

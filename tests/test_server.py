@@ -470,6 +470,7 @@ def test_metrics(server):
     assert m, metrics(server)
     for name in ("ouro_prompt_tokens_total", "ouro_generation_tokens_total", "ouro_requests_aborted_total",
                  "ouro_kv_cache_usage_ratio", "ouro_num_requests_running", "ouro_num_requests_waiting",
+                 "ouro_num_requests_swapped", "ouro_num_preemptions_total",
                  "ouro_time_to_first_token_seconds_count", "ouro_time_per_output_token_seconds_count",
                  "ouro_e2e_request_latency_seconds_count", "ouro_exit_depth_count", "ouro_request_success_total"):
         assert name in m, f"{name} missing from {sorted(m)}"

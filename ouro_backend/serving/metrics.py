@@ -7,12 +7,14 @@ All families carry the labels `model` and `version`. Names (vLLM-like):
   ouro_request_success_total{finish_reason} counter   finished requests (stop | length | cancelled)
   ouro_requests_aborted_total              counter    requests cancelled by the client (or the front model)
   ouro_request_errors_total                counter    requests that ended with an error response
+  ouro_num_preemptions_total               counter    running requests preempted for lack of KV blocks
   ouro_time_to_first_token_seconds         histogram  arrival -> first token
   ouro_time_per_output_token_seconds       histogram  per request: (finish - first token) / (tokens - 1)
   ouro_e2e_request_latency_seconds         histogram  arrival -> finish
   ouro_exit_depth                          histogram  loop depth at which each generated token exited
   ouro_kv_cache_usage_ratio                gauge      used / total KV blocks (0 when idle)
-  ouro_num_requests_running / _waiting     gauge      scheduler queues
+  ouro_num_requests_running / _waiting /
+    _swapped                               gauge      scheduler queues (swapped: preempted, KV in host memory)
   ouro_spec_acceptance_rate                gauge      self-speculation: accepted / drafted tokens
   ouro_spec_mean_accepted_length           gauge      self-speculation: tokens per row and step (1 + accepted)
   ouro_engine_stat{stat}                   gauge      every other numeric counter of engine.stats()
@@ -39,7 +41,8 @@ LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.
 TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                 0.3, 0.5, 0.75, 1.0, 2.5]
 GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_requests_running",
-              "num_waiting": "ouro_num_requests_waiting", "spec_acceptance_rate": "ouro_spec_acceptance_rate",
+              "num_waiting": "ouro_num_requests_waiting", "num_swapped": "ouro_num_requests_swapped",
+              "spec_acceptance_rate": "ouro_spec_acceptance_rate",
               "spec_mean_accepted_length": "ouro_spec_mean_accepted_length"}
 
 
@@ -54,7 +57,7 @@ class MetricsSnapshot:
 
 # Counters the engine keeps anyway (LLMEngine.counters, in its stats): the Prometheus counter that each feeds.
 ENGINE_COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
-                   "num_aborted": "aborted"}
+                   "num_aborted": "aborted", "num_preemptions": "preemptions"}
 
 
 class MetricsBuffer:
@@ -156,6 +159,7 @@ class EngineMetrics:
             "generation_tokens": counter("ouro_generation_tokens_total", "Generated tokens"),
             "aborted": counter("ouro_requests_aborted_total", "Requests cancelled by the client"),
             "errors": counter("ouro_request_errors_total", "Requests that ended with an error"),
+            "preemptions": counter("ouro_num_preemptions_total", "Running requests preempted for lack of KV blocks"),
         }
         self._success = family("ouro_request_success_total", "Finished requests by finish reason", MF.COUNTER)
         self._success_metrics: dict[str, Any] = {}
@@ -172,6 +176,7 @@ class EngineMetrics:
             ("kv_usage", GAUGE_KEYS["kv_usage"], "Fraction of KV cache blocks in use"),
             ("num_running", GAUGE_KEYS["num_running"], "Requests being generated"),
             ("num_waiting", GAUGE_KEYS["num_waiting"], "Requests waiting for admission"),
+            ("num_swapped", GAUGE_KEYS["num_swapped"], "Preempted requests whose KV waits in host memory"),
             ("spec_acceptance_rate", GAUGE_KEYS["spec_acceptance_rate"],
              "Self-speculation: accepted / drafted tokens since start (0 without speculation)"),
             ("spec_mean_accepted_length", GAUGE_KEYS["spec_mean_accepted_length"],

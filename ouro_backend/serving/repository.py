@@ -31,6 +31,8 @@ ENGINE_PARAMETERS = [
     ("block_size", "KV block size in tokens (16)"),
     ("gpu_memory_utilization", "fraction of GPU memory for weights + activations + KV (0.90)"),
     ("num_blocks", "explicit KV size in blocks (default: automatic)"),
+    ("kv_watermark", "share of KV blocks admission keeps free for running requests to grow (0.01)"),
+    ("swap_space_gib", "host memory for the KV of preempted requests, GiB (4)"),
     ("max_num_seqs", "max running requests (64)"),
     ("max_num_batched_tokens", "token budget of one round (2048)"),
     ("max_model_len", "context limit (default: min(max_position_embeddings, 8192))"),

@@ -1,0 +1,63 @@
+"""Preempted requests in host memory (docs/kv-memory.md): their KV blocks and their decode-state rows.
+
+The scheduler preempts by planning a `SwapOut`; the runner saves the row and the blocks here before the
+launch that switches the row off, so the copy sees the state every earlier launch left (stream order),
+and no later launch can overwrite the freed blocks before they are read. Resuming (`SwapIn`) copies the
+blocks into new ones and writes the row back in a free slot with its new block tables: the request goes
+on exactly where it stopped, in any layout and exit mode, sampled or speculated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .decode_state import DecodeState
+from .kv_cache import KVCache
+
+CHUNK_BLOCKS = 32  # blocks per copy: bounds the device-side gather buffer
+
+
+@dataclass
+class _Saved:
+    ints: torch.Tensor  # device copies of the row (a few hundred bytes)
+    floats: torch.Tensor
+    remaining: torch.Tensor
+    trace: torch.Tensor
+    hidden: torch.Tensor
+    kv: torch.Tensor  # host [layers, 2, blocks, block_size, kv_heads, head_dim], pinned on CUDA
+    counts: list[int]  # blocks per plane, in the order of `kv`
+
+
+class SwapStore:
+    def __init__(self, kv: KVCache, state: DecodeState, to_dev: Callable[[list, torch.dtype], torch.Tensor]):
+        self.kv, self.state, self.to_dev = kv, state, to_dev
+        self.saved: dict[str, _Saved] = {}
+
+    def save(self, key: str, slot: int, blocks: list[int], counts: list[int]) -> None:
+        st, pool = self.state, self.kv.kv
+        shape = (*pool.shape[:2], len(blocks), *pool.shape[3:])
+        host = torch.empty(shape, dtype=pool.dtype, pin_memory=pool.is_cuda)
+        for i in range(0, len(blocks), CHUNK_BLOCKS):
+            idx = self.to_dev(blocks[i:i + CHUNK_BLOCKS], torch.long)
+            host[:, :, i:i + len(idx)].copy_(pool.index_select(2, idx), non_blocking=True)
+        self.saved[key] = _Saved(st.ints[slot].clone(), st.floats[slot].clone(), st.remaining[slot].clone(),
+                                 st.trace[slot].clone(), st.hidden[slot].clone(), host, counts)
+
+    def restore(self, key: str, slot: int, tables: list[list[int]]) -> None:
+        s, st, pool = self.saved.pop(key), self.state, self.kv.kv
+        dest = [b for plane, n in zip(tables, s.counts) for b in plane[:n]]
+        for i in range(0, len(dest), CHUNK_BLOCKS):
+            idx = self.to_dev(dest[i:i + CHUNK_BLOCKS], torch.long)
+            pool.index_copy_(2, idx, s.kv[:, :, i:i + len(idx)].to(pool.device, non_blocking=True))
+        st.ints[slot] = s.ints
+        st.floats[slot] = s.floats
+        st.remaining[slot] = s.remaining
+        st.trace[slot] = s.trace
+        st.hidden[slot] = s.hidden
+        rows = [t[:st.max_blocks] + [0] * (st.max_blocks - len(t[:st.max_blocks])) for t in tables]
+        st.tables[slot] = self.to_dev([b for r in rows for b in r], torch.int32).view(st.num_loops, st.max_blocks)
+
+    def drop(self, key: str) -> None:
+        self.saved.pop(key, None)

@@ -1,0 +1,125 @@
+"""KV memory on demand (docs/kv-memory.md): blocks are taken as requests advance, and when they run out the
+newest requests are preempted to host memory and resumed, with every request's output exactly what it
+gets alone on a large cache (fp32, CPU), and nothing leaked."""
+from __future__ import annotations
+
+import pytest
+
+from ouro_backend import SamplingParams
+from ouro_backend.config import ConfigError, EngineConfig
+from test_exact_exits import alone, assert_same, drive, make_engine
+
+PROMPTS = [[10 + i, 200 + 7 * i, 3 * i + 1, 900 - i] for i in range(8)]  # 4 tokens each
+MAX_TOKENS = 28  # 4 + 28 = 32 positions: 8 blocks of 4 per plane
+# One request's whole prompt + max_tokens is a quarter of the cache: 4 planes x 8 blocks of 128 under
+# LAST_EXITED; 3 prompt blocks + 8 under SHARED, of 48.
+NUM_BLOCKS = {"last_exited": 128, "shared": 48}
+
+
+def params(i: int, threshold: float, sampled: bool) -> SamplingParams:
+    return SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, exit_threshold=threshold,
+                          temperature=0.8 if sampled else 0.0, seed=1000 + i if sampled else None)
+
+
+def check_clean(eng) -> None:
+    st = eng.stats()
+    assert st["kv_blocks_free"] == st["kv_blocks_total"] and st["num_swapped"] == 0 and st["swap_bytes"] == 0
+    assert not eng.runner.swap.saved, "a saved row outlived its request"
+
+
+@pytest.mark.parametrize("layout", ["last_exited", "shared"])
+def test_requests_whose_whole_length_fills_a_quarter_all_start_at_once(toy_path, layout):
+    """Admission takes only the prompt and a few launches of decode room: 8 such requests start together
+    (reserving prompt + max_tokens, 4 would)."""
+    eng = make_engine(toy_path, kv_layout=layout, num_blocks=NUM_BLOCKS[layout])
+    need = eng.kv.blocks_needed(4, 4 + MAX_TOKENS)
+    assert 4 * need <= eng.kv.num_blocks < 5 * need
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(str(i), p, params(i, 1.0, False))
+    eng.step()
+    assert eng.stats()["num_running"] == 8
+    while eng.has_unfinished_requests():
+        eng.step()
+    check_clean(eng)
+
+
+@pytest.mark.parametrize("layout", ["last_exited", "shared"])
+@pytest.mark.parametrize("threshold", [pytest.param(1.0, id="full"), pytest.param(0.5, id="gate")])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_overflowing_cache_preempts_and_every_request_equals_its_run_alone(toy_path, layout, threshold,
+                                                                           async_scheduling, sampled):
+    """All 8 generate to max_tokens, twice what the cache holds: requests are preempted and resumed, yet
+    each one's tokens, exit depths and logprobs are its own alone on a large cache; all blocks free after."""
+    eng = make_engine(toy_path, kv_layout=layout, num_blocks=NUM_BLOCKS[layout], async_scheduling=async_scheduling)
+    run = drive(eng, [(str(i), p, params(i, threshold, sampled)) for i, p in enumerate(PROMPTS)])
+    assert eng.stats()["num_preemptions"] > 0
+    for i, p in enumerate(PROMPTS):
+        ref = alone(toy_path, p, params(i, threshold, sampled), kv_layout=layout)
+        assert_same(run.final[str(i)], ref, f"request {i}")
+        assert len(ref.token_ids) == MAX_TOKENS
+    if threshold < 1.0:
+        assert min(d for o in run.final.values() for d in o.exit_depths) < 4  # the gate did exit early
+    check_clean(eng)
+
+
+def test_preemption_under_speculation_is_exact(toy_path):
+    """Speculative steps write drafts past a row's last token: the blocks ahead cover them, and a preempted
+    speculating request resumes exactly."""
+    eng = make_engine(toy_path, num_blocks=128, spec_tokens=3, spec_auto=False, exit_threshold=1.0)
+    run = drive(eng, [(str(i), p, params(i, 1.0, False)) for i, p in enumerate(PROMPTS)])
+    st = eng.stats()
+    assert st["num_preemptions"] > 0 and st["spec_steps"] > 0
+    for i, p in enumerate(PROMPTS):
+        assert_same(run.final[str(i)], alone(toy_path, p, params(i, 1.0, False), exit_threshold=1.0), f"request {i}")
+    check_clean(eng)
+
+
+def test_aborts_of_swapped_and_running_requests_leak_nothing(toy_path):
+    aborted: list[str] = []
+
+    def hook(eng, step, run):
+        if not aborted and eng.scheduler.swapped:
+            swapped = eng.scheduler.swapped[0].request_id
+            running = eng.scheduler.running[0].request_id
+            aborted.extend([swapped, running])
+            eng.abort_request(swapped)
+            eng.abort_request(running)
+
+    eng = make_engine(toy_path, num_blocks=128, async_scheduling=True)
+    run = drive(eng, [(str(i), p, params(i, 0.5, False)) for i, p in enumerate(PROMPTS)], hook=hook)
+    assert len(aborted) == 2
+    for i, p in enumerate(PROMPTS):
+        out, ref = run.final[str(i)], alone(toy_path, p, params(i, 0.5, False))
+        if str(i) in aborted:
+            assert out.finish_reason == "abort" and out.token_ids == ref.token_ids[:len(out.token_ids)]
+        else:
+            assert_same(out, ref, f"request {i}")
+    check_clean(eng)
+
+
+def test_swap_space_too_small_ends_the_preempted_request_with_a_clear_error(toy_path):
+    eng = make_engine(toy_path, num_blocks=128, swap_space_gib=1e-9)
+    run = drive(eng, [(str(i), p, params(i, 1.0, False)) for i, p in enumerate(PROMPTS)])
+    failed = [o for o in run.final.values() if o.finish_reason == "error"]
+    assert failed and all("swap space" in o.error and "swap_space_gib" in o.error for o in failed)
+    for i, p in enumerate(PROMPTS):
+        out = run.final[str(i)]
+        if out.finish_reason != "error":
+            assert_same(out, alone(toy_path, p, params(i, 1.0, False)), f"request {i}")
+    check_clean(eng)
+
+
+def test_a_request_that_cannot_fit_alone_is_rejected_at_admission(toy_path):
+    from ouro_backend.engine import RequestError
+
+    eng = make_engine(toy_path, num_blocks=16)
+    with pytest.raises(RequestError, match="needs 32 KV blocks but the cache only has 16"):
+        eng.add_request("big", PROMPTS[0], params(0, 1.0, False))
+
+
+@pytest.mark.parametrize("bad, match", [(dict(kv_watermark=1.0), "kv_watermark must be in"),
+                                        (dict(swap_space_gib=-1.0), "swap_space_gib must be >= 0")])
+def test_kv_options_are_validated(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        EngineConfig(**bad).validate()
