@@ -193,8 +193,11 @@ class EngineConfig:
     # KV blocks are taken as each request's frontier advances (docs/kv-memory.md). Admission leaves this
     # share of the cache free for running requests to grow into.
     kv_watermark: float = 0.01
-    # When running requests need blocks that are not free, the newest are preempted: their KV and decode
-    # rows move to host memory, up to this many GiB in all, and come back when blocks are free again.
+    # When running requests need blocks that are not free, the newest are preempted. recompute: their blocks
+    # are freed and they are prefilled again later, each generated token at its recorded exit depth (exact
+    # under last_exited); swap: their KV and decode rows wait in host memory, up to swap_space_gib in all
+    # (exact under both layouts; when it is full, recompute). auto: recompute for last_exited, swap for shared.
+    preemption_mode: str = "auto"
     swap_space_gib: float = 4.0
     # Self-speculative decoding (docs/engine.md): the first `spec_draft_loops` loops draft `spec_tokens`
     # tokens, the remaining loops verify them in one pass; greedy output equals plain full-depth decoding.
@@ -228,6 +231,9 @@ class EngineConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.preemption_mode not in ("auto", "recompute", "swap"):
+            raise ConfigError(f"preemption_mode={self.preemption_mode!r} is not supported; choose auto, recompute "
+                              f"or swap")
         if not 0.0 <= self.kv_watermark < 1.0:
             raise ConfigError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
         if not self.swap_space_gib >= 0.0:

@@ -41,6 +41,9 @@ class NewRow:
     threshold: float
     seed: int  # 64-bit sampling seed (the request's own, or one the engine drew)
     block_tables: list[list[int]]  # per plane
+    # Readmitted after a recompute preemption: (its last token, tokens generated). The row starts at that
+    # token, which the prefill of everything before it does not sample again.
+    resume: Optional[tuple[int, int]] = None
 
 
 class DecodeState:
@@ -69,8 +72,9 @@ class DecodeState:
             seed = row.seed & (2**64 - 1)
             trace = list(p.exit_trace or [row.max_loops])
             # POS is the last prompt token's: sampling the first token moves the row to prompt_len.
-            ints += [0, 0, row.prompt_len - 1, 1, 0, 0, p.min_loops, row.max_loops, p.max_tokens, p.min_tokens,
-                     int(p.ignore_eos), p.top_k, seed - 2**64 if seed >= 2**63 else seed, len(trace)]
+            token, ngen = row.resume or (0, 0)
+            ints += [0, token, row.prompt_len - 1 + ngen, 1, ngen, 0, p.min_loops, row.max_loops, p.max_tokens,
+                     p.min_tokens, int(p.ignore_eos), p.top_k, seed - 2**64 if seed >= 2**63 else seed, len(trace)]
             floats += [row.threshold, p.temperature, p.top_p]
             traces += trace + [1] * (MAX_TRACE - len(trace))
             for plane in range(num_loops):

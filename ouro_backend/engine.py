@@ -214,9 +214,6 @@ class LLMEngine:
                 self.counters["num_aborted"] += 1
                 changed[rid] = seq
         plan = self.scheduler.schedule()
-        for seq in self.scheduler.failed:  # preempted with no room left to keep its KV
-            log.error("request %s: %s", seq.request_id, seq.error)
-            changed[seq.request_id] = seq
         launched = None
         if plan.has_work:
             self.counters["steps"] += 1
@@ -273,7 +270,8 @@ class LLMEngine:
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                     kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.allocator.num_free,
                     kv_usage=used / kv.num_blocks, **dataclasses.asdict(rs), **self.counters,
-                    num_preemptions=self.scheduler.num_preemptions, num_swapped=len(self.scheduler.swapped),
+                    num_preemptions=self.scheduler.num_preemptions, num_recomputes=self.scheduler.num_recomputes,
+                    num_swapped=len(self.scheduler.swapped),
                     swap_bytes=self.scheduler.swap_used,
                     spec_acceptance_rate=rs.spec_accepted / rs.spec_drafted if rs.spec_drafted else 0.0,
                     spec_mean_accepted_length=mean_accepted_length(rs.spec_drafted, rs.spec_accepted,

@@ -304,7 +304,8 @@ class ModelRunner:
         if plan.admitted:
             rows = [NewRow(s.slot, len(s.prompt_ids), s.params, s.params.max_loops or self.num_loops,
                            self.exit_threshold if s.params.exit_threshold is None else s.params.exit_threshold,
-                           s.seed, s.block_tables) for s in plan.admitted]
+                           s.seed, s.block_tables, (s.output_ids[-1], len(s.output_ids)) if s.resuming else None)
+                    for s in plan.admitted]
             ints, floats, traces, tables = DecodeState.host_rows(rows, self.num_loops, self.max_blocks)
             self.state.admit(self._to_dev([r.slot for r in rows], torch.long), self._to_dev(ints, torch.long),
                              self._to_dev(floats, torch.float64),
@@ -355,12 +356,21 @@ class ModelRunner:
         graph = self._pick_mixed_graph(N, len(plan.prefill), plan.sampler)
         D = graph.rows if graph is not None else len(plan.decode_slots)
         positions, slots, cu, lens, tables, ids, first_row = [], [], list(range(D + 1)), [], [], [], []
+        fill_src, fill_dst = [], []  # recomputed positions whose recorded depth is this loop: exit fill
         for c in plan.prefill:
             table = c.seq.block_tables[c.loop - 1]
             end = c.start + c.n
             first_row.append(cu[-1] - D)
             positions.extend(range(c.start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(c.start, end))
+            if end <= len(c.seq.prompt_ids):
+                slots.extend(table[p // bs] * bs + p % bs for p in range(c.start, end))
+            else:  # a recompute: past its recorded depth a position writes nothing; at it, it fills deeper planes
+                for p in range(c.start, end):
+                    d = c.seq.position_depth(p, T)
+                    slots.append(table[p // bs] * bs + p % bs if d >= c.loop else -1)
+                    if d == c.loop:
+                        fill_src += [slots[-1]] * (T - d)
+                        fill_dst += [self.kv.slot(c.seq.block_tables[q], p) for q in range(d, T)]
             cu.append(cu[-1] + c.n)
             lens.append(end)
             t = table[: -(-end // bs)]
@@ -402,8 +412,15 @@ class ModelRunner:
             out, logits = self._mixed_step(idx, pre, rec[0], plan.sampler)
             self.stats.eager_launches += 1
             dec_slots = plan.decode_slots
+        if fill_src:
+            self.model.backend.copy_kv_slots(self.kv.kv, self._to_dev(fill_src, torch.long),
+                                             self._to_dev(fill_dst, torch.long))
         round_logits = [(dec_slots, logits)] if D else []
-        completing = [i for i, c in enumerate(plan.prefill) if c.loop == T and c.start + c.n == len(c.seq.prompt_ids)]
+        done = [i for i, c in enumerate(plan.prefill) if c.loop == T and c.start + c.n == c.seq.prefill_target]
+        resumed = [plan.prefill[i].slot for i in done if plan.prefill[i].seq.resuming]
+        if resumed:  # the row already holds its next token: it only starts decoding
+            self.state.ints[:, ds.ACTIVE].index_fill_(0, self._to_dev(resumed, torch.long), 1)
+        completing = [i for i in done if not plan.prefill[i].seq.resuming]
         logits = self._complete_prompts([plan.prefill[i] for i in completing], out,
                                         [first_row[i] for i in completing], rec[0], plan.sampler)
         if logits is not None:

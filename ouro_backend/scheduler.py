@@ -15,10 +15,10 @@ Each step it plans one launch (`SchedulerOutput`) with explicit kinds of work:
 
 Admission is first-come-first-served, bounded by `max_num_seqs` (the slots) and by KV capacity: a request
 gets its prompt's blocks and a few launches of decode room, and its decode planes grow as the host learns
-its tokens (docs/kv-memory.md). When running requests cannot grow, the newest are preempted: their KV and
-decode rows move to host memory (SWAPPED), and come back, before anyone waiting is admitted, once blocks
-are free. A launch with no prompt work and nobody waiting runs several decode rounds
-(`decode_rounds_per_launch`).
+its tokens (docs/kv-memory.md). When running requests cannot grow, the newest are preempted: freed and
+requeued at the head of the queue to be prefilled again at their recorded exit depths (recompute), or
+their KV and decode rows moved to host memory (SWAPPED) until blocks are free again. A launch with no prompt
+work and nobody waiting runs several decode rounds (`decode_rounds_per_launch`).
 
 The host follows the device a launch or more behind: `RunnerOutput` tokens are appended by the engine,
 which finishes requests on stop strings, stop tokens, EOS and max_tokens; the next plan releases their
@@ -27,15 +27,18 @@ slots on the device. Tokens the device produced past a request's end are dropped
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .config import EngineConfig
+from .config import EngineConfig, KVLayout
 from .kv_cache import KVCache
 from .sampler import SamplerMode
 from .sequence import Sequence, Status
 from .speculation import SpecPolicy
+
+log = logging.getLogger("ouro_backend")
 
 
 @dataclass
@@ -107,12 +110,14 @@ class Scheduler:
         self.lookahead = 2 * max(cfg.decode_rounds_per_launch, cfg.spec_tokens + 1) + cfg.spec_tokens
         self.watermark = int(cfg.kv_watermark * kv.num_blocks)
         self.swap_budget = int(cfg.swap_space_gib * 2**30)
+        mode = cfg.preemption_mode
+        self.swap_first = mode == "swap" or (mode == "auto" and kv.layout is KVLayout.SHARED)
         self.swap_used = 0
         self.num_preemptions = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the newest is preempted first
         self.swapped: deque[Sequence] = deque()  # preempted, oldest first
-        self.failed: list[Sequence] = []  # ended by the scheduler in the last schedule() (the engine reports them)
+        self.num_recomputes = 0  # preemptions that freed the KV (the others swapped it out)
         self._swap_sizes: dict[str, tuple[list[int], int]] = {}  # request id -> (blocks per plane, bytes)
         self._dropped: list[str] = []
         self.chunks: dict[int, PrefillChunk] = {}  # slot -> the prompt chunk in flight
@@ -155,13 +160,18 @@ class Scheduler:
         slot = seq.slot
         self.running.remove(seq)
         self._release_slot(seq)
-        if self.swap_used + size > self.swap_budget:
-            seq.error = (f"preempted for lack of KV blocks, and its {size / 2**20:.1f} MiB of KV do not fit the "
-                         f"swap space ({self.swap_used / 2**20:.1f} of {self.swap_budget / 2**20:.1f} MiB used): "
-                         f"raise swap_space_gib or give the engine more KV memory")
+        self.num_preemptions += 1
+        if not self.swap_first or self.swap_used + size > self.swap_budget:
+            # Recompute: back to the head of the queue with no KV. Tokens of the launch in flight still come
+            # back and are kept; readmission (a later step) prefills up to the last of them.
+            if self.kv.layout is KVLayout.SHARED:
+                log.warning("request %s: preempted for recompute, which under the shared layout is not exact "
+                            "(docs/kv-memory.md)", seq.request_id)
             self.kv.free(seq.block_tables)
-            seq.finish("error")
-            self.failed.append(seq)
+            seq.status = Status.WAITING
+            seq.num_prefilled = 0
+            self.waiting.appendleft(seq)
+            self.num_recomputes += 1
             return
         swap_out.append(SwapOut(seq.request_id, slot, [b for t in seq.block_tables for b in t], counts))
         self.kv.free(seq.block_tables)  # the copy to host is enqueued before any later launch reuses them
@@ -169,7 +179,6 @@ class Scheduler:
         self._swap_sizes[seq.request_id] = (counts, size)
         seq.status = Status.SWAPPED
         self.swapped.append(seq)
-        self.num_preemptions += 1
 
     def _swap_in(self, swap_in: list[SwapIn]) -> None:
         """Bring preempted requests back, oldest first, while slots and blocks (above the watermark) allow."""
@@ -202,12 +211,13 @@ class Scheduler:
         seq.slot = None
 
     def schedule(self) -> SchedulerOutput:
-        self.failed = []
         growth: list[tuple[int, int, int, int]] = []
         swap_out: list[SwapOut] = []
         swap_in: list[SwapIn] = []
+        before = self.num_preemptions
         self._grow_running(growth, swap_out)
-        if not swap_out:  # a step that preempts does not resume anyone (no thrashing)
+        preempted = self.num_preemptions > before
+        if not preempted:  # a step that preempts does not resume anyone (no thrashing)
             self._swap_in(swap_in)
         decode = [s.slot for s in self.running if s.slot not in self.chunks and not s.in_prefill]
         budget = self.max_tokens - len(decode)
@@ -221,14 +231,17 @@ class Scheduler:
             if seq.slot not in self.chunks and seq.in_prefill and budget > 0:
                 budget -= self._start_chunk(seq, budget, prefill)
         admitted = []
-        while self.waiting and not self.swapped and self.free_slots and budget > 0:
+        # A step that preempted admits nobody: a request preempted for recompute may still have tokens in
+        # flight, and its prefill must reach the last of them.
+        while self.waiting and not self.swapped and not preempted and self.free_slots and budget > 0:
             seq = self.waiting[0]
-            need = self.kv.blocks_needed(len(seq.prompt_ids), self._horizon(seq))
+            seq.prefill_target = len(seq.prompt_ids) + max(0, len(seq.output_ids) - 1)
+            need = self.kv.blocks_needed(seq.prefill_target, self._horizon(seq))
             # The watermark keeps room for running requests to grow; alone, a request may take everything.
             if need > self.kv.allocator.num_free - (self.watermark if self.running else 0):
                 break  # FCFS: later requests wait too, so the head cannot starve
             self.waiting.popleft()
-            seq.block_tables = self.kv.allocate(len(seq.prompt_ids), self._horizon(seq))
+            seq.block_tables = self.kv.allocate(seq.prefill_target, self._horizon(seq))
             self._take_slot(seq)
             admitted.append(seq)
             budget -= self._start_chunk(seq, budget, prefill)
@@ -249,7 +262,7 @@ class Scheduler:
         return out
 
     def _start_chunk(self, seq: Sequence, budget: int, prefill: list[PrefillChunk]) -> int:
-        n = min(len(seq.prompt_ids) - seq.num_prefilled, self.chunk, budget)
+        n = min(seq.prefill_target - seq.num_prefilled, self.chunk, budget)
         chunk = PrefillChunk(seq, seq.num_prefilled, n)
         self.chunks[seq.slot] = chunk
         prefill.append(chunk)

@@ -31,8 +31,10 @@ class Sequence:
         self.logprobs: list[float] = []
         self.block_tables: list[list[int]] = []
         self.num_prefilled = 0  # prompt tokens that have completed all loops (or are completing now)
+        # Tokens to prefill: the prompt, or after a recompute preemption the prompt and the generated tokens
+        # before the last one (each at its recorded exit depth; docs/kv-memory.md).
+        self.prefill_target = len(prompt_ids)
         self.finish_reason: Optional[str] = None
-        self.error: Optional[str] = None  # why the engine ended it (finish_reason "error")
         self.stop = stop_checker
         self.num_emitted = 0  # output tokens already handed out in a RequestOutput
         self.spec_drafted = self.spec_accepted = 0  # self-speculation: draft tokens proposed / accepted
@@ -56,7 +58,18 @@ class Sequence:
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_prefilled < len(self.prompt_ids)
+        return self.num_prefilled < self.prefill_target
+
+    @property
+    def resuming(self) -> bool:
+        """Readmitted after a recompute preemption (it has tokens): its prefill ends on a token it already
+        has, which is not sampled again."""
+        return bool(self.output_ids)
+
+    def position_depth(self, pos: int, num_loops: int) -> int:
+        """The loop depth position `pos` ran to: the prompt's run every loop; a generated token's input position
+        ran to the depth that produced the next token."""
+        return num_loops if pos < len(self.prompt_ids) else self.exit_depths[pos - len(self.prompt_ids) + 1]
 
     @property
     def finished(self) -> bool:
@@ -101,7 +114,7 @@ class Sequence:
             finished=self.finished, finish_reason=self.finish_reason, new_token_ids=new_ids,
             new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
             prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
-            error=self.error, arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
+            arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
             num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
 
 

@@ -152,13 +152,15 @@ def test_fp32_sampled_speculation_equals_plain_sampling(toy_path):
     assert eng.stats()["spec_steps"] > 0 and eng.stats()["graph_launches"] > 0
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_fp32_preemption_with_graphs_equals_runs_alone(toy_path, layout):
+@pytest.mark.parametrize("layout, mode", [("last_exited", "recompute"), ("last_exited", "swap"), ("shared", "swap")])
+def test_fp32_preemption_with_graphs_equals_runs_alone(toy_path, layout, mode):
     """A cache that holds half of what 8 requests grow to: blocks grow under CUDA graphs and multi-round
-    launches, requests are swapped out and back, and each one's tokens and depths equal its run alone."""
+    launches, requests are preempted (recomputed at their exit depths, or swapped out) and resumed, and
+    each one's tokens and depths equal its run alone."""
     from test_kv_memory import NUM_BLOCKS, PROMPTS as KV_PROMPTS, params
 
-    eng = gpu_engine(toy_path, "float32", kv_layout=layout, num_blocks=NUM_BLOCKS[layout], exit_threshold=0.5)
+    eng = gpu_engine(toy_path, "float32", kv_layout=layout, num_blocks=NUM_BLOCKS[layout], exit_threshold=0.5,
+                     preemption_mode=mode)
     eng.runner.record_logits = False
     outs = run_all(eng, KV_PROMPTS, [params(i, 0.5, False) for i in range(len(KV_PROMPTS))])
     st = eng.stats()

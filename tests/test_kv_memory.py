@@ -1,6 +1,7 @@
 """KV memory on demand (docs/kv-memory.md): blocks are taken as requests advance, and when they run out the
-newest requests are preempted to host memory and resumed, with every request's output exactly what it
-gets alone on a large cache (fp32, CPU), and nothing leaked."""
+newest requests are preempted (recomputed at their recorded exit depths, or swapped to host memory) and
+resumed, with every request's output exactly what it gets alone on a large cache (fp32, CPU), and
+nothing leaked."""
 from __future__ import annotations
 
 import pytest
@@ -43,17 +44,23 @@ def test_requests_whose_whole_length_fills_a_quarter_all_start_at_once(toy_path,
     check_clean(eng)
 
 
-@pytest.mark.parametrize("layout", ["last_exited", "shared"])
+EXACT_MODES = [("last_exited", "recompute"), ("last_exited", "swap"), ("shared", "swap")]
+
+
+@pytest.mark.parametrize("layout, mode", EXACT_MODES, ids=[f"{a}-{b}" for a, b in EXACT_MODES])
 @pytest.mark.parametrize("threshold", [pytest.param(1.0, id="full"), pytest.param(0.5, id="gate")])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
-def test_overflowing_cache_preempts_and_every_request_equals_its_run_alone(toy_path, layout, threshold,
+def test_overflowing_cache_preempts_and_every_request_equals_its_run_alone(toy_path, layout, mode, threshold,
                                                                            async_scheduling, sampled):
     """All 8 generate to max_tokens, twice what the cache holds: requests are preempted and resumed, yet
     each one's tokens, exit depths and logprobs are its own alone on a large cache; all blocks free after."""
-    eng = make_engine(toy_path, kv_layout=layout, num_blocks=NUM_BLOCKS[layout], async_scheduling=async_scheduling)
+    eng = make_engine(toy_path, kv_layout=layout, num_blocks=NUM_BLOCKS[layout], async_scheduling=async_scheduling,
+                      preemption_mode=mode)
     run = drive(eng, [(str(i), p, params(i, threshold, sampled)) for i, p in enumerate(PROMPTS)])
-    assert eng.stats()["num_preemptions"] > 0
+    st = eng.stats()
+    assert st["num_preemptions"] > 0
+    assert (st["num_recomputes"] == st["num_preemptions"]) == (mode == "recompute")
     for i, p in enumerate(PROMPTS):
         ref = alone(toy_path, p, params(i, threshold, sampled), kv_layout=layout)
         assert_same(run.final[str(i)], ref, f"request {i}")
@@ -63,10 +70,12 @@ def test_overflowing_cache_preempts_and_every_request_equals_its_run_alone(toy_p
     check_clean(eng)
 
 
-def test_preemption_under_speculation_is_exact(toy_path):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_under_speculation_is_exact(toy_path, mode):
     """Speculative steps write drafts past a row's last token: the blocks ahead cover them, and a preempted
     speculating request resumes exactly."""
-    eng = make_engine(toy_path, num_blocks=128, spec_tokens=3, spec_auto=False, exit_threshold=1.0)
+    eng = make_engine(toy_path, num_blocks=128, spec_tokens=3, spec_auto=False, exit_threshold=1.0,
+                      preemption_mode=mode)
     run = drive(eng, [(str(i), p, params(i, 1.0, False)) for i, p in enumerate(PROMPTS)])
     st = eng.stats()
     assert st["num_preemptions"] > 0 and st["spec_steps"] > 0
@@ -75,18 +84,21 @@ def test_preemption_under_speculation_is_exact(toy_path):
     check_clean(eng)
 
 
-def test_aborts_of_swapped_and_running_requests_leak_nothing(toy_path):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_aborts_of_preempted_and_running_requests_leak_nothing(toy_path, mode):
+    """Abort a preempted request (swapped, or waiting to be recomputed) and a running one: both end with what
+    they had, the others are exact, and nothing is left behind."""
     aborted: list[str] = []
 
     def hook(eng, step, run):
-        if not aborted and eng.scheduler.swapped:
-            swapped = eng.scheduler.swapped[0].request_id
+        preempted = [s for s in (*eng.scheduler.swapped, *eng.scheduler.waiting) if s.output_ids]
+        if not aborted and preempted:
             running = eng.scheduler.running[0].request_id
-            aborted.extend([swapped, running])
-            eng.abort_request(swapped)
-            eng.abort_request(running)
+            aborted.extend([preempted[0].request_id, running])
+            for rid in aborted:
+                eng.abort_request(rid)
 
-    eng = make_engine(toy_path, num_blocks=128, async_scheduling=True)
+    eng = make_engine(toy_path, num_blocks=128, async_scheduling=True, preemption_mode=mode)
     run = drive(eng, [(str(i), p, params(i, 0.5, False)) for i, p in enumerate(PROMPTS)], hook=hook)
     assert len(aborted) == 2
     for i, p in enumerate(PROMPTS):
@@ -98,15 +110,25 @@ def test_aborts_of_swapped_and_running_requests_leak_nothing(toy_path):
     check_clean(eng)
 
 
-def test_swap_space_too_small_ends_the_preempted_request_with_a_clear_error(toy_path):
-    eng = make_engine(toy_path, num_blocks=128, swap_space_gib=1e-9)
-    run = drive(eng, [(str(i), p, params(i, 1.0, False)) for i, p in enumerate(PROMPTS)])
-    failed = [o for o in run.final.values() if o.finish_reason == "error"]
-    assert failed and all("swap space" in o.error and "swap_space_gib" in o.error for o in failed)
+def test_full_swap_space_falls_back_to_recompute(toy_path):
+    """Swap space for nothing: every preemption recomputes, and under last_exited that is still exact."""
+    eng = make_engine(toy_path, num_blocks=128, preemption_mode="swap", swap_space_gib=1e-9)
+    run = drive(eng, [(str(i), p, params(i, 0.5, False)) for i, p in enumerate(PROMPTS)])
+    st = eng.stats()
+    assert st["num_preemptions"] > 0 and st["num_recomputes"] == st["num_preemptions"]
     for i, p in enumerate(PROMPTS):
-        out = run.final[str(i)]
-        if out.finish_reason != "error":
-            assert_same(out, alone(toy_path, p, params(i, 1.0, False)), f"request {i}")
+        assert_same(run.final[str(i)], alone(toy_path, p, params(i, 0.5, False)), f"request {i}")
+    check_clean(eng)
+
+
+def test_recompute_under_the_shared_layout_completes_and_says_it_is_inexact(toy_path, caplog):
+    """Under shared, a recomputed token attends to its predecessors' loop-d KV where decoding attended to
+    their exit-loop KV: it is served (with a warning), but not claimed exact."""
+    eng = make_engine(toy_path, kv_layout="shared", num_blocks=NUM_BLOCKS["shared"], preemption_mode="recompute")
+    run = drive(eng, [(str(i), p, params(i, 1.0, False)) for i, p in enumerate(PROMPTS)])
+    assert eng.stats()["num_recomputes"] > 0
+    assert all(len(o.token_ids) == MAX_TOKENS for o in run.final.values())
+    assert "is not exact" in caplog.text
     check_clean(eng)
 
 
@@ -119,7 +141,24 @@ def test_a_request_that_cannot_fit_alone_is_rejected_at_admission(toy_path):
 
 
 @pytest.mark.parametrize("bad, match", [(dict(kv_watermark=1.0), "kv_watermark must be in"),
-                                        (dict(swap_space_gib=-1.0), "swap_space_gib must be >= 0")])
+                                        (dict(swap_space_gib=-1.0), "swap_space_gib must be >= 0"),
+                                        (dict(preemption_mode="drop"), "preemption_mode='drop' is not supported")])
 def test_kv_options_are_validated(bad, match):
     with pytest.raises(ConfigError, match=match):
         EngineConfig(**bad).validate()
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_cache_for_one_request_at_a_time(toy_path, mode, async_scheduling):
+    """Three requests in a cache that holds about one: they preempt each other from their first tokens on
+    (a request preempted with one token resumes at it, not sampling it again), and each is exact."""
+    eng = make_engine(toy_path, num_blocks=36, preemption_mode=mode, async_scheduling=async_scheduling,
+                      decode_rounds_per_launch=1)
+    # 6-token prompts: a request's first token already takes its decode planes into a new block.
+    reqs = [(str(i), p + [7, 8], params(i, 0.5, False)) for i, p in enumerate(PROMPTS[:3])]
+    run = drive(eng, reqs)
+    assert eng.stats()["num_preemptions"] >= 3
+    for rid, p, sp in reqs:
+        assert_same(run.final[rid], alone(toy_path, p, sp), f"request {rid}")
+    check_clean(eng)
