@@ -198,6 +198,9 @@ class EngineConfig:
     # under last_exited); swap: their KV and decode rows wait in host memory, up to swap_space_gib in all
     # (exact under both layouts; when it is full, recompute). auto: recompute for last_exited, swap for shared.
     preemption_mode: str = "auto"
+    # Share full prompt blocks between requests by content (docs/kv-memory.md); last_exited only. Off until
+    # measured on the GPU.
+    enable_prefix_caching: bool = False
     swap_space_gib: float = 4.0
     # Self-speculative decoding (docs/engine.md): the first `spec_draft_loops` loops draft `spec_tokens`
     # tokens, the remaining loops verify them in one pass; greedy output equals plain full-depth decoding.
@@ -231,6 +234,9 @@ class EngineConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.enable_prefix_caching and self.kv_layout == KVLayout.SHARED.value:
+            raise ConfigError("enable_prefix_caching needs kv_layout=last_exited: the shared layout keeps only the "
+                              "last plane of a prompt, and a new request's prefill needs every plane of its prefix")
         if self.preemption_mode not in ("auto", "recompute", "swap"):
             raise ConfigError(f"preemption_mode={self.preemption_mode!r} is not supported; choose auto, recompute "
                               f"or swap")

@@ -11,6 +11,7 @@ from typing import Optional, Sequence as Seq, Union
 import torch
 
 from .checkpoint import load_config, load_weights, read_eos_ids
+from .prefix_cache import PrefixCache
 from .config import ConfigError, EngineConfig, KVLayout
 from .attention import get_backend
 from .exit_policy import ExitPolicy
@@ -87,6 +88,8 @@ class LLMEngine:
                           mcfg.head_dim, mcfg.total_ut_steps, KVLayout(cfg.kv_layout), self.dtype, self.device)
         log.info("KV cache: %d blocks of %d tokens (%s layout, %.2f GiB)", num_blocks, cfg.block_size,
                  cfg.kv_layout, self.kv.kv.numel() * self.kv.kv.element_size() / 2**30)
+        if cfg.enable_prefix_caching:
+            self.kv.prefix = PrefixCache(self.kv.allocator, cfg.block_size)
         self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
         self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps)
         self._in_flight: Optional[Launch] = None  # launched, not collected (asynchronous scheduling)
@@ -265,10 +268,13 @@ class LLMEngine:
 
     def stats(self) -> dict:
         kv = self.kv
-        used = kv.num_blocks - kv.allocator.num_free
+        used = kv.num_blocks - kv.num_available  # blocks of idle prefix-cache entries count as free
         rs = self.runner.stats
+        prefix = kv.prefix
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-                    kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.allocator.num_free,
+                    kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.num_available,
+                    prefix_cache_hit_rate=(prefix.hit_rate or 0.0) if prefix else 0.0,
+                    prefix_cache_blocks=sum(len(e.blocks) for e in prefix.entries.values()) if prefix else 0,
                     kv_usage=used / kv.num_blocks, **dataclasses.asdict(rs), **self.counters,
                     num_preemptions=self.scheduler.num_preemptions, num_recomputes=self.scheduler.num_recomputes,
                     num_swapped=len(self.scheduler.swapped),

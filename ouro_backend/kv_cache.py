@@ -16,10 +16,14 @@ plane's table only ever grows at its end, so a block id, once written to the dev
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from .config import KVLayout
+
+if TYPE_CHECKING:
+    from .prefix_cache import PrefixCache
 
 
 class BlockAllocator:
@@ -47,6 +51,7 @@ class KVCache:
         self.block_size = block_size
         self.num_loops = num_loops
         self.allocator = BlockAllocator(num_blocks)
+        self.prefix: Optional["PrefixCache"] = None  # prompt blocks shared by content (enable_prefix_caching)
         # [layers, K/V, blocks, block_size, kv_heads, head_dim]: a layer's K (or V) is one contiguous pool.
         self.kv = torch.zeros(num_layers, 2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
 
@@ -58,13 +63,25 @@ class KVCache:
         return -(-num_tokens // self.block_size)
 
     @property
+    def num_available(self) -> int:
+        """Blocks that can be handed out: free, or held only by idle prefix-cache entries."""
+        return self.allocator.num_free + (self.prefix.num_evictable if self.prefix else 0)
+
+    def take(self, n: int) -> list[int]:
+        """n blocks, evicting idle prefix-cache entries if the free list is short."""
+        if self.prefix is not None and n > self.allocator.num_free:
+            self.prefix.evict(n)
+        return self.allocator.allocate(n)
+
+    @property
     def block_bytes(self) -> int:
         """Bytes of one block of one plane (all layers, K and V)."""
         return self.kv[:, :, 0].numel() * self.kv.element_size()
 
     def decode_planes(self) -> range:
         """The planes decode rows write: all of them (LAST_EXITED) or the last (SHARED)."""
-        return range(self.num_loops) if self.layout is KVLayout.LAST_EXITED else range(self.num_loops - 1, self.num_loops)
+        T = self.num_loops
+        return range(T) if self.layout is KVLayout.LAST_EXITED else range(T - 1, T)
 
     def _plane_len(self, plane: int, prompt_len: int, horizon: int) -> int:
         """Positions plane `plane` covers for a request that may write positions < horizon."""
@@ -75,10 +92,11 @@ class KVCache:
         can ever hold)."""
         return sum(self.blocks_for(self._plane_len(p, prompt_len, horizon)) for p in range(self.num_loops))
 
-    def allocate(self, prompt_len: int, horizon: int) -> list[list[int]]:
-        """One block table per plane (T of them; SHARED's first T-1 cover only the prompt)."""
-        return [self.allocator.allocate(self.blocks_for(self._plane_len(p, prompt_len, horizon)))
-                for p in range(self.num_loops)]
+    def allocate(self, prompt_len: int, horizon: int, shared: tuple = ()) -> list[list[int]]:
+        """One block table per plane (T of them; SHARED's first T-1 cover only the prompt). `shared`: leading
+        blocks that are already there (prefix-cache hits), one tuple per block with one id per plane."""
+        return [[b[p] for b in shared] + self.take(self.blocks_for(self._plane_len(p, prompt_len, horizon))
+                                                   - len(shared)) for p in range(self.num_loops)]
 
     def growth_needed(self, tables: list[list[int]], horizon: int) -> int:
         """Blocks the decode planes need to cover positions < horizon."""
@@ -91,7 +109,7 @@ class KVCache:
         want = self.blocks_for(horizon)
         new = []
         for p in self.decode_planes():
-            add = self.allocator.allocate(max(0, want - len(tables[p])))
+            add = self.take(max(0, want - len(tables[p])))
             new += [(p, len(tables[p]) + i, b) for i, b in enumerate(add)]
             tables[p].extend(add)
         return new
@@ -103,9 +121,10 @@ class KVCache:
                 self.allocator.free(tables[plane])
                 tables[plane] = []
 
-    def free(self, tables: list[list[int]]) -> None:
+    def free(self, tables: list[list[int]], keep: int = 0) -> None:
+        """Free every table's blocks but the first `keep` (prefix-cache blocks: their entries own them)."""
         for t in tables:
-            self.allocator.free(t)
+            self.allocator.free(t[keep:])
             t.clear()
 
     def slot(self, table: list[int], pos: int) -> int:

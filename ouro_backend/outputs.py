@@ -29,6 +29,7 @@ class RequestOutput:
     # output when a stop string matched inside the last tokens.
     trim_chars: int = 0
     error: Optional[str] = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (as vLLM reports)
     # Timing (time.monotonic()): arrival, first token, finish.
     arrival_time: float = 0.0
     first_token_time: Optional[float] = None

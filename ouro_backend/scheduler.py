@@ -146,7 +146,7 @@ class Scheduler:
             if seq.status is not Status.RUNNING or seq.in_prefill:
                 continue  # preempted below, or its prompt's blocks were given at admission
             horizon = self._horizon(seq)
-            while self.kv.growth_needed(seq.block_tables, horizon) > self.kv.allocator.num_free:
+            while self.kv.growth_needed(seq.block_tables, horizon) > self.kv.num_available:
                 victim = next(s for s in reversed(self.running) if not s.in_prefill and s.slot not in self.chunks)
                 self._preempt(victim, swap_out)
                 if victim is seq:
@@ -167,14 +167,14 @@ class Scheduler:
             if self.kv.layout is KVLayout.SHARED:
                 log.warning("request %s: preempted for recompute, which under the shared layout is not exact "
                             "(docs/kv-memory.md)", seq.request_id)
-            self.kv.free(seq.block_tables)
+            self._free_kv(seq)
             seq.status = Status.WAITING
             seq.num_prefilled = 0
             self.waiting.appendleft(seq)
             self.num_recomputes += 1
             return
         swap_out.append(SwapOut(seq.request_id, slot, [b for t in seq.block_tables for b in t], counts))
-        self.kv.free(seq.block_tables)  # the copy to host is enqueued before any later launch reuses them
+        self._free_kv(seq)  # the copy to host is enqueued before any later launch reuses them
         self.swap_used += size
         self._swap_sizes[seq.request_id] = (counts, size)
         seq.status = Status.SWAPPED
@@ -188,12 +188,12 @@ class Scheduler:
             want = self.kv.blocks_for(self._horizon(seq))
             planes = set(self.kv.decode_planes())
             need = [max(c, want) if p in planes else c for p, c in enumerate(counts)]
-            if sum(need) > self.kv.allocator.num_free - (self.watermark if self.running else 0):
+            if sum(need) > self.kv.num_available - (self.watermark if self.running else 0):
                 return
             self.swapped.popleft()
             del self._swap_sizes[seq.request_id]
             self.swap_used -= size
-            seq.block_tables = [self.kv.allocator.allocate(n) for n in need]
+            seq.block_tables = [self.kv.take(n) for n in need]
             self._take_slot(seq)
             swap_in.append(SwapIn(seq.request_id, seq.slot, seq.block_tables))
 
@@ -236,12 +236,20 @@ class Scheduler:
         while self.waiting and not self.swapped and not preempted and self.free_slots and budget > 0:
             seq = self.waiting[0]
             seq.prefill_target = len(seq.prompt_ids) + max(0, len(seq.output_ids) - 1)
-            need = self.kv.blocks_needed(seq.prefill_target, self._horizon(seq))
+            hits = self._prefix_hits(seq)
+            need = self.kv.blocks_needed(seq.prefill_target, self._horizon(seq)) - len(hits) * self.num_loops
+            available = self.kv.num_available - (self.kv.prefix.idle_blocks(hits) if hits else 0)
             # The watermark keeps room for running requests to grow; alone, a request may take everything.
-            if need > self.kv.allocator.num_free - (self.watermark if self.running else 0):
+            if need > available - (self.watermark if self.running else 0):
                 break  # FCFS: later requests wait too, so the head cannot starve
             self.waiting.popleft()
-            seq.block_tables = self.kv.allocate(seq.prefill_target, self._horizon(seq))
+            shared = self.kv.prefix.acquire(hits) if hits else ()
+            seq.block_tables = self.kv.allocate(seq.prefill_target, self._horizon(seq), shared)
+            seq.cached_keys = list(hits)
+            seq.num_prefilled = len(hits) * self.kv.block_size
+            if self.kv.prefix is not None and not seq.resuming:
+                seq.num_cached_tokens = seq.num_prefilled
+                self.kv.prefix.record(len(seq.prompt_ids), seq.num_prefilled)
             self._take_slot(seq)
             admitted.append(seq)
             budget -= self._start_chunk(seq, budget, prefill)
@@ -261,6 +269,31 @@ class Scheduler:
         self._advance_chunks(prefill)
         return out
 
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached leading blocks of the prompt, keeping at least its last token to compute (its logits give
+        the first output token)."""
+        prefix = self.kv.prefix
+        if prefix is None:
+            return []
+        if seq.prompt_keys is None:
+            seq.prompt_keys = prefix.keys(seq.prompt_ids)
+        return prefix.match(seq.prompt_keys[: (len(seq.prompt_ids) - 1) // self.kv.block_size])
+
+    def _register_prefix(self, seq: Sequence) -> None:
+        """The prompt's full blocks, computed now, become cache entries this request holds, in order, up to
+        the first whose key another request registered meanwhile (its blocks stay private)."""
+        prefix = self.kv.prefix
+        for i in range(len(seq.cached_keys), len(seq.prompt_keys or ())):
+            if not prefix.insert(seq.prompt_keys[i], tuple(t[i] for t in seq.block_tables)):
+                return
+            seq.cached_keys.append(seq.prompt_keys[i])
+
+    def _free_kv(self, seq: Sequence) -> None:
+        self.kv.free(seq.block_tables, keep=len(seq.cached_keys))
+        if seq.cached_keys:
+            self.kv.prefix.release(seq.cached_keys)
+            seq.cached_keys = []
+
     def _start_chunk(self, seq: Sequence, budget: int, prefill: list[PrefillChunk]) -> int:
         n = min(seq.prefill_target - seq.num_prefilled, self.chunk, budget)
         chunk = PrefillChunk(seq, seq.num_prefilled, n)
@@ -278,12 +311,14 @@ class Scheduler:
             c.seq.num_prefilled = c.start + c.n
             if not c.seq.in_prefill:
                 self.kv.release_prefill_planes(c.seq.block_tables)
+                if self.kv.prefix is not None:
+                    self._register_prefix(c.seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self._release_slot(seq)
-            self.kv.free(seq.block_tables)
+            self._free_kv(seq)
         elif seq.status is Status.WAITING:
             self.waiting.remove(seq)
         elif seq.status is Status.SWAPPED:  # its blocks went back when it was preempted

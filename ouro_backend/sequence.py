@@ -34,6 +34,12 @@ class Sequence:
         # Tokens to prefill: the prompt, or after a recompute preemption the prompt and the generated tokens
         # before the last one (each at its recorded exit depth; docs/kv-memory.md).
         self.prefill_target = len(prompt_ids)
+        # Prefix caching: the chained keys of the prompt's full blocks, the entries this request holds a
+        # reference on (its first len(cached_keys) blocks of every plane are theirs), and how many prompt
+        # tokens its first admission found cached.
+        self.prompt_keys: Optional[list[int]] = None
+        self.cached_keys: list[int] = []
+        self.num_cached_tokens = 0
         self.finish_reason: Optional[str] = None
         self.stop = stop_checker
         self.num_emitted = 0  # output tokens already handed out in a RequestOutput
@@ -114,7 +120,7 @@ class Sequence:
             finished=self.finished, finish_reason=self.finish_reason, new_token_ids=new_ids,
             new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
             prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
-            arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
+            num_cached_tokens=self.num_cached_tokens, arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
             num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
 
 

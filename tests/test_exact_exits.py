@@ -106,7 +106,7 @@ def drive(eng, requests, arrivals=None, hook=None, max_steps=3000) -> Run:
         assert run.streamed(rid) == out.token_ids, rid
         assert [d for o in run.streams[rid] for d in o.new_exit_depths] == out.exit_depths, rid
         assert len(out.logprobs) == len(out.token_ids) == len(out.exit_depths)
-    assert eng.kv.allocator.num_free == eng.kv.num_blocks, "KV blocks leaked"
+    assert eng.kv.num_available == eng.kv.num_blocks, "KV blocks leaked"
     stats = eng.stats()
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     return run

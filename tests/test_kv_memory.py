@@ -162,3 +162,48 @@ def test_a_cache_for_one_request_at_a_time(toy_path, mode, async_scheduling):
     for rid, p, sp in reqs:
         assert_same(run.final[rid], alone(toy_path, p, sp), f"request {rid}")
     check_clean(eng)
+
+
+# ------------------------------------------------------------------------------------------ prefix caching
+PREFIX = [(37 * i + 11) % 1000 + 3 for i in range(64)]  # 64 tokens: 16 blocks of 4
+
+
+def cached_engine(toy_path, **kw):
+    return make_engine(toy_path, enable_prefix_caching=True, **kw)
+
+
+@pytest.mark.parametrize("threshold", [pytest.param(1.0, id="full"), pytest.param(0.5, id="gate")])
+def test_a_shared_64_token_prefix_is_cached_and_changes_nothing(toy_path, threshold):
+    """A second request with the same 64-token prefix reads its blocks from the cache (num_cached_tokens = 64)
+    and produces exactly what it produces with no cache; unrelated prompts find nothing."""
+    eng = cached_engine(toy_path)
+    first = (PREFIX + [5, 6, 7], params(0, threshold, False))
+    second = (PREFIX + [900, 901], params(1, threshold, False))
+    other = ([8, 9, 10] + PREFIX, params(2, threshold, False))
+    run = drive(eng, [("a", *first), ("b", *second), ("c", *other)], arrivals={"b": 30, "c": 30})
+    assert run.final["a"].num_cached_tokens == 0 and run.final["b"].num_cached_tokens == 64
+    assert run.final["c"].num_cached_tokens == 0
+    for rid, (prompt, p) in (("a", first), ("b", second), ("c", other)):
+        assert_same(run.final[rid], alone(toy_path, prompt, p), rid)
+    st = eng.stats()
+    assert st["prefix_cache_hit_rate"] == pytest.approx(64 / (67 + 66 + 67))
+    assert st["kv_blocks_free"] == st["kv_blocks_total"] and st["prefix_cache_blocks"] > 0
+
+
+def test_prefix_cache_under_pressure_evicts_and_stays_exact(toy_path):
+    """A small cache, prompts sharing prefixes of different lengths, preemptions: idle entries are evicted
+    for new blocks, outputs equal runs alone, and every block is free or idle in the cache at the end."""
+    eng = cached_engine(toy_path, num_blocks=160, async_scheduling=True)
+    reqs = [(str(i), PREFIX[: 16 * (1 + i % 4)] + [3 + i, 50 + i], params(i, 0.5, False)) for i in range(8)]
+    run = drive(eng, reqs, arrivals={str(i): 6 * i for i in range(8)})
+    st = eng.stats()
+    assert st["num_preemptions"] > 0 and any(o.num_cached_tokens > 0 for o in run.final.values())
+    for rid, prompt, p in reqs:
+        assert_same(run.final[rid], alone(toy_path, prompt, p), f"request {rid}")
+    assert all(e.refs == 0 for e in eng.kv.prefix.entries.values())
+    check_clean(eng)
+
+
+def test_prefix_caching_under_shared_is_refused():
+    with pytest.raises(ConfigError, match="enable_prefix_caching needs kv_layout=last_exited"):
+        EngineConfig(enable_prefix_caching=True, kv_layout="shared").validate()

@@ -1,14 +1,14 @@
 """Soak: the real server (`ouro-serve`, toy model, a small KV cache) under churn.
 
 1,000 requests from 32 concurrent clients: max_tokens from 1 to 4,096, prompts with and without a long
-shared prefix, stop strings, gRPC streaming and HTTP SSE, and 30% cancelled at a random point (gRPC stream
+shared prefix (prefix caching on), stop strings, gRPC streaming and HTTP SSE, and 30% cancelled at a random point (gRPC stream
 cancel or HTTP disconnect). The cache holds far less than 32 requests' worth, so requests are preempted
 and resumed all along. Afterwards: every uncancelled request's text equals its text on the quiet server,
 nothing is stuck, every KV block is free, nothing is swapped, and the engine process never restarted.
 
 The toy decodes a few hundred to a few thousand tokens/s on 2 CPU cores, so to stay within minutes the
 lengths are mostly short: max_tokens 4,096 is drawn for 5% of the requests, and those are always cancelled
-(after up to 40 responses); they hold their admission, grow and get preempted like any other.
+(after 20-200 responses); they grow for hundreds of tokens and get preempted like any other.
 OURO_SOAK_REQUESTS changes the number of requests.
 """
 from __future__ import annotations
@@ -55,19 +55,24 @@ def soak_model(toy_path, tmp_path_factory) -> str:
     return str(path)
 
 
+def prompt_of(i: int) -> str:
+    """Even questions after the shared prefix; odd ones after a preamble of their own, as long (no sharing)."""
+    q = QUESTIONS[i % len(QUESTIONS)]
+    return SHARED_PREFIX + q if i % 2 == 0 else (q + " ") * 30 + q
+
+
 def request_specs() -> list[dict]:
     """The distinct requests the clients draw from: shared-prefix and plain prompts x lengths x stops."""
     specs = []
-    for i, q in enumerate(QUESTIONS):
-        prompt = SHARED_PREFIX + q if i % 2 == 0 else q
+    for i in range(len(QUESTIONS)):
+        prompt = prompt_of(i)
         for j, n in enumerate(MAX_TOKENS):
             specs.append(dict(prompt=prompt, max_tokens=n, stop=STOPS[(i + j) % len(STOPS)]))
     return specs
 
 
 def long_spec(i: int) -> dict:
-    q = QUESTIONS[i % len(QUESTIONS)]
-    return dict(prompt=SHARED_PREFIX + q if i % 2 == 0 else q, max_tokens=LONG_MAX_TOKENS, stop=None)
+    return dict(prompt=prompt_of(i), max_tokens=LONG_MAX_TOKENS, stop=None)
 
 
 def options(spec: dict) -> dict:
@@ -120,7 +125,9 @@ def cancel_http(url: str, spec: dict, after: int) -> None:
 def test_soak_churn_preemption_and_cancellation(soak_model):
     # 1,100 blocks of 16: one 4,096-token request fits alone (4 planes x 263 blocks), 32 requests of a few
     # hundred tokens do not.
-    engine_args = dict(device="cpu", dtype="float32", num_blocks=1100, max_num_seqs=CLIENTS)
+    # Prefix caching on: the shared-prefix prompts hit it, under preemption and cancellation.
+    engine_args = dict(device="cpu", dtype="float32", num_blocks=1100, max_num_seqs=CLIENTS,
+                       enable_prefix_caching="true")
     srv = _server_or_skip(model=soak_model, engine_args=engine_args, address="127.0.0.1")
     specs = request_specs()
     try:
@@ -135,7 +142,7 @@ def test_soak_churn_preemption_and_cancellation(soak_model):
         plan = []  # (spec, cancel?, over gRPC?, cancel after this many responses)
         for i in range(NUM_REQUESTS):
             if rng.random() < LONG_SHARE:
-                plan.append((long_spec(i), True, rng.random() < 0.5, rng.randint(1, 40)))
+                plan.append((long_spec(i), True, rng.random() < 0.5, rng.randint(20, 200)))
             else:
                 k = rng.randrange(len(specs))
                 plan.append((k, rng.random() < CANCEL_SHARE, rng.random() < 0.5, rng.randint(1, 40)))
@@ -188,9 +195,11 @@ def test_soak_churn_preemption_and_cancellation(soak_model):
         stats = {k: v for k, v in m.items() if k.startswith("ouro_engine_stat")}
         print(f"\nsoak: {NUM_REQUESTS} requests in {elapsed:.0f} s, {len(results)} completed, "
               f"{m.get('ouro_num_preemptions_total', 0):.0f} preemptions, {m.get('ouro_requests_aborted_total', 0):.0f} "
-              f"aborted, {m.get('ouro_generation_tokens_total', 0):.0f} tokens")
+              f"aborted, {m.get('ouro_generation_tokens_total', 0):.0f} tokens, prefix cache hit rate "
+              f"{m.get('ouro_prefix_cache_hit_rate', 0):.2f}")
         assert m.get("ouro_num_preemptions_total", 0) > 0, "the cache was never short: no preemption tested"
         assert m.get("ouro_requests_aborted_total", 0) > 0, stats
+        assert m.get("ouro_prefix_cache_hit_rate", 0) > 0.3, stats  # half the prompts share a long prefix
     finally:
         code = srv.stop()
     log = srv.log_text()

@@ -15,6 +15,7 @@ All families carry the labels `model` and `version`. Names (vLLM-like):
   ouro_kv_cache_usage_ratio                gauge      used / total KV blocks (0 when idle)
   ouro_num_requests_running / _waiting /
     _swapped                               gauge      scheduler queues (swapped: preempted, KV in host memory)
+  ouro_prefix_cache_hit_rate               gauge      prompt tokens found in the prefix cache / prompt tokens
   ouro_spec_acceptance_rate                gauge      self-speculation: accepted / drafted tokens
   ouro_spec_mean_accepted_length           gauge      self-speculation: tokens per row and step (1 + accepted)
   ouro_engine_stat{stat}                   gauge      every other numeric counter of engine.stats()
@@ -42,7 +43,7 @@ TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.0
                 0.3, 0.5, 0.75, 1.0, 2.5]
 GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_requests_running",
               "num_waiting": "ouro_num_requests_waiting", "num_swapped": "ouro_num_requests_swapped",
-              "spec_acceptance_rate": "ouro_spec_acceptance_rate",
+              "spec_acceptance_rate": "ouro_spec_acceptance_rate", "prefix_cache_hit_rate": "ouro_prefix_cache_hit_rate",
               "spec_mean_accepted_length": "ouro_spec_mean_accepted_length"}
 
 
@@ -177,6 +178,8 @@ class EngineMetrics:
             ("num_running", GAUGE_KEYS["num_running"], "Requests being generated"),
             ("num_waiting", GAUGE_KEYS["num_waiting"], "Requests waiting for admission"),
             ("num_swapped", GAUGE_KEYS["num_swapped"], "Preempted requests whose KV waits in host memory"),
+            ("prefix_cache_hit_rate", GAUGE_KEYS["prefix_cache_hit_rate"],
+             "Prompt tokens found in the prefix cache / prompt tokens admitted (0 without prefix caching)"),
             ("spec_acceptance_rate", GAUGE_KEYS["spec_acceptance_rate"],
              "Self-speculation: accepted / drafted tokens since start (0 without speculation)"),
             ("spec_mean_accepted_length", GAUGE_KEYS["spec_mean_accepted_length"],
