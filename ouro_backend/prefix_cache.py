@@ -30,11 +30,8 @@ class PrefixCache:
         self.allocator, self.block_size = allocator, block_size
         self.entries: dict[int, Entry] = {}
         self._idle: OrderedDict[int, None] = OrderedDict()  # keys with refs == 0, least recently used first
+        self.num_evictable = 0  # blocks of the idle entries (read on every admission and growth check)
         self.queried_tokens = self.hit_tokens = 0
-
-    @property
-    def num_evictable(self) -> int:
-        return sum(len(self.entries[k].blocks) for k in self._idle)
 
     def keys(self, tokens: list[int]) -> list[int]:
         """The chained key of every full block of `tokens`."""
@@ -61,7 +58,9 @@ class PrefixCache:
         for k in keys:
             e = self.entries[k]
             e.refs += 1
-            self._idle.pop(k, None)
+            if k in self._idle:
+                del self._idle[k]
+                self.num_evictable -= len(e.blocks)
             out.append(e.blocks)
         return out
 
@@ -79,12 +78,15 @@ class PrefixCache:
             e.refs -= 1
             if e.refs == 0:
                 self._idle[k] = None
+                self.num_evictable += len(e.blocks)
 
     def evict(self, num_blocks: int) -> None:
         """Free idle entries, least recently used first, until `num_blocks` blocks are free (or none is idle)."""
         while self.allocator.num_free < num_blocks and self._idle:
             key, _ = self._idle.popitem(last=False)
-            self.allocator.free(list(self.entries.pop(key).blocks))
+            blocks = self.entries.pop(key).blocks
+            self.num_evictable -= len(blocks)
+            self.allocator.free(list(blocks))
 
     def record(self, queried: int, hit: int) -> None:
         self.queried_tokens += queried

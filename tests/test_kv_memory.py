@@ -151,8 +151,8 @@ def test_kv_options_are_validated(bad, match):
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_a_cache_for_one_request_at_a_time(toy_path, mode, async_scheduling):
-    """Three requests in a cache that holds about one: they preempt each other from their first tokens on
-    (a request preempted with one token resumes at it, not sampling it again), and each is exact."""
+    """Three requests in a cache that holds about one: they preempt each other again and again, after 3 to 16
+    tokens (a resumed request starts at a token it already has, not sampling it again), and each is exact."""
     eng = make_engine(toy_path, num_blocks=36, preemption_mode=mode, async_scheduling=async_scheduling,
                       decode_rounds_per_launch=1)
     # 6-token prompts: a request's first token already takes its decode planes into a new block.
@@ -201,6 +201,7 @@ def test_prefix_cache_under_pressure_evicts_and_stays_exact(toy_path):
     for rid, prompt, p in reqs:
         assert_same(run.final[rid], alone(toy_path, prompt, p), f"request {rid}")
     assert all(e.refs == 0 for e in eng.kv.prefix.entries.values())
+    assert eng.kv.prefix.num_evictable == sum(len(e.blocks) for e in eng.kv.prefix.entries.values())
     check_clean(eng)
 
 
