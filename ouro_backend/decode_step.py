@@ -57,6 +57,9 @@ def advance(state: DecodeState, idx: torch.Tensor, lam: Optional[torch.Tensor], 
                    state.trace_depth(ints, idx) if mode is ExitMode.TRACE else None)
     exit_now, remaining, pending = exit_rule(mode, x, lam)
     exit_now = exit_now & active
+    # An idle row keeps its state: a graph's masked rows include rows waiting to resume after a recompute.
+    remaining = torch.where(active, remaining, x.remaining)
+    pending = torch.where(active, pending, x.pending)
     emit(state, idx, ints, active, exit_now, tok, lp, loop, remaining, pending, eos, rec)
     # The exit plane's KV of this position goes into the deeper planes (LAST_EXITED).
     fill = exit_now[:, None] & (torch.arange(T, device=idx.device)[None, :] >= loop[:, None]) & last_exited

@@ -504,7 +504,7 @@ def test_decode_prepare_matches_twin(dtype, last_exited):
 def test_decode_advance_matches_twin(mode, last_exited):
     """Every column of the next state, the hazard, the record and the fill pairs, bit for bit, over rows
     that exit, continue, stop on max_tokens or EOS, and idle rows."""
-    from ouro_backend import decode_step as twin
+    from ouro_backend import decode_state as ds, decode_step as twin
     from ouro_backend.config import ExitMode
 
     gen = torch.Generator().manual_seed(11)
@@ -524,6 +524,10 @@ def test_decode_advance_matches_twin(mode, last_exited):
         sb, db = twin.advance(b, idx, lam, tok, lp, slots_all, eos, rec_b, ExitMode(mode), last_exited)
         for name in ("ints", "remaining"):
             assert torch.equal(getattr(a, name).cpu(), getattr(b, name).cpu()), (trial, name)
+        idle = idx[st.ints[idx, ds.ACTIVE] == 0]  # rows waiting to resume ride along masked in graphs
+        assert idle.numel() > 0
+        assert torch.equal(b.ints[idle].cpu(), st.ints[idle].cpu()), "an idle row's next step changed"
+        assert torch.equal(b.remaining[idle].cpu(), st.remaining[idle].cpu()), "an idle row's hazard changed"
         assert torch.equal(rec_a.cpu(), rec_b.cpu()) and torch.equal(sa.cpu(), sb.cpu()) and torch.equal(da.cpu(), db.cpu())
         exits += int(rec_b[0].sum())
     assert exits > 0

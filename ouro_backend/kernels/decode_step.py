@@ -142,6 +142,9 @@ def _advance_kernel(
                 ex = at_max | (gated & pending)
                 pend2 = gated & decided
     ex = ex & active
+    # An idle row keeps its state: a graph's masked rows include rows waiting to resume after a recompute.
+    rem2 = tl.where(active, rem2, rem)
+    pend2 = tl.where(active, pend2, pending)
     tok = tl.load(tok_ptr + i)
     lp = tl.load(lp_ptr + i)
     ngen = ngen0 + ex.to(tl.int64)
