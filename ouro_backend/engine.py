@@ -88,8 +88,9 @@ class LLMEngine:
                           mcfg.head_dim, mcfg.total_ut_steps, KVLayout(cfg.kv_layout), self.dtype, self.device)
         log.info("KV cache: %d blocks of %d tokens (%s layout, %.2f GiB)", num_blocks, cfg.block_size,
                  cfg.kv_layout, self.kv.kv.numel() * self.kv.kv.element_size() / 2**30)
-        if cfg.enable_prefix_caching:
+        if cfg.prefix_caching:
             self.kv.prefix = PrefixCache(self.kv.allocator, cfg.block_size)
+        log.info("prefix caching %s", "on" if cfg.prefix_caching else "off")
         self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
         self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps)
         self._in_flight: Optional[Launch] = None  # launched, not collected (asynchronous scheduling)

@@ -269,7 +269,7 @@ class Scheduler:
         self._advance_chunks(prefill)
         return out
 
-    def _prefix_hits(self, seq: Sequence) -> list[int]:
+    def _prefix_hits(self, seq: Sequence) -> list[bytes]:
         """Cached leading blocks of the prompt, keeping at least its last token to compute (its logits give
         the first output token)."""
         prefix = self.kv.prefix

@@ -37,8 +37,8 @@ class Sequence:
         # Prefix caching: the chained keys of the prompt's full blocks, the entries this request holds a
         # reference on (its first len(cached_keys) blocks of every plane are theirs), and how many prompt
         # tokens its first admission found cached.
-        self.prompt_keys: Optional[list[int]] = None
-        self.cached_keys: list[int] = []
+        self.prompt_keys: Optional[list[bytes]] = None
+        self.cached_keys: list[bytes] = []
         self.num_cached_tokens = 0
         self.finish_reason: Optional[str] = None
         self.stop = stop_checker

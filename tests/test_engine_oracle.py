@@ -41,7 +41,7 @@ def run_all(eng, prompts, params):
         for o in eng.step():
             if o.finished:
                 outs[o.request_id] = o
-    assert eng.kv.allocator.num_free == eng.kv.num_blocks, "KV blocks leaked"
+    assert eng.kv.num_available == eng.kv.num_blocks, "KV blocks leaked"
     return [outs[str(i)] for i in range(len(prompts))]
 
 

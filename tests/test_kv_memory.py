@@ -208,3 +208,14 @@ def test_prefix_cache_under_pressure_evicts_and_stays_exact(toy_path):
 def test_prefix_caching_under_shared_is_refused():
     with pytest.raises(ConfigError, match="enable_prefix_caching needs kv_layout=last_exited"):
         EngineConfig(enable_prefix_caching=True, kv_layout="shared").validate()
+
+
+def test_prefix_caching_defaults_to_the_layouts_support(toy_path):
+    """Unset, it is on under LAST_EXITED and off under SHARED; false turns it off; a non-bool is refused."""
+    assert make_engine(toy_path).kv.prefix is not None
+    assert make_engine(toy_path, kv_layout="shared").kv.prefix is None
+    assert make_engine(toy_path, enable_prefix_caching=False).kv.prefix is None
+    assert EngineConfig.from_strings({"enable_prefix_caching": "false"}).prefix_caching is False
+    assert EngineConfig.from_strings({"enable_prefix_caching": ""}).prefix_caching is True
+    with pytest.raises(ConfigError, match="enable_prefix_caching"):
+        EngineConfig(enable_prefix_caching="yes").validate()

@@ -36,7 +36,7 @@ def test_kv_all_free_after_finish_and_abort(toy_path, layout):
     drain(eng, outs=outs)
     assert {k: v[-1].finish_reason for k, v in outs.items()} == {
         "r0": "abort", "r1": "abort", "r2": "length", "r3": "length", "r4": "length", "r5": "abort"}
-    assert eng.kv.allocator.num_free == total
+    assert eng.kv.num_available == total
     assert eng.stats()["kv_usage"] == 0.0 and eng.stats()["num_aborted"] == 3
 
 
@@ -51,7 +51,7 @@ def test_admission_waits_for_kv_and_resumes(toy_path):
     outs = drain(eng)
     assert all(outs[str(i)][-1].finish_reason == "length" for i in range(3))
     assert outs["0"][-1].token_ids == outs["1"][-1].token_ids == outs["2"][-1].token_ids
-    assert eng.kv.allocator.num_free == 30
+    assert eng.kv.num_available == 30
 
 
 def test_request_larger_than_cache_is_rejected(toy_path):

@@ -34,7 +34,7 @@ def drive(eng, arrivals, aborts=()):
             if o.finished:
                 outs[o.request_id] = o
         step += 1
-    assert eng.kv.allocator.num_free == eng.kv.num_blocks, "KV blocks leaked"
+    assert eng.kv.num_available == eng.kv.num_blocks, "KV blocks leaked"
     return outs
 
 

@@ -32,7 +32,7 @@ ENGINE_PARAMETERS = [
     ("gpu_memory_utilization", "fraction of GPU memory for weights + activations + KV (0.90)"),
     ("num_blocks", "explicit KV size in blocks (default: automatic)"),
     ("kv_watermark", "share of KV blocks admission keeps free for running requests to grow (0.01)"),
-    ("enable_prefix_caching", "share full prompt blocks between requests by content; last_exited only (false)"),
+    ("enable_prefix_caching", "share full prompt blocks between requests by content; last_exited only (default: on under last_exited)"),
     ("preemption_mode", "auto | recompute | swap: how requests are preempted when KV runs out (auto)"),
     ("swap_space_gib", "host memory for the KV of swapped-out requests, GiB (4)"),
     ("max_num_seqs", "max running requests (64)"),
