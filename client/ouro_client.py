@@ -44,7 +44,7 @@ SCALAR_TYPES = {  # client-facing optional inputs: numpy dtype, Triton dtype
     "seed": (np.uint64, "UINT64"), "random_seed": (np.uint64, "UINT64"), "ignore_eos": (np.bool_, "BOOL"),
     "exclude_input_in_output": (np.bool_, "BOOL"), "return_num_input_tokens": (np.bool_, "BOOL"),
     "return_num_output_tokens": (np.bool_, "BOOL"), "return_finish_reason": (np.bool_, "BOOL"),
-    "return_spec_counts": (np.bool_, "BOOL"),
+    "return_spec_counts": (np.bool_, "BOOL"), "return_num_cached_tokens": (np.bool_, "BOOL"),
     "min_loops": (np.int32, "INT32"), "max_loops": (np.int32, "INT32"), "exit_threshold": (np.float32, "FP32"),
 }
 
@@ -60,6 +60,7 @@ class Chunk:
     finish_reason: Optional[str] = None
     num_spec_drafted_tokens: Optional[int] = None  # with return_spec_counts: the request's totals so far
     num_spec_accepted_tokens: Optional[int] = None
+    num_cached_tokens: Optional[int] = None  # with return_num_cached_tokens: prompt tokens from the prefix cache
     time: float = 0.0
 
 
@@ -156,7 +157,8 @@ def _chunk_from_arrays(get) -> Chunk:
                  num_output_tokens=scalar("num_output_tokens"), num_input_tokens=scalar("num_input_tokens"),
                  finish_reason=scalar("finish_reason"),
                  num_spec_drafted_tokens=scalar("num_spec_drafted_tokens"),
-                 num_spec_accepted_tokens=scalar("num_spec_accepted_tokens"), time=time.perf_counter())
+                 num_spec_accepted_tokens=scalar("num_spec_accepted_tokens"),
+                 num_cached_tokens=scalar("num_cached_tokens"), time=time.perf_counter())
 
 
 class GrpcStream:

@@ -69,6 +69,7 @@ class Delta(NamedTuple):
     trim: int
     finish_reason: Optional[str]
     spec_counts: tuple[int, int] = (0, 0)  # self-speculation: the request's (drafted, accepted) so far
+    num_cached: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -383,7 +384,7 @@ class EngineServer:
             batch = batches.setdefault(id(peer), (peer, []))[1]
             batch.append(Delta(out.request_id, out.new_token_ids, out.new_exit_depths, out.prefix_token_ids,
                                out.trim_chars, out.finish_reason if out.finished else None,
-                               (out.num_spec_drafted, out.num_spec_accepted)))
+                               (out.num_spec_drafted, out.num_spec_accepted), out.num_cached_tokens))
         for peer, deltas in batches.values():
             if not peer.send(("outputs", deltas)):
                 self._drop(peer)

@@ -156,6 +156,24 @@ def test_http_sse_streaming_matches_offline(server, llm, model):
     assert r.num_tokens == len(ref.token_ids) and r.finish_reason == ref.finish_reason
 
 
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+def test_prefix_cache_hits_are_reported_and_change_nothing(server, llm, model):
+    """Prefix caching is on by default: a second request with the same long prompt reads its full blocks
+    from the cache, says how many prompt tokens that was, and gets the same text."""
+    prompt = f"{model}: " + " ".join(PROMPTS)  # long enough for several full 16-token blocks
+    ref = offline(llm, prompt, max_tokens=8, temperature=0.0)
+    opts = request_options(max_tokens=8, temperature=0.0, stream=True, return_num_cached_tokens=True,
+                           return_num_input_tokens=True)
+    first = generate(server.grpc_url, model, prompt, opts)
+    second = generate(server.grpc_url, model, prompt, opts)
+    assert first.error is None and second.error is None
+    assert first.text == second.text == ref.text
+    n = first.chunks[-1].num_input_tokens
+    assert n == len(ref.prompt_token_ids) > 32
+    assert first.chunks[-1].num_cached_tokens == 0
+    assert second.chunks[-1].num_cached_tokens == (n - 1) // 16 * 16  # every full block but the last token's
+
+
 def test_engine_direct_token_ids(server, llm):
     """ouro_engine is callable directly with token ids (gRPC streaming)."""
     import tritonclient.grpc as grpcclient

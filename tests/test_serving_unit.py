@@ -139,14 +139,15 @@ def test_client_inputs_cover_design():
     assert set(design) <= set(CLIENT_INPUTS)
     assert set(protocol.CLIENT_OUTPUTS) == {"text_output", "num_input_tokens", "num_output_tokens",
                                             "finish_reason", "exit_depths", "num_spec_drafted_tokens",
-                                            "num_spec_accepted_tokens"}
+                                            "num_spec_accepted_tokens", "num_cached_tokens"}
 
 
 # ---------------------------------------------------------------------------------------------- responses
 
 
 def test_engine_response_arrays():
-    out = engine_response_arrays([10, 11], [1, 2, 3], [4, 2], 0, 9, None, "", (True, False, True, True), (12, 7))
+    out = engine_response_arrays([10, 11], [1, 2, 3], [4, 2], 0, 9, None, "", (True, False, True, True, True),
+                                 (12, 7), 32)
     assert out["output_ids"].dtype == np.int32 and out["output_ids"].tolist() == [[10, 11]]
     assert out["prefix_ids"].tolist() == [[1, 2, 3]] and out["exit_depths"].tolist() == [[4, 2]]
     assert out["num_input_tokens"].tolist() == [[9]] and out["num_output_tokens"].tolist() == [[2]]
@@ -154,12 +155,15 @@ def test_engine_response_arrays():
     assert out["return_num_input_tokens"].tolist() == [[True]] and out["return_finish_reason"].tolist() == [[True]]
     assert out["num_spec_drafted_tokens"].tolist() == [[12]] and out["num_spec_accepted_tokens"].tolist() == [[7]]
     assert out["return_spec_counts"].tolist() == [[True]]
+    assert out["num_cached_tokens"].tolist() == [[32]] and out["return_num_cached_tokens"].tolist() == [[True]]
     assert set(out) == set(protocol.ENGINE_OUTPUTS)
     final = engine_response_arrays([], [], [], 0, 9, "abort", "")
     assert final["finish_reason"].tolist() == [[b"cancelled"]] and final["output_ids"].shape == (1, 0)
     assert protocol.finish_reason_name("stop") == "stop" and protocol.finish_reason_name("length") == "length"
     with pytest.raises(ValueError):
         engine_response_arrays([1], [], [], 0, 1, None, "")
+    with pytest.raises(ValueError, match="return flags"):
+        engine_response_arrays([1], [], [4], 0, 1, None, "", (True, True))
 
 
 def _stream(tokenizer, prompt_ids, ids, chunk_sizes, window=5):
@@ -203,7 +207,7 @@ def test_postprocess_echo_trim_and_return_flags(tokenizer):
             "trim_chars": i32(len(" here")), "finish_reason": s("stop"),
             "exit_depths": np.array([[3] * len(ids)], np.int32), "num_input_tokens": i32(4),
             "num_output_tokens": i32(len(ids)), "echo_text": s("Prompt:"),
-            "num_spec_drafted_tokens": i32(8), "num_spec_accepted_tokens": i32(5)}
+            "num_spec_drafted_tokens": i32(8), "num_spec_accepted_tokens": i32(5), "num_cached_tokens": i32(16)}
     out = postprocess_arrays(tokenizer, base)
     assert out["text_output"][0, 0].decode() == "Prompt: the robot said STOP"
     assert set(out) == {"text_output", "exit_depths"}  # metadata only when asked for
@@ -214,6 +218,9 @@ def test_postprocess_echo_trim_and_return_flags(tokenizer):
     assert out["finish_reason"].tolist() == [[b"stop"]] and "num_spec_drafted_tokens" not in out
     out = postprocess_arrays(tokenizer, dict(base, return_spec_counts=b(True)))
     assert out["num_spec_drafted_tokens"].tolist() == [[8]] and out["num_spec_accepted_tokens"].tolist() == [[5]]
+    assert "num_cached_tokens" not in out
+    out = postprocess_arrays(tokenizer, dict(base, return_num_cached_tokens=b(True)))
+    assert out["num_cached_tokens"].tolist() == [[16]]
     with pytest.raises(RequestError, match="missing required input 'output_ids'"):
         postprocess_arrays(tokenizer, {"prefix_ids": np.zeros((1, 0), np.int32)})
 

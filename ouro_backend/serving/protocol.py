@@ -63,6 +63,8 @@ RETURN_FLAGS = _spec(
     InputSpec("return_finish_reason", "BOOL", "bool"),
     InputSpec("return_spec_counts", "BOOL", "bool",
               doc="self-speculation: return num_spec_drafted_tokens / num_spec_accepted_tokens (request totals)"),
+    InputSpec("return_num_cached_tokens", "BOOL", "bool",
+              doc="return num_cached_tokens: prompt tokens whose KV came from the prefix cache"),
 )
 TEXT_INPUT = InputSpec("text_input", "STRING", "str", doc="the prompt (required)")
 # What a client may send to `ouro` / `ouro_ensemble`.
@@ -90,11 +92,13 @@ ENGINE_OUTPUTS = {
     "finish_reason": "STRING",  # "" until the last response: stop | length | cancelled
     "num_spec_drafted_tokens": "INT32",  # self-speculation: the request's drafted tokens so far
     "num_spec_accepted_tokens": "INT32",  # ... and how many of them verification accepted
+    "num_cached_tokens": "INT32",  # prompt tokens whose KV came from the prefix cache (0 before the first token)
     "echo_text": "STRING",  # text to put before this response's text: the prompt when echoed, else ""
     "return_num_input_tokens": "BOOL",  # the request's return_* flags, passed through
     "return_num_output_tokens": "BOOL",
     "return_finish_reason": "BOOL",
     "return_spec_counts": "BOOL",
+    "return_num_cached_tokens": "BOOL",
 }
 POST_INPUTS = _spec(
     InputSpec("output_ids", "INT32", "int", is_list=True),
@@ -106,6 +110,7 @@ POST_INPUTS = _spec(
     InputSpec("finish_reason", "STRING", "str"),
     InputSpec("num_spec_drafted_tokens", "INT32", "int"),
     InputSpec("num_spec_accepted_tokens", "INT32", "int"),
+    InputSpec("num_cached_tokens", "INT32", "int"),
     InputSpec("echo_text", "STRING", "str"),
     *RETURN_FLAGS.values(),
 )
@@ -117,6 +122,7 @@ CLIENT_OUTPUTS = {
     "finish_reason": "STRING",
     "num_spec_drafted_tokens": "INT32",
     "num_spec_accepted_tokens": "INT32",
+    "num_cached_tokens": "INT32",
 }
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "cancelled": "cancelled"}
 
@@ -132,12 +138,14 @@ class ParsedRequest:
     """A validated request: the prompt, the SamplingParams and the serving flags."""
 
     __slots__ = ("prompt", "params", "stream", "exclude_input_in_output", "return_num_input_tokens",
-                 "return_num_output_tokens", "return_finish_reason", "return_spec_counts", "request_id",
+                 "return_num_output_tokens", "return_finish_reason", "return_spec_counts",
+                 "return_num_cached_tokens", "request_id",
                  "abort_request_id", "prompt_text")
 
     def __init__(self, prompt, params, stream=False, exclude_input_in_output=False,
                  return_num_input_tokens=False, return_num_output_tokens=False, return_finish_reason=False,
-                 return_spec_counts=False, request_id=None, abort_request_id=None, prompt_text=None):
+                 return_spec_counts=False, return_num_cached_tokens=False, request_id=None,
+                 abort_request_id=None, prompt_text=None):
         self.prompt: Union[str, list[int], None] = prompt
         self.params: Optional[SamplingParams] = params
         self.stream = stream
@@ -146,6 +154,7 @@ class ParsedRequest:
         self.return_num_output_tokens = return_num_output_tokens
         self.return_finish_reason = return_finish_reason
         self.return_spec_counts = return_spec_counts
+        self.return_num_cached_tokens = return_num_cached_tokens
         self.request_id: Optional[str] = request_id
         self.abort_request_id: Optional[str] = abort_request_id
         # The prompt as text (client models; the engine when given text_input): what echo_text repeats.
@@ -322,6 +331,7 @@ def parse_request(inputs: Mapping[str, Any], *, specs: Mapping[str, InputSpec] =
         return_num_output_tokens=bool(scalar("return_num_output_tokens", False)),
         return_finish_reason=bool(scalar("return_finish_reason", False)),
         return_spec_counts=bool(scalar("return_spec_counts", False)),
+        return_num_cached_tokens=bool(scalar("return_num_cached_tokens", False)),
         request_id=request_id,
     )
 
@@ -351,12 +361,15 @@ def finish_reason_name(reason: Optional[str]) -> str:
 
 def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int], exit_depths: Sequence[int],
                            trim_chars: int, num_input_tokens: int, finish_reason: Optional[str],
-                           echo_text: str = "", return_flags: Sequence[bool] = (False, False, False, False),
-                           spec_counts: tuple[int, int] = (0, 0)) -> dict[str, np.ndarray]:
+                           echo_text: str = "", return_flags: Sequence[bool] = (False,) * len(RETURN_FLAGS),
+                           spec_counts: tuple[int, int] = (0, 0), num_cached_tokens: int = 0) -> dict[str, np.ndarray]:
     """One `ouro_engine` response. `return_flags`: the request's RETURN_FLAGS, in order;
-    `spec_counts`: the request's (drafted, accepted) speculative tokens so far."""
+    `spec_counts`: the request's (drafted, accepted) speculative tokens so far; `num_cached_tokens`: its
+    prompt tokens found in the prefix cache."""
     if len(exit_depths) != len(output_ids):
         raise ValueError(f"{len(output_ids)} tokens but {len(exit_depths)} exit depths")
+    if len(return_flags) != len(RETURN_FLAGS):
+        raise ValueError(f"{len(return_flags)} return flags for {len(RETURN_FLAGS)}: {', '.join(RETURN_FLAGS)}")
     return {
         "output_ids": _ints(output_ids),
         "prefix_ids": _ints(prefix_ids),
@@ -367,6 +380,7 @@ def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int],
         "finish_reason": _string(finish_reason_name(finish_reason)),
         "num_spec_drafted_tokens": _scalar_int(spec_counts[0]),
         "num_spec_accepted_tokens": _scalar_int(spec_counts[1]),
+        "num_cached_tokens": _scalar_int(num_cached_tokens),
         "echo_text": _string(echo_text or ""),
         **{name: np.asarray([[bool(v)]], dtype=np.bool_) for name, v in zip(RETURN_FLAGS, return_flags)},
     }
@@ -413,6 +427,8 @@ def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.nda
     if read_scalar(inputs, "return_spec_counts", POST_INPUTS, False):
         for name in ("num_spec_drafted_tokens", "num_spec_accepted_tokens"):
             out[name] = _scalar_int(read_scalar(inputs, name, POST_INPUTS, 0))
+    if read_scalar(inputs, "return_num_cached_tokens", POST_INPUTS, False):
+        out["num_cached_tokens"] = _scalar_int(read_scalar(inputs, "num_cached_tokens", POST_INPUTS, 0))
     return out
 
 

@@ -36,7 +36,8 @@ class Stream:
     out crashes tritonserver 2.51 (the response factory is gone)."""
 
     __slots__ = ("rid", "sender", "parsed", "num_input", "data_lock", "send_lock", "done", "cancelled",
-                 "ids", "depths", "prefix", "trim", "reason", "error", "queued", "worker", "spec_counts")
+                 "ids", "depths", "prefix", "trim", "reason", "error", "queued", "worker", "spec_counts",
+                 "num_cached")
 
     def __init__(self, rid: str, sender: Any, parsed: protocol.ParsedRequest, num_input: int, worker: int):
         self.rid = rid
@@ -56,6 +57,7 @@ class Stream:
         self.queued = False
         self.worker = worker
         self.spec_counts = (0, 0)
+        self.num_cached = 0
 
 
 class StreamingModel(abc.ABC):
@@ -157,7 +159,7 @@ class StreamingModel(abc.ABC):
                 s.prefix = list(d.prefix)
             s.ids.extend(d.ids)
             s.depths.extend(d.depths)
-            s.spec_counts = d.spec_counts
+            s.spec_counts, s.num_cached = d.spec_counts, d.num_cached
             if d.finish_reason is not None:
                 s.reason, s.trim = d.finish_reason, d.trim
             ready = d.finish_reason is not None or (s.parsed.stream and s.ids)
@@ -209,7 +211,8 @@ class StreamingModel(abc.ABC):
             ids, prefix, depths, trim, s.num_input, reason,
             echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
             return_flags=(p.return_num_input_tokens, p.return_num_output_tokens, p.return_finish_reason,
-                          p.return_spec_counts), spec_counts=spec_counts)
+                          p.return_spec_counts, p.return_num_cached_tokens), spec_counts=spec_counts,
+            num_cached_tokens=s.num_cached)
         try:
             arrays = self.client_arrays(s, arrays)
             response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()])
