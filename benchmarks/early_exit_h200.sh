@@ -20,8 +20,8 @@ if [ -d .old ]; then
   (cd .old && PYTHONPATH=$PWD timeout 250 python3 -m ouro_backend.bench $bench --concurrency 1 16 64 \
     --workload full threshold=0.8 threshold=0.5 --label before --out "$out/before.json" > "$out/before.log" 2>&1)
 fi
-timeout 330 python3 -m ouro_backend.bench $bench --concurrency 1 16 64 --workload full depth=2.7 depth=1.6 depth=1.0 \
+timeout 330 python3 -m ouro_backend.entrypoints.bench $bench --concurrency 1 16 64 --workload full depth=2.7 depth=1.6 depth=1.0 \
   --label after --out "$out/after.json" > "$out/after.log" 2>&1
-timeout 200 python3 -m ouro_backend.bench $bench --concurrency 64 --num-requests 512 --workload full depth=2.7 depth=1.6 \
+timeout 200 python3 -m ouro_backend.entrypoints.bench $bench --concurrency 64 --num-requests 512 --workload full depth=2.7 depth=1.6 \
   --label long --out "$out/long.json" > "$out/long.log" 2>&1
 python3 benchmarks/early_exit_rows.py "$out"/before.json "$out"/after.json "$out"/long.json --out "$out/rows.json"

@@ -6,7 +6,7 @@ bookkeeping of a round (scheduling, metadata, advance, coda, outputs) without an
 import statistics
 
 from ouro_backend import EngineConfig, LLMEngine
-from ouro_backend.bench import run_closed_loop
+from ouro_backend.entrypoints.bench import run_closed_loop
 
 eng = LLMEngine(EngineConfig(exit_mode="trace", max_num_seqs=64, device="cpu"))
 eng.model.loop = lambda h, positions, meta, kv: h

@@ -75,8 +75,12 @@ def main() -> int:
 
     import ouro_backend
     from ouro_backend import EngineConfig, LLMEngine, SamplingParams
-    from ouro_backend.bench import ensure_shape_checkpoint
-    from ouro_backend.checkpoint import load_config
+    try:
+        from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
+        from ouro_backend.model.checkpoint import load_config
+    except ImportError:  # an engine from before the package was split into subpackages (5d69360)
+        from ouro_backend.bench import ensure_shape_checkpoint
+        from ouro_backend.checkpoint import load_config
 
     model = args.model or ensure_shape_checkpoint(args.shape)
     vocab = load_config(model).vocab_size

@@ -26,7 +26,7 @@ run() {  # run NAME ENGINE_DIR ARGS...: one kv_capacity.py run
   echo "   rc=$? $(tail -c 400 "$out/$name.log" | tr '\n' ' ' | cut -c1-300)"
 }
 
-PYTHONPATH=$PWD python3 -c "from ouro_backend.bench import ensure_shape_checkpoint as e; e('ouro-1.4b')"
+PYTHONPATH=$PWD python3 -c "from ouro_backend.entrypoints.bench import ensure_shape_checkpoint as e; e('ouro-1.4b')"
 for part in $parts; do
   case $part in
     tests)

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from ouro_backend.toy import LazyWeights, toy_config
+from ouro_backend.model.toy import LazyWeights, toy_config
 from ouro_backend.train.looped_lm import LoopedLM
 
 

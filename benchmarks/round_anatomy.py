@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 
 from ouro_backend import EngineConfig, LLMEngine
-from ouro_backend.bench import ensure_shape_checkpoint, run_closed_loop
+from ouro_backend.entrypoints.bench import ensure_shape_checkpoint, run_closed_loop
 
 ap = argparse.ArgumentParser()
 ap.add_argument("workloads", nargs="*", default=["full", "trace=2.5"])

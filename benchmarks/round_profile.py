@@ -17,8 +17,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ouro_backend import EngineConfig, LLMEngine
-from ouro_backend.bench import ensure_shape_checkpoint
-from ouro_backend.sampler import SamplerMode
+from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
+from ouro_backend.model.sampler import SamplerMode
 
 KINDS = [("gemm", ("gemm", "gemv", "cutlass", "sm90", "nvjet", "matmul", "splitk", "sgemm")),
          ("attention", ("attn", "flash", "paged")), ("norm", ("norm",)), ("rope/kv", ("rope", "kv", "cache")),

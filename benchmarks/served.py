@@ -1,13 +1,13 @@
 """Served vs engine-direct, side by side in one run: the same prompt, output length and concurrency,
 greedy, EOS ignored, full depth (or the gate with --exit-threshold).
 
-1. engine-direct: `ouro_backend.bench.run_closed_loop` in a subprocess (its GPU memory is gone when the
+1. engine-direct: `ouro_backend.entrypoints.bench.run_closed_loop` in a subprocess (its GPU memory is gone when the
    server starts), median of --repeats;
 2. served: `ouro-serve` on the same checkpoint, then `client/load.py` (gRPC streaming, closed loop)
    against `ouro` (median of --repeats) and perf_analyzer (`-i grpc --streaming`) against `ouro`, both
    with the same prompt and a stream per worker kept open across requests.
 
-With --trace the served engine records its rounds (ouro_backend/round_trace.py): a
+With --trace the served engine records its rounds (ouro_backend/engine/round_trace.py): a
 served run that falls behind engine-direct shows whether the engine was slower per round or had fewer
 requests running.
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 def make_prompt(model: str, length: int, seed: int = 0) -> tuple[str, list[int]]:
     """A text prompt of about `length` tokens (random ids decoded, re-encoded); `seed` picks the ids."""
-    from ouro_backend.tokenizer import load_tokenizer
+    from ouro_backend.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
     rng = random.Random(seed)
@@ -49,7 +49,7 @@ def make_prompt(model: str, length: int, seed: int = 0) -> tuple[str, list[int]]
 
 def direct(args) -> None:
     from ouro_backend import EngineConfig, LLMEngine, SamplingParams
-    from ouro_backend.bench import median_of, run_closed_loop
+    from ouro_backend.entrypoints.bench import median_of, run_closed_loop
 
     prompt_ids = json.loads(Path(args.prompt_ids).read_text())
     eng = LLMEngine(EngineConfig(model=args.model, max_num_seqs=args.concurrency))
@@ -69,8 +69,8 @@ def process_loop(args) -> None:
     import tempfile
 
     from ouro_backend import EngineConfig, SamplingParams
-    from ouro_backend.bench import median_of, percentiles
-    from ouro_backend.engine_process import start_engine_process
+    from ouro_backend.entrypoints.bench import median_of, percentiles
+    from ouro_backend.serving.engine_process import start_engine_process
 
     prompt_ids = json.loads(Path(args.prompt_ids).read_text())
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, exit_threshold=args.exit_threshold)
@@ -181,14 +181,14 @@ def main() -> int:
         process_loop(args)
         return 0
 
-    from ouro_backend.bench import ensure_shape_checkpoint, median_of
-    from ouro_backend.round_trace import ENV as TRACE_ENV, summarize
+    from ouro_backend.engine.round_trace import ENV as TRACE_ENV, summarize
+    from ouro_backend.entrypoints.bench import ensure_shape_checkpoint, median_of
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = args.model or (ensure_shape_checkpoint(args.shape) if args.shape != "toy" else None)
     if model is None:
-        from ouro_backend.toy import ensure_toy_checkpoint
+        from ouro_backend.model.toy import ensure_toy_checkpoint
 
         model = ensure_toy_checkpoint()
     text, ids = make_prompt(model, args.input_len)
@@ -221,7 +221,7 @@ def main() -> int:
               f"{[round(x['output_tok_s']) for x in process_res['repeats']]} output tok/s", flush=True)
 
     http_port, grpc_port, metrics_port = args.port_base, args.port_base + 1, args.port_base + 2
-    serve = [sys.executable, "-m", "ouro_backend.serve", "--model", model, "--http-port", str(http_port),
+    serve = [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--model", model, "--http-port", str(http_port),
              "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--log-file",
              str(out / "tritonserver.log"), "--engine-arg", f"max_num_seqs={args.concurrency}",
              *[a for kv in args.engine_arg for a in ("--engine-arg", kv)]]

@@ -92,7 +92,7 @@ def run_served(args, engine_args: list[str], out: Path, label: str) -> dict:
 
     prompts = json.loads(Path(args.prompts_file).read_text())
     http_port, grpc_port, metrics_port = args.port_base, args.port_base + 1, args.port_base + 2
-    cmd = [sys.executable, "-m", "ouro_backend.serve", "--model", args.model, "--http-port", str(http_port),
+    cmd = [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--model", args.model, "--http-port", str(http_port),
            "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
            "--log-file", str(out / f"tritonserver_{label}.log"),
            *[a for kv in engine_args for a in ("--engine-arg", kv)]]
@@ -143,7 +143,7 @@ def main() -> int:
         direct_phase(args)
         return 0
 
-    from ouro_backend.bench import ensure_shape_checkpoint
+    from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

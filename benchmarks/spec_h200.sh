@@ -16,14 +16,14 @@ common="--shape ouro-1.4b --concurrency ${CONCURRENCY:-1 16 64} --input-len ${IN
 pairs=()
 for s in ${CHANGES:-0.05 0.025 0.012}; do
   plain="$out/${tag}plain-s$s"
-  timeout 300 python3 -m ouro_backend.bench $common --loop-change "$s" --label "plain-s$s" --out "$plain.json" > "$plain.log" 2>&1
+  timeout 300 python3 -m ouro_backend.entrypoints.bench $common --loop-change "$s" --label "plain-s$s" --out "$plain.json" > "$plain.log" 2>&1
   for set in ${SPEC_SETS:-spec_tokens=6,spec_draft_loops=1}; do
     spec=""; name=""
     for a in ${set//,/ }; do
       spec="$spec --engine-arg $a"; name="$name$(echo "$a" | sed 's/^spec_tokens=/K/; s/^spec_draft_loops=/d/; s/=//')"
     done
     f="$out/${tag}spec-${name}-s$s"
-    timeout 300 python3 -m ouro_backend.bench $common --loop-change "$s" $spec --label "spec-$name-s$s" --out "$f.json" > "$f.log" 2>&1
+    timeout 300 python3 -m ouro_backend.entrypoints.bench $common --loop-change "$s" $spec --label "spec-$name-s$s" --out "$f.json" > "$f.log" 2>&1
     pairs+=("$plain.json" "$f.json")
   done
 done

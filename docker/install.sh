@@ -15,7 +15,7 @@ echo "install.sh: installing $src into $($py -c 'import sys; print(sys.prefix)')
 # numpy<2: the 24.10 Python backend misreads numpy 2 output arrays ("output tensor shape does not match").
 $py -m pip install --no-cache-dir -q "numpy<2" "${OURO_TORCH_SPEC:-torch}" "triton>=3.0" "tritonclient[all]>=2.50"
 $py -m pip install --no-cache-dir -q "$src"
-$py -m ouro_backend.toy --out "$toy" >/dev/null
+$py -m ouro_backend.model.toy --out "$toy" >/dev/null
 $py - "$toy" <<'PY'
 import sys
 

@@ -1,6 +1,6 @@
 """ouro_backend: an inference engine for Ouro looped language models, built to be served by Triton."""
 from .config import ConfigError, EngineConfig, ExitMode, KVLayout, OuroConfig
-from .engine import LLM, LLMEngine
+from .engine.llm_engine import LLM, LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import RequestError, SamplingParams
 

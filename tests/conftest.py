@@ -13,7 +13,7 @@ def toy_path(tmp_path_factory) -> str:
     import subprocess
 
     out = tmp_path_factory.mktemp("toy") / "ckpt"
-    subprocess.run([sys.executable, "-m", "ouro_backend.toy", "--out", str(out)], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "ouro_backend.model.toy", "--out", str(out)], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL)
     return str(out)
 
@@ -22,7 +22,7 @@ def toy_path(tmp_path_factory) -> str:
 def toy_weights(toy_path):
     import torch
 
-    from ouro_backend.checkpoint import load_config, load_weights
+    from ouro_backend.model.checkpoint import load_config, load_weights
 
     cfg = load_config(toy_path)
     return cfg, load_weights(toy_path, cfg, torch.float32, "cpu")
@@ -30,6 +30,6 @@ def toy_weights(toy_path):
 
 @pytest.fixture(scope="session")
 def oracle(toy_weights):
-    from ouro_backend.oracle import DenseOracle
+    from ouro_backend.model.oracle import DenseOracle
 
     return DenseOracle(*toy_weights)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ouro_backend.checkpoint import (CheckpointError, expected_shapes, load_config, load_weights, read_eos_ids,
-                                     save_checkpoint)
 from ouro_backend.config import ConfigError
-from ouro_backend.tokenizer import load_tokenizer
-from ouro_backend.toy import (LazyWeights, build_tokenizer_json, ensure_toy_checkpoint, toy_config,
-                              write_checkpoint)
+from ouro_backend.model.checkpoint import (CheckpointError, expected_shapes, load_config, load_weights, read_eos_ids,
+                                           save_checkpoint)
+from ouro_backend.model.tokenizer import load_tokenizer
+from ouro_backend.model.toy import (LazyWeights, build_tokenizer_json, ensure_toy_checkpoint, toy_config,
+                                    write_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_deterministic(toy, tmp_path):
     other = write_checkpoint(tmp_path / "seed1", seed=1)
     assert (other / "model.safetensors").read_bytes() != (toy / "model.safetensors").read_bytes()
     # tokenizer training is deterministic across processes too (Rust hash maps are randomly seeded)
-    out = subprocess.run([sys.executable, "-c", "from ouro_backend.toy import build_tokenizer_json as b; "
+    out = subprocess.run([sys.executable, "-c", "from ouro_backend.model.toy import build_tokenizer_json as b; "
                           "print(b(), end='')"], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parents[1])
     assert out.stdout == build_tokenizer_json() == (toy / "tokenizer.json").read_text()

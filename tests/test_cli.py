@@ -11,7 +11,7 @@ def run(args, **kw):
 
 
 def test_ouro_generate_json(toy_path):
-    r = run(["ouro_backend.cli", "Hello world", "The quick", "--max-tokens", "5", "--exit-threshold", "0.5",
+    r = run(["ouro_backend.entrypoints.cli", "Hello world", "The quick", "--max-tokens", "5", "--exit-threshold", "0.5",
              "--json", "--model", toy_path, "--device", "cpu", "--ignore-eos"])
     assert r.returncode == 0, r.stderr
     outs = [json.loads(line) for line in r.stdout.splitlines()]
@@ -21,14 +21,14 @@ def test_ouro_generate_json(toy_path):
 
 
 def test_ouro_generate_bad_option_is_a_clear_error(toy_path):
-    r = run(["ouro_backend.cli", "Hi", "--model", toy_path, "--kv-layout", "diagonal"])
+    r = run(["ouro_backend.entrypoints.cli", "Hi", "--model", toy_path, "--kv-layout", "diagonal"])
     assert r.returncode == 2 and "kv_layout='diagonal'" in r.stderr
 
 
 def bench(toy_path, tmp_path, *args: str) -> tuple[dict, str]:
     """Run ouro-bench on the toy (CPU) with `args`; returns its results JSON and stdout."""
     out = tmp_path / "bench.json"
-    r = run(["ouro_backend.bench", "--model", toy_path, "--input-len", "8", "--engine-arg", "device=cpu",
+    r = run(["ouro_backend.entrypoints.bench", "--model", toy_path, "--input-len", "8", "--engine-arg", "device=cpu",
              "--out", str(out), *args])
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(out.read_text()), r.stdout
@@ -79,7 +79,7 @@ def test_ouro_bench_min_output_len_draws_each_requests_length(toy_path, tmp_path
     m = res["runs"][0]["median"]
     assert res["min_output_len"] == 2 and m["requests"] == 12
     assert 2 * 12 <= m["generated_tokens"] < 12 * 12  # not all 12 long (seeded draw)
-    r = run(["ouro_backend.bench", "--model", toy_path, "--output-len", "4", "--min-output-len", "5"])
+    r = run(["ouro_backend.entrypoints.bench", "--model", toy_path, "--output-len", "4", "--min-output-len", "5"])
     assert r.returncode == 2 and "--min-output-len must be in [1, --output-len=4], got 5" in r.stderr
-    r = run(["ouro_backend.bench", "--model", toy_path, "--eos-every", "3"])
+    r = run(["ouro_backend.entrypoints.bench", "--model", toy_path, "--eos-every", "3"])
     assert r.returncode == 2 and "--eos-every needs --natural-eos" in r.stderr

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_engine_oracle import check_exits_against_oracle, make_engine
 
 from ouro_backend import LLM, SamplingParams
-from ouro_backend.checkpoint import load_config, load_weights
+from ouro_backend.model.checkpoint import load_config, load_weights
+from ouro_backend.model.oracle import DenseOracle
+from ouro_backend.model.tokenizer import load_tokenizer
 from ouro_backend.models import DEMO_MODEL
-from ouro_backend.oracle import DenseOracle
-from ouro_backend.tokenizer import load_tokenizer
 from ouro_backend.train.evaluate import WORD_LIST, english_report, heldout_report, load_word_list
-from test_engine_oracle import check_exits_against_oracle, make_engine
 
 HELDOUT = Path(__file__).parent / "data" / "demo_heldout.txt"  # paragraphs of the corpus's held-out split
 
@@ -138,7 +138,7 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
     import time
     import urllib.request
 
-    from ouro_backend.serve import ServerError, find_tritonserver, free_port
+    from ouro_backend.entrypoints.serve import ServerError, find_tritonserver, free_port
 
     try:
         find_tritonserver()
@@ -146,7 +146,7 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
         pytest.skip(f"no tritonserver available: {e}")
     http = free_port()
     env = {k: v for k, v in os.environ.items() if k != "OURO_MODEL_PATH"}
-    proc = subprocess.Popen([sys.executable, "-m", "ouro_backend.serve", "--address", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "ouro_backend.entrypoints.serve", "--address", "127.0.0.1",
                              "--http-port", str(http), "--grpc-port", str(free_port()),
                              "--metrics-port", str(free_port()), "--engine-arg", "device=cpu",
                              "--engine-arg", "dtype=float32", "--log-file", str(tmp_path / "server.log")],

@@ -134,7 +134,7 @@ def test_shared_results_independent_of_chunk_size(toy_path, chunk):
 
 def test_eager_baseline_matches_oracle(toy_weights, oracle):
     """The benchmark's baseline (HF-style eager, concatenated per-loop cache) computes the same model."""
-    from ouro_backend.baseline import EagerBaseline
+    from ouro_backend.entrypoints.baseline import EagerBaseline
 
     base = EagerBaseline(*toy_weights)
     prompts = torch.tensor([PROMPTS[0][:10], PROMPTS[2][:10]])

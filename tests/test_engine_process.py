@@ -1,4 +1,4 @@
-"""The engine process (ouro_backend.engine_process) on the toy checkpoint, without Triton: the owner
+"""The engine process (ouro_backend.serving.engine_process) on the toy checkpoint, without Triton: the owner
 channel and a second client over the Unix socket get the same tokens as the in-process engine; bad
 requests, aborts, a client that goes away, a bad config and a killed child are all reported."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
-from ouro_backend import round_trace
-from ouro_backend.round_trace import summarize
-from ouro_backend.engine_process import EngineClient, EngineProcessError, engine_address, start_engine_process
+from ouro_backend.engine import round_trace
+from ouro_backend.engine.round_trace import summarize
+from ouro_backend.serving.engine_process import EngineClient, EngineProcessError, engine_address, start_engine_process
 
 GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
 LONG = 1000  # tokens: far more than a test waits for, within the toy's context
@@ -175,7 +175,7 @@ def test_client_without_the_key_is_rejected_and_the_server_keeps_serving(engine)
 
 
 def test_foreign_or_open_socket_directory_is_refused(monkeypatch, tmp_path):
-    from ouro_backend import engine_process
+    from ouro_backend.serving import engine_process
 
     monkeypatch.setattr(engine_process.tempfile, "gettempdir", lambda: str(tmp_path))
     directory = tmp_path / f"ouro-triton-{os.getuid()}"
@@ -215,7 +215,7 @@ def test_engine_process_exits_when_its_owner_is_killed(toy_path, tmp_path):
     script = (
         "import sys\n"
         "from ouro_backend.config import EngineConfig\n"
-        "from ouro_backend.engine_process import engine_address, start_engine_process\n"
+        "from ouro_backend.serving.engine_process import engine_address, start_engine_process\n"
         f"config = EngineConfig(model={toy_path!r}, device='cpu', dtype='float32', max_num_seqs=2)\n"
         "client, proc = start_engine_process(config, engine_address('orphan', 0), lambda m: None, lambda: None)\n"
         "print(proc.pid, flush=True)\n"

@@ -1,12 +1,11 @@
 """Exit rules: hand-computed hazards, loop bounds, delayed decisions, trace replay, random lookahead."""
 import pytest
+import torch
+from test_engine_oracle import PROMPTS, make_engine, ouro_exit, run_all
 
 from ouro_backend import SamplingParams
-import torch
-
 from ouro_backend.config import ExitMode
-from ouro_backend.exit_policy import ExitInputs, exit_rule
-from test_engine_oracle import PROMPTS, make_engine, ouro_exit, run_all
+from ouro_backend.engine.exit_policy import ExitInputs, exit_rule
 
 GATES = [0.2, 0.5, 0.6, 0.9]  # remaining: 0.8, 0.4, 0.16, 0.016 -> cdf: 0.2, 0.6, 0.84, 0.984
 

@@ -12,11 +12,11 @@ import json
 import os
 
 import pytest
+# The real-server fixture of tests/test_server.py (module-scoped: this module starts its own server with it).
+from test_server import server  # noqa: F401
 
 from client.genai_perf import run_genai_perf as recipe
 from client.perf_analyzer.locate import PerfAnalyzerUnavailable
-# The real-server fixture of tests/test_server.py (module-scoped: this module starts its own server with it).
-from test_server import server  # noqa: F401
 
 REQUESTS, CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS = 6, 2, 16, 8
 
@@ -89,7 +89,7 @@ def test_prepared_tokenizer_matches_the_servers(toy_path, tmp_path):
     """transformers' AutoTokenizer (what genai-perf loads) on the prepared dir gives the server's ids."""
     from transformers import AutoTokenizer
 
-    from ouro_backend.tokenizer import load_tokenizer
+    from ouro_backend.model.tokenizer import load_tokenizer
 
     path, local = recipe.prepare_tokenizer(toy_path, str(tmp_path))
     assert local and os.path.isdir(path)

@@ -31,7 +31,7 @@ except ImportError as e:  # reported by the `validate` fixture as a failure, not
 else:
     KV_IMPORT_ERROR = None
 
-from ouro_backend import serve
+from ouro_backend.entrypoints import serve
 from ouro_backend.serving.metrics import GAUGE_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]

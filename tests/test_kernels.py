@@ -440,13 +440,13 @@ def test_kernels_compile_for_sm90():
 
 
 # ---------------------------------------------------------------------------------------------------
-# the decode state machine: fused kernels vs their torch twins (ouro_backend/decode_step.py)
+# the decode state machine: fused kernels vs their torch twins (ouro_backend/engine/decode_step.py)
 # ---------------------------------------------------------------------------------------------------
 
 
 def _random_state(dtype, gen, slots=7, T=4, blocks=6, H=40, V=50):
-    from ouro_backend import decode_state as ds
-    from ouro_backend.decode_state import DecodeState
+    from ouro_backend.engine import decode_state as ds
+    from ouro_backend.engine.decode_state import DecodeState
 
     st = DecodeState(slots, T, blocks, H, dtype, torch.device(DEV))
     r = lambda lo, hi: torch.randint(lo, hi, (slots,), generator=gen)  # noqa: E731
@@ -486,12 +486,12 @@ def _clone_state(st):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("last_exited", [True, False])
 def test_decode_prepare_matches_twin(dtype, last_exited):
-    from ouro_backend import decode_step as twin
+    from ouro_backend.engine import decode_state as ds, decode_step as twin
 
     gen = torch.Generator().manual_seed(5)
     st, embed = _random_state(dtype, gen)
     idx = torch.tensor([4, 0, 6, 2, 3], device=DEV)
-    got = K.decode_step.prepare(st, idx, embed, 4, last_exited)
+    got = twin.DecodeInputs(*K.decode_step.prepare(st, idx, embed, 4, last_exited, ds.COLUMNS))
     want = twin.prepare(st, idx, embed, 4, last_exited)
     for name in ("pos", "slot", "seq_lens", "tables", "h", "slots_all"):
         g, w = getattr(got, name), getattr(want, name)
@@ -504,8 +504,8 @@ def test_decode_prepare_matches_twin(dtype, last_exited):
 def test_decode_advance_matches_twin(mode, last_exited):
     """Every column of the next state, the hazard, the record and the fill pairs, bit for bit, over rows
     that exit, continue, stop on max_tokens or EOS, and idle rows."""
-    from ouro_backend import decode_state as ds, decode_step as twin
     from ouro_backend.config import ExitMode
+    from ouro_backend.engine import decode_state as ds, decode_step as twin
 
     gen = torch.Generator().manual_seed(11)
     exits = 0
@@ -520,7 +520,8 @@ def test_decode_advance_matches_twin(mode, last_exited):
         eos = torch.tensor([int(tok[0]), int(tok[3])], device=DEV)
         a, b = _clone_state(st), _clone_state(st)
         rec_a, rec_b = a.new_record(1)[0], b.new_record(1)[0]
-        sa, da = K.decode_step.advance(a, idx, lam, tok, lp, slots_all, eos, rec_a, ExitMode(mode), last_exited)
+        sa, da = K.decode_step.advance(a, idx, lam, tok, lp, slots_all, eos, rec_a, ExitMode(mode), last_exited,
+                                       ds.COLUMNS)
         sb, db = twin.advance(b, idx, lam, tok, lp, slots_all, eos, rec_b, ExitMode(mode), last_exited)
         for name in ("ints", "remaining"):
             assert torch.equal(getattr(a, name).cpu(), getattr(b, name).cpu()), (trial, name)

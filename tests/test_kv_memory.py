@@ -5,10 +5,10 @@ nothing leaked."""
 from __future__ import annotations
 
 import pytest
+from test_exact_exits import alone, assert_same, drive, make_engine
 
 from ouro_backend import SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
-from test_exact_exits import alone, assert_same, drive, make_engine
 
 PROMPTS = [[10 + i, 200 + 7 * i, 3 * i + 1, 900 - i] for i in range(8)]  # 4 tokens each
 MAX_TOKENS = 28  # 4 + 28 = 32 positions: 8 blocks of 4 per plane
@@ -133,7 +133,7 @@ def test_recompute_under_the_shared_layout_completes_and_says_it_is_inexact(toy_
 
 
 def test_a_request_that_cannot_fit_alone_is_rejected_at_admission(toy_path):
-    from ouro_backend.engine import RequestError
+    from ouro_backend.engine.llm_engine import RequestError
 
     eng = make_engine(toy_path, num_blocks=16)
     with pytest.raises(RequestError, match="needs 32 KV blocks but the cache only has 16"):

@@ -2,10 +2,10 @@
 import math
 
 import torch
+from test_engine_oracle import PROMPTS, make_engine, run_all
 
 from ouro_backend import SamplingParams
-from ouro_backend.sampler import filter_top_k_top_p
-from test_engine_oracle import PROMPTS, make_engine, run_all
+from ouro_backend.model.sampler import filter_top_k_top_p
 
 
 def test_seed_reproducible_alone_and_in_busy_batch(toy_path):
@@ -118,7 +118,7 @@ def test_stop_string_respects_min_tokens(toy_path):
 def test_counter_based_noise_samples_the_softmax():
     """The exponential race on hashed uniforms draws from softmax(logits / T) restricted to top-k / top-p:
     empirical frequencies over 40,000 (seed, counter) keys, within 5 standard deviations."""
-    from ouro_backend.sampler import SamplerMode, sample, vocab_hashes
+    from ouro_backend.model.sampler import SamplerMode, sample, vocab_hashes
 
     V, N = 8, 40_000
     logits = torch.log(torch.tensor([0.30, 0.20, 0.15, 0.12, 0.10, 0.07, 0.04, 0.02]))[None].repeat(N, 1)

@@ -21,10 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from ouro_backend import LLM, SamplingParams
-from ouro_backend.serve import ServerError, TritonServer, free_port
-
 from client.ouro_client import GrpcStream, build_inputs, generate, request_options
+from ouro_backend import LLM, SamplingParams
+from ouro_backend.entrypoints.serve import ServerError, TritonServer, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)
@@ -55,7 +54,7 @@ PROMPTS = [
 
 def _server_or_skip(**kwargs) -> TritonServer:
     try:
-        from ouro_backend.serve import find_tritonserver
+        from ouro_backend.entrypoints.serve import find_tritonserver
 
         find_tritonserver()
     except ServerError as e:
@@ -606,7 +605,7 @@ def test_bad_option_fails_model_load(tmp_path, model, message):
 
 
 def test_launcher_rejects_bad_engine_arg():
-    r = subprocess.run([sys.executable, "-m", "ouro_backend.serve", "--engine-arg", "max_num_seqs=-1",
+    r = subprocess.run([sys.executable, "-m", "ouro_backend.entrypoints.serve", "--engine-arg", "max_num_seqs=-1",
                         "--http-port", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "bad --engine-arg: max_num_seqs must be a positive integer" in r.stderr, r.stderr
 

@@ -14,7 +14,7 @@ from ouro_backend.sampling_params import RequestError
 from ouro_backend.serving import protocol
 from ouro_backend.serving.options import SERVING_KEYS, engine_options, parse_engine_args, resolve_model_path
 from ouro_backend.serving.protocol import (CLIENT_INPUTS, ENGINE_INPUTS, check_parameters, engine_response_arrays,
-                                          parse_request, postprocess_arrays)
+                                           parse_request, postprocess_arrays)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,7 +39,7 @@ def b(v):
 def tokenizer():
     from tokenizers import Tokenizer
 
-    from ouro_backend.toy import build_tokenizer_json
+    from ouro_backend.model.toy import build_tokenizer_json
 
     return Tokenizer.from_str(build_tokenizer_json())
 
@@ -325,7 +325,7 @@ def test_repository_declarations():
 
 
 def test_launcher_prepares_pytriton_backend(tmp_path, monkeypatch):
-    from ouro_backend import serve
+    from ouro_backend.entrypoints import serve
 
     monkeypatch.setenv("OURO_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TRITONSERVER", raising=False)

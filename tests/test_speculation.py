@@ -1,16 +1,16 @@
-"""Self-speculative decoding (ouro_backend/speculation.py) against plain full-depth decoding, fp32 on CPU:
+"""Self-speculative decoding (ouro_backend/engine/speculation.py) against plain full-depth decoding, fp32 on CPU:
 greedy tokens identical (logprobs within fp32 batching noise) for every K and d, batched with different
 prompt lengths, staggered arrivals, aborts, stop strings, EOS and max_tokens inside an accepted run;
 seeded sampled tokens identical to plain sampling's, and their distribution checked by chi-square; the
 automatic fallback; served through tritonserver; clear errors for what it cannot serve."""
 import pytest
+from test_engine_oracle import PROMPTS
 
 from ouro_backend import LLM, LLMEngine, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
-from ouro_backend.engine import RequestError
+from ouro_backend.engine.llm_engine import RequestError
+from ouro_backend.engine.speculation import SpecPolicy
 from ouro_backend.models import DEMO_MODEL
-from ouro_backend.speculation import SpecPolicy
-from test_engine_oracle import PROMPTS
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 
@@ -222,7 +222,7 @@ def test_served_speculation_text_equals_plain_and_metrics_show_acceptance(tmp_pa
     import urllib.request
 
     from client.ouro_client import generate, request_options
-    from ouro_backend.serve import ServerError, TritonServer, find_tritonserver, free_port
+    from ouro_backend.entrypoints.serve import ServerError, TritonServer, find_tritonserver, free_port
 
     try:
         find_tritonserver()

@@ -11,10 +11,10 @@ import types
 import pytest
 
 from ouro_backend.config import ConfigError
-from ouro_backend.engine_process import Delta, EngineProcessError
 from ouro_backend.sampling_params import RequestError, SamplingParams
 from ouro_backend.serving import protocol
 from ouro_backend.serving.cancellation import CancelWatcher
+from ouro_backend.serving.engine_process import Delta, EngineProcessError
 from ouro_backend.serving.options import FrontOptions, ServingOptions, typed_options
 from ouro_backend.serving.streams import StreamingModel
 

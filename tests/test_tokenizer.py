@@ -3,11 +3,11 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from ouro_backend.checkpoint import CheckpointError
 from ouro_backend.config import ConfigError
-from ouro_backend.tokenizer import (PREFIX_WINDOW, REPLACEMENT, IncrementalDetokenizer, decode_delta,
-                                    load_tokenizer)
-from ouro_backend.toy import build_tokenizer_json, write_checkpoint
+from ouro_backend.model.checkpoint import CheckpointError
+from ouro_backend.model.tokenizer import (PREFIX_WINDOW, REPLACEMENT, IncrementalDetokenizer, decode_delta,
+                                          load_tokenizer)
+from ouro_backend.model.toy import build_tokenizer_json, write_checkpoint
 
 TEXTS = [
     "héllo wörld 你好 🙂",

@@ -72,7 +72,7 @@ def served_checkpoint() -> str:
     path = os.environ.get("OURO_MODEL_PATH")
     if path:
         return path
-    from ouro_backend.toy import ensure_toy_checkpoint
+    from ouro_backend.model.toy import ensure_toy_checkpoint
 
     return ensure_toy_checkpoint()
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..model.torch_ops import silu_mul_ref  # the torch twins
 from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_triton
 
 try:  # full-precision expf (what torch's CUDA silu uses); the interpreter lacks libdevice
@@ -43,11 +43,6 @@ def _silu_mul_kernel(x_ptr, y_ptr, stride_xn, stride_yn, I, BLOCK: tl.constexpr,
     s = round_f32(g / (1.0 + e), dt, INTERP)
     y_dt: tl.constexpr = y_ptr.dtype.element_ty
     tl.store(y_ptr + n * stride_yn + cols, cast_rne(s * u, y_dt, INTERP), mask=mask)
-
-
-def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
-    I = gate_up.shape[-1] // 2
-    return F.silu(gate_up[..., :I]) * gate_up[..., I:]
 
 
 def silu_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:

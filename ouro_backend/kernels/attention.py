@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..model.torch_ops import copy_kv_slots_ref, paged_attention_ref, write_kv_ref  # the torch twins
 from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, sm_count, use_triton
 
 _LOG2E = 1.4426950408889634
@@ -64,16 +65,6 @@ def _write_kv_kernel(
         v = cast_rne(v.to(tl.float32), vc_dtype, INTERP)
     tl.store(kc_ptr + blk * stride_kcb + off * stride_kcs + h * stride_kch + d * stride_kcd, k, mask=mask)
     tl.store(vc_ptr + blk * stride_vcb + off * stride_vcs + h * stride_vch + d * stride_vcd, v, mask=mask)
-
-
-def write_kv_ref(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Torch reference of :func:`write_kv`."""
-    bs = k_cache.shape[1]
-    slots = slot_mapping.to(torch.int64)
-    valid = slots >= 0
-    s = slots[valid]
-    k_cache[s // bs, s % bs] = k[valid].to(k_cache.dtype)
-    v_cache[s // bs, s % bs] = v[valid].to(v_cache.dtype)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -127,17 +118,6 @@ def _copy_kv_slots_kernel(
     inner = h * stride_h + d * stride_d
     x = tl.load(kv_ptr + src_off + inner, mask=mask)
     tl.store(kv_ptr + dst_off + inner, x, mask=mask)
-
-
-def copy_kv_slots_ref(kv_all_layers, src_slots, dst_slots) -> None:
-    """Torch reference of :func:`copy_kv_slots`."""
-    bs = kv_all_layers.shape[3]
-    src = src_slots.to(torch.int64)
-    dst = dst_slots.to(torch.int64)
-    valid = (src >= 0) & (dst >= 0)
-    src, dst = src[valid], dst[valid]
-    vals = kv_all_layers[:, :, src // bs, src % bs].clone()
-    kv_all_layers[:, :, dst // bs, dst % bs] = vals
 
 
 def copy_kv_slots(kv_all_layers: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
@@ -300,37 +280,6 @@ def _combine_splits_kernel(
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
     tl.store(out_ptr + n * stride_on + h * stride_oh + offs_d.to(tl.int64) * stride_od,
              cast_rne(res, out_dtype, INTERP), mask=d_mask)
-
-
-def paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
-                        max_seqlen_q=None, out=None) -> torch.Tensor:
-    """Torch reference of :func:`paged_attention` (fp32 math, one row at a time)."""
-    N, H, hd = q.shape
-    bs, kvh = k_cache.shape[1], k_cache.shape[2]
-    G = H // kvh
-    res = torch.empty(N, H, hd, dtype=q.dtype, device=q.device) if out is None else out
-    cu = cu_seqlens_q.tolist()
-    sl = seq_lens.tolist()
-    for r in range(len(sl)):
-        s, e = cu[r], cu[r + 1]
-        n = e - s
-        if n == 0:
-            continue
-        L = sl[r]
-        if L == 0:  # pad row: no keys, zeros (as the kernel)
-            res[s:e] = 0
-            continue
-        pos = torch.arange(L, device=q.device)
-        blocks = block_tables[r].to(torch.int64)[pos // bs]
-        k = k_cache[blocks, pos % bs].float().repeat_interleave(G, dim=1)  # [L, H, hd]
-        v = v_cache[blocks, pos % bs].float().repeat_interleave(G, dim=1)
-        qq = q[s:e].float()
-        scores = torch.einsum("qhd,khd->hqk", qq, k) * scale
-        qpos = L - n + torch.arange(n, device=q.device)
-        scores = scores.masked_fill(~(pos[None, :] <= qpos[:, None]), float("-inf"))
-        p = torch.softmax(scores, dim=-1)
-        res[s:e] = torch.einsum("hqk,khd->qhd", p, v).to(res.dtype)
-    return res
 
 
 def _attn_config(max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages):

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import AttentionMetadata
-from . import (copy_kv_slots, paged_attention, rms_norm, rope_, rope_and_write_kv, sandwich_norm, silu_mul,
-               write_kv)
+from ..model.attention import AttentionMetadata
+from . import copy_kv_slots, paged_attention, rms_norm, rope_, rope_and_write_kv, sandwich_norm, silu_mul, write_kv
 
 
 class TritonBackend:

@@ -286,8 +286,7 @@ def bench_norms(run: Runner, dev, gen):
 
 
 def bench_rope_kv(run: Runner, dev, gen):
-    from . import (build_cos_sin_cache, rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref, write_kv,
-                   write_kv_ref)
+    from . import build_cos_sin_cache, rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref, write_kv, write_kv_ref
 
     cache = build_cos_sin_cache(MAX_POS, HD, 1e6, device=dev)
     for N in TOKENS:
@@ -383,8 +382,8 @@ def check_cuda_graph(run: Runner, dev, gen):
 
 
 def _check_cuda_graph(run: Runner, dev, gen, B):
-    from . import (auto_num_splits, build_cos_sin_cache, paged_attention, paged_attention_ref,
-                   rope_and_write_kv, rope_and_write_kv_ref, sandwich_norm, sandwich_norm_ref)
+    from . import (auto_num_splits, build_cos_sin_cache, paged_attention, paged_attention_ref, rope_and_write_kv,
+                   rope_and_write_kv_ref, sandwich_norm, sandwich_norm_ref)
 
     name = f"cuda_graph decode B={B}"
     try:

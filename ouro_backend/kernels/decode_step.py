@@ -1,5 +1,7 @@
-"""The decode state machine around one loop as two fused kernels (one program per decode row), with the
-torch twins in ``ouro_backend/decode_step.py`` (same signatures, same results bit for bit).
+"""The decode state machine around one loop as two fused kernels (one program per decode row). The engine
+owns the state and its torch twins (``ouro_backend/engine/decode_step.py``, same results bit for bit) and
+calls these on CUDA; the state's layout comes in as ``cols`` (column name -> index), so the kernels need
+nothing from the engine.
 
 In torch the two steps are dozens of small launches a round (counted from the code: about seventy);
 with them a 64-row decode graph replayed alone took 1.895 ms on the H200, against 1.66 ms for the previous
@@ -10,21 +12,18 @@ these kernels full depth was back at the previous engine's speed (same results f
 input row: the token's embedding at loop 1, else the carried hidden state, and the slot of the position
 in every plane). ``advance`` applies the exit rule of the engine's exit mode
 (fp32 hazard, float64 threshold compare, as the torch rule), writes each row's next step and the round's
-record, and emits the LAST_EXITED fill pairs. On CPU tensors without ``TRITON_INTERPRET=1`` the public
-functions fall back to the twins.
+record, and emits the LAST_EXITED fill pairs. ``state`` is the engine's decode state (its ``ints``,
+``floats``, ``remaining``, ``trace``, ``tables`` and ``hidden`` tensors).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from .. import decode_state as ds
-from .. import decode_step as ref
 from ..config import ExitMode
-from ..decode_state import DecodeState
 from ._common import next_pow2, use_triton
 
 _MODES = {ExitMode.OURO: 0, ExitMode.OURO_DELAYED: 1, ExitMode.RANDOM_LOOKAHEAD: 2, ExitMode.TRACE: 3,
@@ -71,29 +70,32 @@ def _prepare_kernel(
         tl.store(h_ptr + i * stride_h + hh, tl.where(first, e, x), mask=hh < H)
 
 
-def prepare(state: DecodeState, idx: torch.Tensor, embed: torch.Tensor, block_size: int,
-            last_exited: bool) -> ref.DecodeInputs:
-    if not use_triton(_prepare_kernel, state.ints):
-        return ref.prepare(state, idx, embed, block_size, last_exited)
+def usable(t: torch.Tensor) -> bool:
+    """Whether the kernels can run on tensors like `t` (CUDA, or Triton's interpreter)."""
+    return use_triton(_prepare_kernel, t)
+
+
+def prepare(state, idx: torch.Tensor, embed: torch.Tensor, block_size: int, last_exited: bool,
+            cols: Mapping[str, int]) -> tuple[torch.Tensor, ...]:
+    """The loop's inputs of decode rows `idx`: (pos, slot, seq_lens, tables, h, slots_all)."""
     S, T, W = idx.shape[0], state.num_loops, state.max_blocks
     H = state.hidden.shape[1]
     dev = state.ints.device
-    out = ref.DecodeInputs(
-        pos=torch.empty(S, dtype=torch.int64, device=dev), slot=torch.empty(S, dtype=torch.int64, device=dev),
-        seq_lens=torch.empty(S, dtype=torch.int32, device=dev),
-        tables=torch.empty(S, W, dtype=torch.int32, device=dev),
-        h=torch.empty(S, H, dtype=state.hidden.dtype, device=dev),
-        slots_all=torch.empty(S, T, dtype=torch.int64, device=dev))
+    pos, slot = torch.empty(S, dtype=torch.int64, device=dev), torch.empty(S, dtype=torch.int64, device=dev)
+    seq_lens = torch.empty(S, dtype=torch.int32, device=dev)
+    tables = torch.empty(S, W, dtype=torch.int32, device=dev)
+    h = torch.empty(S, H, dtype=state.hidden.dtype, device=dev)
+    slots_all = torch.empty(S, T, dtype=torch.int64, device=dev)
     _prepare_kernel[(S,)](
         idx, state.ints, state.tables, state.hidden, embed,
-        out.pos, out.slot, out.seq_lens, out.tables, out.h, out.slots_all,
+        pos, slot, seq_lens, tables, h, slots_all,
         state.ints.stride(0), state.tables.stride(0), state.tables.stride(1), state.hidden.stride(0),
-        embed.stride(0), out.tables.stride(0), out.h.stride(0), W, H,
-        C_ACTIVE=ds.ACTIVE, C_TOKEN=ds.TOKEN, C_POS=ds.POS, C_LOOP=ds.LOOP,
+        embed.stride(0), tables.stride(0), h.stride(0), W, H,
+        C_ACTIVE=cols["ACTIVE"], C_TOKEN=cols["TOKEN"], C_POS=cols["POS"], C_LOOP=cols["LOOP"],
         T=T, T_PAD=next_pow2(T), BS=block_size, LAST_EXITED=last_exited,
         BLOCK_W=min(next_pow2(W), 1024), BLOCK_H=min(next_pow2(H), 1024), num_warps=4,
     )
-    return out
+    return pos, slot, seq_lens, tables, h, slots_all
 
 
 @triton.jit
@@ -175,11 +177,10 @@ def _advance_kernel(
     tl.store(dst_ptr + i * T + t, tl.where(fill, slots, -1), mask=t < T)
 
 
-def advance(state: DecodeState, idx: torch.Tensor, lam: Optional[torch.Tensor], tok: torch.Tensor,
-            lp: torch.Tensor, slots_all: torch.Tensor, eos: torch.Tensor, rec: torch.Tensor, mode: ExitMode,
-            last_exited: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    if not use_triton(_advance_kernel, state.ints):
-        return ref.advance(state, idx, lam, tok, lp, slots_all, eos, rec, mode, last_exited)
+def advance(state, idx: torch.Tensor, lam: Optional[torch.Tensor], tok: torch.Tensor, lp: torch.Tensor,
+            slots_all: torch.Tensor, eos: torch.Tensor, rec: torch.Tensor, mode: ExitMode, last_exited: bool,
+            cols: Mapping[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """After the loop: exits, next steps and the record; returns the LAST_EXITED fill's (src, dst) slots."""
     S, T = idx.shape[0], state.num_loops
     src = torch.empty(S, T, dtype=torch.int64, device=idx.device)
     dst = torch.empty_like(src)
@@ -188,9 +189,9 @@ def advance(state: DecodeState, idx: torch.Tensor, lam: Optional[torch.Tensor], 
         idx, state.ints, state.floats, state.remaining, state.trace, lp if lam is None else lam.float(), tok, lp,
         slots_all, eos, rec, src, dst,
         state.ints.stride(0), state.floats.stride(0), state.trace.stride(0), rec.stride(0), eos.shape[0],
-        C_ACTIVE=ds.ACTIVE, C_TOKEN=ds.TOKEN, C_POS=ds.POS, C_LOOP=ds.LOOP, C_NGEN=ds.NGEN, C_PENDING=ds.PENDING,
-        C_MIN_LOOPS=ds.MIN_LOOPS, C_MAX_LOOPS=ds.MAX_LOOPS, C_MAX_TOKENS=ds.MAX_TOKENS,
-        C_MIN_TOKENS=ds.MIN_TOKENS, C_IGNORE_EOS=ds.IGNORE_EOS, C_TRACE_LEN=ds.TRACE_LEN, C_THRESHOLD=ds.THRESHOLD,
+        **{f"C_{name}": cols[name] for name in ("ACTIVE", "TOKEN", "POS", "LOOP", "NGEN", "PENDING", "MIN_LOOPS",
+                                                 "MAX_LOOPS", "MAX_TOKENS", "MIN_TOKENS", "IGNORE_EOS", "TRACE_LEN",
+                                                 "THRESHOLD")},
         MODE=_MODES[ExitMode(mode)], LAST_EXITED=last_exited, T=T, T_PAD=next_pow2(T),
         EOS_PAD=next_pow2(eos.shape[0]), num_warps=1, enable_fp_fusion=False,
     )

@@ -12,8 +12,8 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from ..attention import AttentionMetadata
 from ..config import ConfigError
+from ..model.attention import AttentionMetadata
 from .backend import TritonBackend
 
 

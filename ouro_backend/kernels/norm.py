@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..model.torch_ops import rms_norm_ref, sandwich_norm_ref  # the torch twins
 from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_triton
 
 
@@ -62,19 +63,6 @@ def _sandwich_norm_kernel(
     y = w_next * round_f32(h * tl.math.rsqrt(var2 + eps), dt, INTERP)
     tl.store(res_out_ptr + n * stride_ron + d, cast_rne(h, dt, INTERP), mask=mask)
     tl.store(y_ptr + n * stride_yn + d, cast_rne(y, dt, INTERP), mask=mask)
-
-
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Ouro's RMSNorm exactly as the HF module computes it (output cast to x.dtype)."""
-    xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * normed).to(x.dtype)
-
-
-def sandwich_norm_ref(x, residual, w_post, w_next, eps) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``new_residual = residual + rms_norm(x, w_post)``; ``y = rms_norm(new_residual, w_next)``."""
-    new_residual = residual + rms_norm_ref(x, w_post, eps)
-    return new_residual, rms_norm_ref(new_residual, w_next, eps)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -15,45 +15,13 @@ bitwise equality matters.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ..model.torch_ops import rope_and_write_kv_ref, rope_ref  # the torch twins
 from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_triton
-
-
-def build_cos_sin_cache(max_pos: int, head_dim: int, theta: float,
-                        device: Optional[torch.device] = None) -> torch.Tensor:
-    """fp32 ``[max_pos, head_dim]``: ``[:, :hd/2] = cos(pos * inv_freq)``, ``[:, hd/2:] = sin(...)``,
-    computed like HF (``inv_freq`` from an int64 arange cast to float; fp32 product; fp32 cos/sin)."""
-    assert head_dim % 2 == 0
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device,
-                                                                                   dtype=torch.float)
-                                / head_dim))
-    pos = torch.arange(max_pos, dtype=torch.int64, device=device).float()
-    freqs = pos[:, None] * inv_freq[None, :]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
-
-
-def _rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rope_one_ref(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    cs = cos_sin_cache[positions.to(torch.int64)]
-    cos = torch.cat([cs[:, :half], cs[:, :half]], dim=-1).to(x.dtype)[:, None, :]
-    sin = torch.cat([cs[:, half:], cs[:, half:]], dim=-1).to(x.dtype)[:, None, :]
-    return (x * cos) + (_rotate_half(x) * sin)
-
-
-def rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
-    """Torch reference of :func:`rope_` (HF's apply_rotary_pos_emb), in place."""
-    q.copy_(_rope_one_ref(q, positions, cos_sin_cache))
-    k.copy_(_rope_one_ref(k, positions, cos_sin_cache))
 
 
 @triton.jit
@@ -188,15 +156,6 @@ def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cac
         INTERP=kernel_is_interpreted(_rope_kernel),
         num_warps=_warps(bhq, bhalf), enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
-
-
-def rope_and_write_kv_ref(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping) -> None:
-    """Torch reference of :func:`rope_and_write_kv`."""
-    from .attention import write_kv_ref
-
-    q.copy_(_rope_one_ref(q, positions, cos_sin_cache))
-    k_rot = _rope_one_ref(k, positions, cos_sin_cache)
-    write_kv_ref(k_rot, v, k_cache, v_cache, slot_mapping)
 
 
 def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

@@ -1,6 +1,6 @@
 """`ouro_engine`: the decoupled Python-backend model that owns the engine, callable with token ids.
 
-It starts the engine in a process of its own (ouro_backend.engine_process) and streams requests to it;
+It starts the engine in a process of its own (ouro_backend.serving.engine_process) and streams requests to it;
 the `ouro` front of the same server sends its requests to that process directly, over the socket at
 `engine_address(model name, server pid)`. Threads and cancellation: ouro_backend.serving.streams.
 
@@ -22,11 +22,11 @@ import uuid
 from typing import Any, Optional
 
 from ..config import ConfigError, EngineConfig
-from ..engine_process import EngineClient, EngineProcessError, engine_address, start_engine_process
 from . import protocol
+from .engine_process import EngineClient, EngineProcessError, engine_address, start_engine_process
 from .metrics import EngineMetrics
-from .options import (ServingOptions, decoupled_model_config, engine_options, resolve_model_path,
-                      tensor_arrays, typed_options)
+from .options import (ServingOptions, decoupled_model_config, engine_options, resolve_model_path, tensor_arrays,
+                      typed_options)
 from .streams import StreamingModel
 
 log = logging.getLogger("ouro_backend.serving")

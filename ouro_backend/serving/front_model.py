@@ -23,8 +23,8 @@ import threading
 import uuid
 from typing import Any, Optional
 
-from ..engine_process import EngineClient, EngineProcessError, engine_address
 from . import protocol
+from .engine_process import EngineClient, EngineProcessError, engine_address
 from .options import FrontOptions, decoupled_model_config, model_config_parameters, tensor_arrays, typed_options
 from .streams import Stream, StreamingModel
 
@@ -69,7 +69,7 @@ class FrontModel(StreamingModel):
                 client = EngineClient.connect(self.address, self.on_engine_message, self.on_engine_closed,
                                               timeout_s=timeout_s)
                 if client.info.model_path != self._tokenizer_path:
-                    from ..tokenizer import load_tokenizer
+                    from ..model.tokenizer import load_tokenizer
 
                     self._tokenizer = load_tokenizer(client.info.model_path)
                     self._tokenizer_path = client.info.model_path

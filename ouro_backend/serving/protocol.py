@@ -393,7 +393,7 @@ def detokenize(tokenizer, output_ids: Sequence[int], prefix_ids: Sequence[int], 
 
     Stateless, so any post-processing instance can handle any response of any stream; the concatenation of
     a stream's deltas equals the one-shot text of the same tokens."""
-    from ..tokenizer import decode_delta
+    from ..model.tokenizer import decode_delta
 
     text = decode_delta(tokenizer, list(prefix_ids), list(output_ids), final=final) if len(output_ids) else ""
     if trim_chars > 0:

@@ -21,10 +21,10 @@ import threading
 import zlib
 from typing import Any, Optional
 
-from ..engine_process import Delta, EngineClient, EngineProcessError
 from ..sampling_params import RequestError
 from . import protocol
 from .cancellation import CancelWatcher
+from .engine_process import Delta, EngineClient, EngineProcessError
 from .options import StreamOptions
 
 log = logging.getLogger("ouro_backend.serving")

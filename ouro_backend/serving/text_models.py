@@ -19,7 +19,7 @@ import logging
 from ..config import ConfigError
 from ..sampling_params import RequestError
 from . import protocol
-from .options import engine_options, tensor_arrays, resolve_model_path
+from .options import engine_options, resolve_model_path, tensor_arrays
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -36,7 +36,7 @@ class _TokenizerModel(abc.ABC):
         options, _ = engine_options(self.model_config, args.get("model_repository"))
         try:
             path = resolve_model_path({"model": options.get("model", "")})["model"]
-            from ..tokenizer import load_tokenizer
+            from ..model.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(path)
         except ConfigError as e:

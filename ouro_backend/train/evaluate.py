@@ -22,8 +22,8 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import load_config, load_weights
-from ..tokenizer import load_tokenizer
+from ..model.checkpoint import load_config, load_weights
+from ..model.tokenizer import load_tokenizer
 from .looped_lm import LoopedLM
 from .train import encode
 
@@ -95,7 +95,7 @@ def load_word_list(path: str = WORD_LIST) -> set[str]:
 def english_report(model_dir: Optional[str], word_list: set[str], prompts: Sequence[str] = PROMPTS,
                    max_tokens: int = 40, threshold: float = 0.7) -> dict:
     """Greedy continuations through the engine (fp32, CPU), at full depth and with the gate at `threshold`."""
-    from ..engine import LLM
+    from ..engine.llm_engine import LLM
     from ..sampling_params import SamplingParams
 
     llm = LLM(model=model_dir, device="cpu", dtype="float32")

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from ..checkpoint import save_checkpoint
 from ..config import OuroConfig
-from ..tokenizer import train_byte_level_bpe
+from ..model.checkpoint import save_checkpoint
+from ..model.tokenizer import train_byte_level_bpe
 from .looped_lm import LoopedLM, ouro_loss
 
 EOT = 0  # <|endoftext|> between documents

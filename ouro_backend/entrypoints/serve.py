@@ -291,7 +291,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         engine_args = parse_engine_args(args.engine_arg)
-        from .config import ConfigError, EngineConfig
+        from ..config import ConfigError, EngineConfig
 
         try:  # fail fast, before the server and its models start
             EngineConfig.from_strings({k: v for k, v in engine_args.items() if k != "model"})
@@ -308,7 +308,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"ouro-serve: --model {model}: no such directory", file=sys.stderr)
             return 2
         if not model:
-            from .models import default_model
+            from ..models import default_model
 
             model = default_model()
             print(f"ouro-serve: no --model given: serving the demo model {model}", flush=True)

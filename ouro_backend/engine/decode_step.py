@@ -1,5 +1,6 @@
-"""The decode state machine around one loop, in torch: the CPU path and the twin of the fused GPU kernels
-(`kernels/decode_step.py`, same signatures).
+"""The decode state machine around one loop. `fused=True` runs each step as one fused Triton kernel
+(`kernels/decode_step.py`, the CUDA path); otherwise it runs here in torch (the CPU path, and the kernels'
+twin: same results bit for bit).
 
 `prepare` reads the decode rows' state (rows = slots `idx`) into the loop's inputs. `advance` runs after
 the loop and the coda: the exit rule, each row's next step written back, the round's record, and the
@@ -13,8 +14,8 @@ from typing import Optional
 
 import torch
 
+from ..config import ExitMode
 from . import decode_state as ds
-from .config import ExitMode
 from .decode_state import DecodeState
 from .exit_policy import ExitInputs, exit_rule
 
@@ -29,8 +30,16 @@ class DecodeInputs:
     slots_all: torch.Tensor  # int64 [S, T]: the KV slot of pos in every plane
 
 
+def _kernels():
+    from ..kernels import decode_step  # imports Triton: only on the fused path
+
+    return decode_step
+
+
 def prepare(state: DecodeState, idx: torch.Tensor, embed: torch.Tensor, block_size: int,
-            last_exited: bool) -> DecodeInputs:
+            last_exited: bool, fused: bool = False) -> DecodeInputs:
+    if fused:
+        return DecodeInputs(*_kernels().prepare(state, idx, embed, block_size, last_exited, ds.COLUMNS))
     T = state.num_loops
     ints = state.ints.index_select(0, idx)
     active = ints[:, ds.ACTIVE] > 0
@@ -45,9 +54,11 @@ def prepare(state: DecodeState, idx: torch.Tensor, embed: torch.Tensor, block_si
 
 def advance(state: DecodeState, idx: torch.Tensor, lam: Optional[torch.Tensor], tok: torch.Tensor,
             lp: torch.Tensor, slots_all: torch.Tensor, eos: torch.Tensor, rec: torch.Tensor, mode: ExitMode,
-            last_exited: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            last_exited: bool, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """After loop r: exits, next steps and the record; returns the LAST_EXITED fill's (src, dst) slots
     [S, T] (-1: nothing to copy)."""
+    if fused:
+        return _kernels().advance(state, idx, lam, tok, lp, slots_all, eos, rec, mode, last_exited, ds.COLUMNS)
     T = state.num_loops
     ints = state.ints.index_select(0, idx)
     active = ints[:, ds.ACTIVE] > 0

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import OuroConfig
 from .attention import AttentionMetadata
-from .config import OuroConfig
+from .torch_ops import build_cos_sin_cache
 
 
 @dataclass
@@ -25,14 +26,6 @@ class LayerWeights:
     ln_in2: torch.Tensor
     ln_post: torch.Tensor
     ln_post2: torch.Tensor
-
-
-def rope_cache(cfg: OuroConfig, max_positions: int, device: torch.device) -> torch.Tensor:
-    """fp32 [max_positions, head_dim]: cos of the first half-angles, then their sin."""
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64,
-                                                      device=device).float() / cfg.head_dim))
-    angles = torch.arange(max_positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    return torch.cat([angles.cos(), angles.sin()], dim=-1)
 
 
 class OuroModel:
@@ -61,7 +54,7 @@ class OuroModel:
         self.lm_head = w["lm_head.weight"]
         self.dtype = self.embed_tokens.dtype
         self.device = self.embed_tokens.device
-        self.cos_sin = rope_cache(cfg, max_positions, self.device)
+        self.cos_sin = build_cos_sin_cache(max_positions, cfg.head_dim, cfg.rope_theta, self.device)
         self.scale = cfg.head_dim ** -0.5
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import decode_state as ds
-from . import decode_step
-from .attention import AttentionMetadata
-from .sampler import SamplerMode, sample, sample_tokens
+from ..model.attention import AttentionMetadata
+from ..model.sampler import SamplerMode, sample, sample_tokens
+from . import decode_state as ds, decode_step
 
 if TYPE_CHECKING:
-    from .runner import ModelRunner
+    from .model_runner import ModelRunner
 
 # The speculative record's last round: per slot, accepted drafts (REC_TOKEN) and whether the row drafted
 # (REC_DEPTH); its REC_EMITTED stays 0, so `collect` reads no token from it.

@@ -32,9 +32,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .config import EngineConfig, KVLayout
+from ..config import EngineConfig, KVLayout
+from ..model.sampler import SamplerMode
 from .kv_cache import KVCache
-from .sampler import SamplerMode
 from .sequence import Sequence, Status
 from .speculation import SpecPolicy
 

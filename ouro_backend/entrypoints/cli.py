@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Optional
 
-from .config import ConfigError, EngineConfig
-from .sampling_params import RequestError, SamplingParams
+from ..config import ConfigError, EngineConfig
+from ..sampling_params import RequestError, SamplingParams
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     add_engine_args(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    from .engine import LLM
+    from ..engine.llm_engine import LLM
 
     try:
         cfg = engine_config_from_args(args)

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 # Integer columns of `DecodeState.ints`.
 ACTIVE, TOKEN, POS, LOOP, NGEN, PENDING, MIN_LOOPS, MAX_LOOPS, MAX_TOKENS, MIN_TOKENS, IGNORE_EOS, TOP_K, \
@@ -26,6 +26,10 @@ NUM_INTS = 14
 # Float64 columns of `DecodeState.floats` (the threshold is compared in float64, like the Python float it is).
 THRESHOLD, TEMPERATURE, TOP_P = range(3)
 NUM_FLOATS = 3
+# Every column by name, for the fused kernels (`ouro_backend/kernels/decode_step.py`).
+COLUMNS = dict(ACTIVE=ACTIVE, TOKEN=TOKEN, POS=POS, LOOP=LOOP, NGEN=NGEN, PENDING=PENDING, MIN_LOOPS=MIN_LOOPS,
+               MAX_LOOPS=MAX_LOOPS, MAX_TOKENS=MAX_TOKENS, MIN_TOKENS=MIN_TOKENS, IGNORE_EOS=IGNORE_EOS, TOP_K=TOP_K,
+               SEED=SEED, TRACE_LEN=TRACE_LEN, THRESHOLD=THRESHOLD, TEMPERATURE=TEMPERATURE, TOP_P=TOP_P)
 # Rows of a round's record (`DecodeState.new_record`): one column per slot.
 REC_EMITTED, REC_TOKEN, REC_DEPTH, REC_LOGPROB = range(4)
 MAX_TRACE = 64  # longest exit_trace a request may give (exit_mode=trace)

@@ -5,8 +5,8 @@ import logging
 
 import torch
 
-from .attention import AttentionMetadata
-from .config import ConfigError
+from ..config import ConfigError
+from ..model.attention import AttentionMetadata
 
 log = logging.getLogger("ouro_backend")
 RESERVE_BYTES = 1 << 30  # CUDA graph pools, cuBLAS workspaces, fragmentation

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from .config import KVLayout
+from ..config import KVLayout
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCache

@@ -36,18 +36,18 @@ from typing import Optional
 
 import torch
 
-from .config import EngineConfig
-from .engine import LLMEngine
-from .sampling_params import SamplingParams
-from .speculation import mean_accepted_length
+from ..config import EngineConfig
+from ..engine.llm_engine import LLMEngine
+from ..engine.speculation import mean_accepted_length
+from ..sampling_params import SamplingParams
 
-log = logging.getLogger("ouro_backend.bench")
+log = logging.getLogger("ouro_backend.entrypoints.bench")
 
 
 def ensure_shape_checkpoint(shape: str, loop_change: float = 1.0) -> str:
     """The random-weight checkpoint of `shape` under the cache dir (built once); `loop_change` < 1 makes a
     variant whose early loops agree more with the last (toy.init_weight)."""
-    from .toy import default_toy_path, write_checkpoint
+    from ..model.toy import default_toy_path, write_checkpoint
 
     path = default_toy_path().parent / (shape if loop_change == 1.0 else f"{shape}-loopchange{loop_change:g}")
     if not (path / "config.json").is_file():
@@ -212,8 +212,8 @@ def threshold_for_depth(engine: LLMEngine, target: float, input_len: int, output
 
 def run_baseline(model_path: str, dtype: torch.dtype, device: torch.device, input_len: int, tokens: int,
                  batch: int) -> dict:
+    from ..model.checkpoint import load_config, load_weights
     from .baseline import EagerBaseline
-    from .checkpoint import load_config, load_weights
 
     cfg = load_config(model_path)
     base = EagerBaseline(cfg, load_weights(model_path, cfg, dtype, device))
@@ -281,7 +281,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.model:
         model = args.model
     elif args.shape == "toy":
-        from .toy import ensure_toy_checkpoint
+        from ..model.toy import ensure_toy_checkpoint
 
         model = ensure_toy_checkpoint()
     else:
@@ -291,7 +291,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.eos_every:
         if not args.natural_eos:
             p.error("--eos-every needs --natural-eos")
-        from .checkpoint import load_config
+        from ..model.checkpoint import load_config
 
         vocab = load_config(model).vocab_size
         opts["eos_token_ids"] = ",".join(str(i) for i in range(args.eos_every, vocab, args.eos_every))
@@ -308,7 +308,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    torch=torch.__version__, runs=[], baseline=[])
 
     if args.baseline == "eager":
-        from .engine import resolve_device, resolve_dtype
+        from ..engine.llm_engine import resolve_device, resolve_dtype
 
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)

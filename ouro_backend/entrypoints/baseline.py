@@ -11,8 +11,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .config import OuroConfig
-from .oracle import rms_norm_ref, rope_ref
+from ..config import OuroConfig
+from ..model.oracle import rms_norm_ref, rope_ref
 
 
 class EagerBaseline:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .config import ExitMode
+from ..config import ExitMode
 
 
 @dataclass

@@ -21,16 +21,15 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from . import decode_state as ds
-from . import decode_step
-from .attention import AttentionMetadata
-from .config import KVLayout
+from ..config import KVLayout
+from ..model.attention import AttentionMetadata
+from ..model.ouro import OuroModel
+from ..model.sampler import SamplerMode, sample, vocab_hashes
+from . import decode_state as ds, decode_step
 from .decode_state import DecodeState, NewRow
 from .decode_step import DecodeInputs
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
-from .model import OuroModel
-from .sampler import SamplerMode, sample, vocab_hashes
 from .scheduler import PrefillChunk, SchedulerOutput
 from .sequence import Sequence
 from .speculation import REC_ACCEPTED, REC_DRAFTED, spec_record, spec_step
@@ -167,12 +166,8 @@ class ModelRunner:
         self.eos = torch.tensor(sorted(eos_ids) or [-1], dtype=torch.int64, device=dev)  # -1: no EOS
         self._last_exited = kv.layout is KVLayout.LAST_EXITED
         # The state machine around the loop: fused Triton kernels with the graph-safe GPU backends, else
-        # their torch twins (same functions).
-        if dev.type == "cuda" and getattr(model.backend, "graph_safe", False):
-            from .kernels import decode_step as ops
-        else:
-            ops = decode_step
-        self.ops = ops
+        # their torch twins.
+        self.fused = dev.type == "cuda" and getattr(model.backend, "graph_safe", False)
         self.carry: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> (loop output, first row) of a prompt chunk
         self.stats = RunnerStats()
         self.record_logits = False
@@ -200,7 +195,8 @@ class ModelRunner:
     # ---- the decode state machine (runs eagerly or inside a graph) ----
     def _decode_inputs(self, idx: torch.Tensor) -> DecodeInputs:
         """The loop's inputs for decode rows `idx` (slots), read from the decode state."""
-        return self.ops.prepare(self.state, idx, self.model.embed_tokens, self.kv.block_size, self._last_exited)
+        return decode_step.prepare(self.state, idx, self.model.embed_tokens, self.kv.block_size, self._last_exited,
+                                   self.fused)
 
     def _advance_decode(self, idx: torch.Tensor, rows: DecodeInputs, out: torch.Tensor, rec: torch.Tensor,
                         mode: SamplerMode) -> torch.Tensor:
@@ -209,8 +205,8 @@ class ModelRunner:
         lam = self.policy.gate_values(self.model, out) if self.policy.needs_gate else None
         logits = self.model.logits(out)
         tok, lp = self._sample(idx, logits, mode)
-        src, dst = self.ops.advance(st, idx, lam, tok, lp, rows.slots_all, self.eos, rec, self.policy.mode,
-                                    self._last_exited)
+        src, dst = decode_step.advance(st, idx, lam, tok, lp, rows.slots_all, self.eos, rec, self.policy.mode,
+                                       self._last_exited, self.fused)
         if self._last_exited and self.num_loops > 1:
             self.model.backend.copy_kv_slots(self.kv.kv, src.flatten(), dst.flatten())
         st.hidden.index_copy_(0, idx, out)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .config import KVLayout, OuroConfig
+from ..config import KVLayout, OuroConfig
 
 
 @dataclass

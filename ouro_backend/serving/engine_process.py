@@ -36,8 +36,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -45,18 +47,16 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-import secrets
-import stat
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
 from typing import Callable, NamedTuple, Optional
 
-from .config import ConfigError, EngineConfig
-from .round_trace import RoundTrace
-from .sampling_params import RequestError, SamplingParams
-from .serving.metrics import MetricsBuffer
+from ..config import ConfigError, EngineConfig
+from ..engine.round_trace import RoundTrace
+from ..sampling_params import RequestError, SamplingParams
+from .metrics import MetricsBuffer
 
-log = logging.getLogger("ouro_backend.engine_process")
+log = logging.getLogger("ouro_backend.serving.engine_process")
 
 
 class Delta(NamedTuple):
@@ -257,7 +257,7 @@ def start_engine_process(config: EngineConfig, address: str, on_message, on_clos
     parent, child = socket.socketpair()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen([_python(), "-m", "ouro_backend.engine_process", "--owner-fd", str(child.fileno()),
+    proc = subprocess.Popen([_python(), "-m", "ouro_backend.serving.engine_process", "--owner-fd", str(child.fileno()),
                              "--address", address], pass_fds=[child.fileno()], env=env)
     child.close()
     conn = Connection(parent.detach())
@@ -495,7 +495,7 @@ def main(argv: Optional[list] = None) -> int:
     owner = Connection(args.owner_fd)
     kind, config, metrics_interval_s, authkey = owner.recv()
     try:
-        from .engine import LLMEngine
+        from ..engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
     except ConfigError as e:
@@ -519,7 +519,7 @@ def main(argv: Optional[list] = None) -> int:
 
 if __name__ == "__main__":
     # Run the module under its real name: what crosses the sockets must unpickle as
-    # ouro_backend.engine_process.X on the other side, not as __main__.X.
-    from ouro_backend.engine_process import main as _main
+    # ouro_backend.serving.engine_process.X on the other side, not as __main__.X.
+    from ouro_backend.serving.engine_process import main as _main
 
     sys.exit(_main())

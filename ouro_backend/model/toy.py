@@ -2,7 +2,7 @@
 shapes for benchmarks. They are written in the HF layout and load through exactly the same code as a
 downloaded checkpoint (checkpoint.load_config / load_weights, tokenizer.load_tokenizer).
 
-    python -m ouro_backend.toy --out DIR [--seed 0] [--shape toy|ouro-1.4b|ouro-2.6b] [--dtype D] [--shards N]
+    python -m ouro_backend.model.toy --out DIR [--seed 0] [--shape toy|ouro-1.4b|ouro-2.6b] [--dtype D] [--shards N]
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from typing import Iterator, Mapping, Optional
 import torch
 from tokenizers import Tokenizer
 
+from ..config import OuroConfig
 from .checkpoint import CheckpointError, expected_shapes, save_checkpoint
-from .config import OuroConfig
 from .tokenizer import train_byte_level_bpe
 
 EOS_IDS = [0, 2]  # <|endoftext|> and <|im_end|>
@@ -235,7 +235,7 @@ def ensure_toy_checkpoint(path: Optional[str | os.PathLike] = None) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ouro_backend.toy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ouro_backend.model.toy", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory (HF layout)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shape", default="toy", choices=list(SHAPES))

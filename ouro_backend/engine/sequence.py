@@ -5,9 +5,9 @@ import enum
 import time
 from typing import Optional
 
-from .outputs import RequestOutput
-from .sampling_params import SamplingParams
-from .tokenizer import PREFIX_WINDOW, IncrementalDetokenizer, decode_delta
+from ..model.tokenizer import PREFIX_WINDOW, IncrementalDetokenizer, decode_delta
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
 
 
 class Status(enum.Enum):

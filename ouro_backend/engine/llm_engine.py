@@ -10,20 +10,20 @@ from typing import Optional, Sequence as Seq, Union
 
 import torch
 
-from .checkpoint import load_config, load_weights, read_eos_ids
-from .prefix_cache import PrefixCache
-from .config import ConfigError, EngineConfig, KVLayout
-from .attention import get_backend
+from ..config import ConfigError, EngineConfig, KVLayout
+from ..model.attention import TorchBackend
+from ..model.checkpoint import load_config, load_weights, read_eos_ids
+from ..model.ouro import OuroModel
+from ..model.tokenizer import load_tokenizer
+from ..outputs import RequestOutput
+from ..sampling_params import RequestError, SamplingParams
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
-from .model import OuroModel
-from .outputs import RequestOutput
-from .runner import Emitted, Launch, ModelRunner
-from .sampling_params import RequestError, SamplingParams
+from .model_runner import Emitted, Launch, ModelRunner
+from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
-from .speculation import mean_accepted_length
 from .sequence import Sequence, StopChecker
-from .tokenizer import load_tokenizer
+from .speculation import mean_accepted_length
 
 log = logging.getLogger("ouro_backend")
 Prompt = Union[str, list[int]]
@@ -46,6 +46,23 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+
+def attention_backend(name: str, device: torch.device, block_size: int = 16):
+    """The attention backend: 'auto' is our Triton kernels on CUDA (the measured path), torch elsewhere."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TorchBackend()
+    if name == "triton":
+        from ..kernels.backend import TritonBackend
+
+        return TritonBackend()
+    if name == "flash":
+        from ..kernels.flash import FlashBackend
+
+        return FlashBackend(device, block_size)
+    raise ValueError(f"unknown attention backend {name!r}")
+
 class LLMEngine:
     # Per-output text deltas for in-process streaming; the Triton model leaves this off (post-processing
     # detokenizes). The final output always carries the whole text.
@@ -56,7 +73,7 @@ class LLMEngine:
         self.config = cfg
         path = cfg.resolved_model_path()
         if path is None:
-            from .models import default_model
+            from ..models import default_model
 
             path = default_model()
         self.model_path = path
@@ -79,7 +96,7 @@ class LLMEngine:
             raise ConfigError(f"spec_tokens > 0 verifies at full depth, but the checkpoint's early_exit_threshold "
                               f"is {self.exit_threshold}: set exit_threshold=1.0")
         # Drafts run up to spec_tokens positions past a request's last token.
-        self.model = OuroModel(mcfg, weights, get_backend(cfg.attention_backend, self.device, cfg.block_size),
+        self.model = OuroModel(mcfg, weights, attention_backend(cfg.attention_backend, self.device, cfg.block_size),
                                self.max_model_len + cfg.spec_tokens)
         del weights
         log.info("loaded %s (%s, %s) in %.1fs", path, self.dtype, self.device, time.monotonic() - t0)

@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import ConfigError, OuroConfig
+from ..config import ConfigError, OuroConfig
 
 PathLike = Union[str, os.PathLike]
 SINGLE_FILE = "model.safetensors"
