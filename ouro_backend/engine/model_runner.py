@@ -524,7 +524,9 @@ class ModelRunner:
         zero = torch.zeros(1, dtype=torch.long, device=dev)
         self.model.backend.copy_kv_slots(self.kv.kv, zero, zero)
         torch.cuda.synchronize(dev)
-        before = torch.cuda.memory_allocated(dev)
+        # Reserved, not allocated: what a graph uses inside itself is free to the allocator after its
+        # capture yet stays in the graphs' pool for its replays.
+        before = torch.cuda.memory_reserved(dev)
         self._pool = None
         # A collection during a capture would run Python finalizers (and their CUDA frees) mid-capture and
         # costs seconds over hundreds of captures: collect once, then pause the collector until done.
@@ -535,7 +537,7 @@ class ModelRunner:
         finally:
             gc.enable()
         torch.cuda.synchronize(dev)
-        self.graph_memory = torch.cuda.memory_allocated(dev) - before
+        self.graph_memory = torch.cuda.memory_reserved(dev) - before
 
     def _capture_all(self, max_rows: int, row_buckets: list[int], tok_buckets: list[int],
                      rounds_per_launch: int) -> None:
