@@ -44,6 +44,7 @@ for part in $parts; do
       run unshared-off "$PWD" $plain --engine-arg enable_prefix_caching=false
       run unshared-on "$PWD" $plain --engine-arg enable_prefix_caching=true ;;
     cap1k)
+      lim=${RUN_LIMIT:-300}  # 512 requests living 320+ tokens each, and graphs for 512 rows
       cap="--concurrency 512 --num-requests 512 --input-len 1024 --max-tokens 4096 --min-tokens 256 --eos-every 64 --engine-arg max_num_seqs=512"
       for layout in last_exited shared; do
         run "cap1k-$layout-old" "$old" $cap --engine-arg kv_layout=$layout
