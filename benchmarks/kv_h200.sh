@@ -46,7 +46,7 @@ for part in $parts; do
     cap1k)
       lim=${RUN_LIMIT:-300}  # 512 requests living 320+ tokens each, and graphs for 512 rows
       cap="--concurrency 512 --num-requests 512 --input-len 1024 --max-tokens 4096 --min-tokens 256 --eos-every 64 --engine-arg max_num_seqs=512"
-      for layout in last_exited shared; do
+      for layout in ${LAYOUTS:-last_exited shared}; do  # one layout per device call fits its 600 s
         run "cap1k-$layout-old" "$old" $cap --engine-arg kv_layout=$layout
         run "cap1k-$layout-new" "$PWD" $cap --engine-arg kv_layout=$layout
       done ;;
