@@ -201,6 +201,22 @@ def test_streamed_deltas_concatenate_to_one_shot_text(tokenizer, text, chunks):
     assert "".join(deltas) == tokenizer.decode(ids) == text
 
 
+@pytest.mark.parametrize("flags", [(False,) * 5, (True,) * 5, (True, False, True, False, True)])
+@pytest.mark.parametrize("reason, echo, trim", [(None, "", 0), ("stop", "Prompt:", 3), ("abort", "", 0)])
+def test_front_responses_equal_the_ensembles_postprocessing(tokenizer, flags, reason, echo, trim):
+    """The `ouro` front builds client tensors straight from a response's fields; `ouro_ensemble` goes through
+    the engine's tensors and `postprocessing`. Both give the same tensors."""
+    ids = tokenizer.encode(" the robot said STOP here", add_special_tokens=False).ids
+    fields = dict(output_ids=ids, prefix_ids=ids[:2], exit_depths=[3] * len(ids), trim_chars=trim,
+                  num_input_tokens=9, finish_reason=reason, echo_text=echo, return_flags=flags,
+                  spec_counts=(12, 7), num_cached_tokens=32)
+    direct = protocol.client_response_arrays(tokenizer, **fields)
+    via_engine = postprocess_arrays(tokenizer, engine_response_arrays(**fields))
+    assert direct.keys() == via_engine.keys()
+    for k in direct:
+        assert direct[k].dtype == via_engine[k].dtype and direct[k].tolist() == via_engine[k].tolist(), k
+
+
 def test_postprocess_echo_trim_and_return_flags(tokenizer):
     ids = tokenizer.encode(" the robot said STOP here", add_special_tokens=False).ids
     base = {"output_ids": np.array([ids], np.int32), "prefix_ids": np.zeros((1, 0), np.int32),

@@ -217,7 +217,7 @@ def test_watcher_never_asks_a_finished_request():
 ])
 def test_bad_response_conversion_ends_the_request_and_aborts_it(error, message):
     class Failing(Model):
-        def client_arrays(self, stream, arrays):
+        def response_arrays(self, fields):
             raise error
 
     m = Failing()

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from . import protocol
 from .engine_process import EngineClient, EngineProcessError, engine_address
 from .options import FrontOptions, decoupled_model_config, model_config_parameters, tensor_arrays, typed_options
-from .streams import Stream, StreamingModel
+from .streams import StreamingModel
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -86,8 +86,8 @@ class FrontModel(StreamingModel):
         ids = protocol.tokenize_arrays(self._tokenizer, parsed.prompt)["input_ids"].reshape(-1).tolist()
         return parsed, ids, f"{self.model_name}-{uuid.uuid4().hex}"
 
-    def client_arrays(self, stream: Stream, arrays: dict) -> dict:
-        return protocol.postprocess_arrays(self._tokenizer, arrays)
+    def response_arrays(self, fields: dict) -> dict:
+        return protocol.client_response_arrays(self._tokenizer, **fields)
 
     def count_error(self) -> None:
         """The metrics live in `ouro_engine`: the engine process counts this error for it."""

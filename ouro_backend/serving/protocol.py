@@ -403,33 +403,48 @@ def detokenize(tokenizer, output_ids: Sequence[int], prefix_ids: Sequence[int], 
     return text
 
 
+def client_response_arrays(tokenizer, output_ids: Sequence[int], prefix_ids: Sequence[int],
+                           exit_depths: Sequence[int], trim_chars: int, num_input_tokens: int,
+                           finish_reason: Optional[str], echo_text: str = "",
+                           return_flags: Sequence[bool] = (False,) * len(RETURN_FLAGS),
+                           spec_counts: tuple[int, int] = (0, 0), num_cached_tokens: int = 0,
+                           num_output_tokens: Optional[int] = None) -> dict[str, np.ndarray]:
+    """One client-facing response from an engine response's fields (as `engine_response_arrays` takes
+    them): the `ouro` front builds it directly, `postprocessing` from the engine's tensors."""
+    if len(return_flags) != len(RETURN_FLAGS):
+        raise ValueError(f"{len(return_flags)} return flags for {len(RETURN_FLAGS)}: {', '.join(RETURN_FLAGS)}")
+    want = dict(zip(RETURN_FLAGS, return_flags))
+    text = detokenize(tokenizer, output_ids, prefix_ids, trim_chars, final=bool(finish_reason), prompt_text=echo_text)
+    out = {"text_output": _string(text), "exit_depths": _ints(exit_depths)}
+    if want["return_num_input_tokens"]:
+        out["num_input_tokens"] = _scalar_int(num_input_tokens)
+    if want["return_num_output_tokens"]:
+        out["num_output_tokens"] = _scalar_int(len(output_ids) if num_output_tokens is None else num_output_tokens)
+    if want["return_finish_reason"]:
+        out["finish_reason"] = _string(finish_reason_name(finish_reason))
+    if want["return_spec_counts"]:
+        out["num_spec_drafted_tokens"] = _scalar_int(spec_counts[0])
+        out["num_spec_accepted_tokens"] = _scalar_int(spec_counts[1])
+    if want["return_num_cached_tokens"]:
+        out["num_cached_tokens"] = _scalar_int(num_cached_tokens)
+    return out
+
+
 def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """`postprocessing`: one engine response's tensors -> the client-facing tensors."""
     check_known_inputs(inputs, POST_INPUTS, "postprocessing")
     for name in ("output_ids", "prefix_ids"):
         if inputs.get(name) is None:
             raise RequestError(f"missing required input {name!r}")
+    scalar = lambda name, default: read_scalar(inputs, name, POST_INPUTS, default)  # noqa: E731
     ids = read_list(inputs, "output_ids", POST_INPUTS)
-    prefix = read_list(inputs, "prefix_ids", POST_INPUTS)
-    trim = read_scalar(inputs, "trim_chars", POST_INPUTS, 0)
-    reason = read_scalar(inputs, "finish_reason", POST_INPUTS, "")
-    echo = read_scalar(inputs, "echo_text", POST_INPUTS, "")
-    text = detokenize(tokenizer, ids, prefix, trim, final=bool(reason), prompt_text=echo)
     depths = read_list(inputs, "exit_depths", POST_INPUTS)
-    out = {"text_output": _string(text), "exit_depths": _ints(depths if depths is not None else [])}
-    if read_scalar(inputs, "return_num_input_tokens", POST_INPUTS, False):
-        out["num_input_tokens"] = _scalar_int(read_scalar(inputs, "num_input_tokens", POST_INPUTS, 0))
-    if read_scalar(inputs, "return_num_output_tokens", POST_INPUTS, False):
-        n = read_scalar(inputs, "num_output_tokens", POST_INPUTS, None)
-        out["num_output_tokens"] = _scalar_int(len(ids) if n is None else n)
-    if read_scalar(inputs, "return_finish_reason", POST_INPUTS, False):
-        out["finish_reason"] = _string(finish_reason_name(reason))
-    if read_scalar(inputs, "return_spec_counts", POST_INPUTS, False):
-        for name in ("num_spec_drafted_tokens", "num_spec_accepted_tokens"):
-            out[name] = _scalar_int(read_scalar(inputs, name, POST_INPUTS, 0))
-    if read_scalar(inputs, "return_num_cached_tokens", POST_INPUTS, False):
-        out["num_cached_tokens"] = _scalar_int(read_scalar(inputs, "num_cached_tokens", POST_INPUTS, 0))
-    return out
+    return client_response_arrays(
+        tokenizer, ids, read_list(inputs, "prefix_ids", POST_INPUTS), depths if depths is not None else [],
+        scalar("trim_chars", 0), scalar("num_input_tokens", 0), scalar("finish_reason", ""),
+        echo_text=scalar("echo_text", ""), return_flags=tuple(bool(scalar(f, False)) for f in RETURN_FLAGS),
+        spec_counts=(scalar("num_spec_drafted_tokens", 0), scalar("num_spec_accepted_tokens", 0)),
+        num_cached_tokens=scalar("num_cached_tokens", 0), num_output_tokens=scalar("num_output_tokens", None))
 
 
 def tokenize_arrays(tokenizer, text: str) -> dict[str, np.ndarray]:

@@ -62,7 +62,7 @@ class Stream:
 
 class StreamingModel(abc.ABC):
     """Base of EngineModel and FrontModel: they say how to reach the engine and how to read a request,
-    and may convert responses (`client_arrays`) and count their own errors (`count_error`)."""
+    and may build other responses (`response_arrays`) and count their own errors (`count_error`)."""
 
     model_name = "ouro"
 
@@ -88,9 +88,10 @@ class StreamingModel(abc.ABC):
         """(parsed request, prompt ids, request id), or None when the request was a control request that
         is already answered. Raises RequestError for bad input."""
 
-    def client_arrays(self, stream: Stream, arrays: dict) -> dict:
-        """The engine's response arrays -> what this model returns (the front detokenizes here)."""
-        return arrays
+    def response_arrays(self, fields: dict) -> dict:
+        """One response's tensors from its fields (`protocol.engine_response_arrays`'s arguments): the
+        engine's tensors here; the front returns the client's directly (it detokenizes)."""
+        return protocol.engine_response_arrays(**fields)
 
     def count_error(self) -> None:
         """A request ended with an error made here, not in the engine (`ouro_request_errors_total`)."""
@@ -207,14 +208,14 @@ class StreamingModel(abc.ABC):
             return
         final = reason is not None
         p = s.parsed
-        arrays = protocol.engine_response_arrays(
-            ids, prefix, depths, trim, s.num_input, reason,
-            echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
-            return_flags=(p.return_num_input_tokens, p.return_num_output_tokens, p.return_finish_reason,
-                          p.return_spec_counts, p.return_num_cached_tokens), spec_counts=spec_counts,
-            num_cached_tokens=s.num_cached)
+        fields = dict(output_ids=ids, prefix_ids=prefix, exit_depths=depths, trim_chars=trim,
+                      num_input_tokens=s.num_input, finish_reason=reason,
+                      echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
+                      return_flags=(p.return_num_input_tokens, p.return_num_output_tokens, p.return_finish_reason,
+                                    p.return_spec_counts, p.return_num_cached_tokens),
+                      spec_counts=spec_counts, num_cached_tokens=s.num_cached)
         try:
-            arrays = self.client_arrays(s, arrays)
+            arrays = self.response_arrays(fields)
             response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()])
         except Exception as e:  # e.g. the front's detokenizer: end the request, stop the engine
             if not isinstance(e, RequestError):
