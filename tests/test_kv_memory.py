@@ -202,6 +202,7 @@ def test_prefix_cache_under_pressure_evicts_and_stays_exact(toy_path):
         assert_same(run.final[rid], alone(toy_path, prompt, p), f"request {rid}")
     assert all(e.refs == 0 for e in eng.kv.prefix.entries.values())
     assert eng.kv.prefix.num_evictable == sum(len(e.blocks) for e in eng.kv.prefix.entries.values())
+    assert st["prefix_cache_blocks"] == eng.kv.prefix.num_evictable > 0
     check_clean(eng)
 
 

@@ -129,14 +129,3 @@ class KVCache:
 
     def slot(self, table: list[int], pos: int) -> int:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
-
-    def decode_plane(self, loop: int) -> int:
-        """Plane (0-based) a decode row at `loop` (1-based) reads and writes."""
-        return loop - 1 if self.layout is KVLayout.LAST_EXITED else self.num_loops - 1
-
-    def exit_fill_slots(self, tables: list[list[int]], pos: int, exit_loop: int) -> list[tuple[int, int]]:
-        """LAST_EXITED: (src, dst) slot pairs that copy position pos from plane exit_loop to the deeper ones."""
-        if self.layout is not KVLayout.LAST_EXITED or exit_loop >= self.num_loops:
-            return []
-        src = self.slot(tables[exit_loop - 1], pos)
-        return [(src, self.slot(tables[p], pos)) for p in range(exit_loop, self.num_loops)]

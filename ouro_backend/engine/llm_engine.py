@@ -46,7 +46,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-
 def attention_backend(name: str, device: torch.device, block_size: int = 16):
     """The attention backend: 'auto' is our Triton kernels on CUDA (the measured path), torch elsewhere."""
     if name == "auto":
@@ -62,6 +61,7 @@ def attention_backend(name: str, device: torch.device, block_size: int = 16):
 
         return FlashBackend(device, block_size)
     raise ValueError(f"unknown attention backend {name!r}")
+
 
 class LLMEngine:
     # Per-output text deltas for in-process streaming; the Triton model leaves this off (post-processing
@@ -292,7 +292,8 @@ class LLMEngine:
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                     kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.num_available,
                     prefix_cache_hit_rate=(prefix.hit_rate or 0.0) if prefix else 0.0,
-                    prefix_cache_blocks=sum(len(e.blocks) for e in prefix.entries.values()) if prefix else 0,
+                    # an entry holds one block per plane
+                    prefix_cache_blocks=len(prefix.entries) * kv.num_loops if prefix else 0,
                     kv_usage=used / kv.num_blocks, **dataclasses.asdict(rs), **self.counters,
                     num_preemptions=self.scheduler.num_preemptions, num_recomputes=self.scheduler.num_recomputes,
                     num_swapped=len(self.scheduler.swapped),

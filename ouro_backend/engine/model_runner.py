@@ -363,7 +363,7 @@ class ModelRunner:
             else:  # a recompute: past its recorded depth a position writes nothing; at it, it fills deeper planes
                 for p in range(c.start, end):
                     d = c.seq.position_depth(p, T)
-                    slots.append(table[p // bs] * bs + p % bs if d >= c.loop else -1)
+                    slots.append(self.kv.slot(table, p) if d >= c.loop else -1)
                     if d == c.loop:
                         fill_src += [slots[-1]] * (T - d)
                         fill_dst += [self.kv.slot(c.seq.block_tables[q], p) for q in range(d, T)]

@@ -359,6 +359,11 @@ def finish_reason_name(reason: Optional[str]) -> str:
     return FINISH_REASONS.get(reason, reason)
 
 
+def _check_return_flags(flags: Sequence[bool]) -> None:
+    if len(flags) != len(RETURN_FLAGS):
+        raise ValueError(f"{len(flags)} return flags for {len(RETURN_FLAGS)}: {', '.join(RETURN_FLAGS)}")
+
+
 def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int], exit_depths: Sequence[int],
                            trim_chars: int, num_input_tokens: int, finish_reason: Optional[str],
                            echo_text: str = "", return_flags: Sequence[bool] = (False,) * len(RETURN_FLAGS),
@@ -368,8 +373,7 @@ def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int],
     prompt tokens found in the prefix cache."""
     if len(exit_depths) != len(output_ids):
         raise ValueError(f"{len(output_ids)} tokens but {len(exit_depths)} exit depths")
-    if len(return_flags) != len(RETURN_FLAGS):
-        raise ValueError(f"{len(return_flags)} return flags for {len(RETURN_FLAGS)}: {', '.join(RETURN_FLAGS)}")
+    _check_return_flags(return_flags)
     return {
         "output_ids": _ints(output_ids),
         "prefix_ids": _ints(prefix_ids),
@@ -411,8 +415,7 @@ def client_response_arrays(tokenizer, output_ids: Sequence[int], prefix_ids: Seq
                            num_output_tokens: Optional[int] = None) -> dict[str, np.ndarray]:
     """One client-facing response from an engine response's fields (as `engine_response_arrays` takes
     them): the `ouro` front builds it directly, `postprocessing` from the engine's tensors."""
-    if len(return_flags) != len(RETURN_FLAGS):
-        raise ValueError(f"{len(return_flags)} return flags for {len(RETURN_FLAGS)}: {', '.join(RETURN_FLAGS)}")
+    _check_return_flags(return_flags)
     want = dict(zip(RETURN_FLAGS, return_flags))
     text = detokenize(tokenizer, output_ids, prefix_ids, trim_chars, final=bool(finish_reason), prompt_text=echo_text)
     out = {"text_output": _string(text), "exit_depths": _ints(exit_depths)}
