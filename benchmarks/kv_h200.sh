@@ -10,16 +10,19 @@
 #           unshared prompts, off vs on (what caching costs when nothing is shared)
 #   cap1k   1K-token prompts, 512 at once (max_num_seqs 512), each generating 256 + ~64 tokens (long enough that
 #           the cache, not the prefill rate, bounds how many run): the most running at once, both layouts, old vs new
+# ENGINES (default "old new") picks the engines of the c64 and cap1k parts: "new" alone skips $OLD.
 # Each run's JSON and log go to $OUT.
 set -uo pipefail
 out=${OUT:-kv-out}; mkdir -p "$out"; out=$(cd "$out" && pwd)
-old=${OLD:-.old-engine}; old=$(cd "$old" && pwd)
+engines=${ENGINES:-old new}
+old=${OLD:-.old-engine}; [[ $engines == *old* ]] && old=$(cd "$old" && pwd)
 export OURO_CACHE_DIR=${OURO_CACHE_DIR:-/tmp/ourocache} PYTHONUNBUFFERED=1
 parts=${PARTS:-tests c64 prefix cap1k}
 lim=${RUN_LIMIT:-150}
 
-run() {  # run NAME ENGINE_DIR ARGS...: one kv_capacity.py run
+run() {  # run NAME ENGINE_DIR ARGS...: one kv_capacity.py run, unless ENGINES leaves NAME's engine out
   local name=$1 engine=$2; shift 2
+  case ${name##*-} in old|new) [[ " $engines " == *" ${name##*-} "* ]] || return 0 ;; esac
   echo "== $name $(date +%T)"
   PYTHONPATH=$engine timeout "$lim" python3 benchmarks/kv_capacity.py --label "$name" --out "$out/$name.json" "$@" \
     > "$out/$name.log" 2>&1
