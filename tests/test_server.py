@@ -542,7 +542,7 @@ def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
     srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1")  # this host only
     srv.start(timeout=300)
     try:
-        pid = int(re.search(r"engine ready \(process (\d+)\)", srv.log_text()).group(1))
+        pid = int(re.search(r"engine 0 ready on \S+ \(process (\d+)\)", srv.log_text()).group(1))
         opts = request_options(max_tokens=1500, ignore_eos=True, temperature=0.0, stream=True)
         models = ("ouro", "ouro_ensemble")
         started = {m: threading.Event() for m in models}
@@ -579,6 +579,57 @@ def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
         code = srv.stop()
     assert code == 0, srv.log_tail()
 
+
+
+def engine_tokens(server) -> dict[str, float]:
+    """ouro_generation_tokens_total of each engine process (label `engine`)."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for labels, value in re.findall(r"^ouro_generation_tokens_total\{([^}]*)\} (\S+)$", text, re.M):
+        engine = re.search(r'engine="(\d+)"', labels).group(1)
+        out[engine] = out.get(engine, 0.0) + float(value)
+    return out
+
+
+def test_every_device_serves_and_a_killed_engine_comes_back(toy_path, llm):
+    """engine_devices=cpu,cpu (what `auto` makes of two GPUs, here on the CPU): requests through both models
+    spread over the two engine processes with the offline engine's text, each engine has its own metrics
+    series, and a killed engine leaves the other serving and is back within a minute."""
+    import signal
+
+    srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1",
+                          devices=f"{DEVICE},{DEVICE}" if DEVICE == "cpu" else "cuda:0,cuda:0")
+    srv.start(timeout=300)
+    try:
+        pids = {int(i): int(p) for i, p in re.findall(r"engine (\d) ready on \S+ \(process (\d+)\)", srv.log_text())}
+        assert sorted(pids) == [0, 1], srv.log_tail()
+        opts = request_options(max_tokens=16, temperature=0.0, stream=True)
+        ref = {p: offline(llm, p, max_tokens=16, temperature=0.0).text for p in PROMPTS}
+        work = [(m, p) for m in ("ouro", "ouro_ensemble") for p in PROMPTS]
+
+        def serve_all():
+            with ThreadPoolExecutor(8) as ex:
+                got = list(ex.map(lambda mp: generate(srv.grpc_url, mp[0], mp[1], opts, timeout=60), work))
+            assert [(r.error, r.text) for r in got] == [(None, ref[p]) for _, p in work]
+
+        serve_all()
+        assert wait_for(lambda: (c := engine_tokens(srv)) and c.get("0", 0) > 0 and c.get("1", 0) > 0), \
+            f"both engines take requests: {engine_tokens(srv)}"
+
+        os.kill(pids[1], signal.SIGKILL)
+        assert wait_for(lambda: "engine 1 (" in srv.log_text() and "exited with code" in srv.log_text(), timeout=30)
+        serve_all()  # the other engine serves on (and engine 1 once it is back)
+        back = wait_for(lambda: re.findall(r"engine 1 \(\S+\): engine process (\d+) ready", srv.log_text()),
+                        timeout=60)
+        assert back and int(back[-1]) != pids[1], "engine 1 was not restarted within a minute"
+        before = engine_tokens(srv).get("1", 0)
+        time.sleep(1.0)  # the front retries a lost engine at most once a second
+        serve_all()
+        assert wait_for(lambda: engine_tokens(srv).get("1", 0) > before), "the restarted engine gets requests again"
+    finally:
+        code = srv.stop()
+    assert code == 0, srv.log_tail()
+    assert "Traceback" not in srv.log_text()
 
 
 @pytest.mark.parametrize("model, message", [

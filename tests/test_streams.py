@@ -14,11 +14,13 @@ from ouro_backend.config import ConfigError
 from ouro_backend.sampling_params import RequestError, SamplingParams
 from ouro_backend.serving import protocol
 from ouro_backend.serving.cancellation import CancelWatcher
-from ouro_backend.serving.engine_process import Delta, EngineProcessError
+from ouro_backend.serving.engine_pool import EngineRouter
+from ouro_backend.serving.engine_process import Delta, Load
 from ouro_backend.serving.options import FrontOptions, ServingOptions, typed_options
 from ouro_backend.serving.streams import StreamingModel
 
 FINAL = 1
+IDLE = Load(0, 0.0)
 
 
 def fake_pb():
@@ -73,13 +75,11 @@ class Model(StreamingModel):
 
     def __init__(self, threads=2, cancel_interval=0.01):
         self.client = Client()
+        self.router = EngineRouter(1)
+        self.router.set_client(0, self.client)
         self.setup_streams(fake_pb(), ServingOptions(cancel_check_interval_s=cancel_interval,
                                                      response_threads=threads))
 
-    def engine(self):
-        if self.client.closed:
-            raise EngineProcessError("the engine process is gone")
-        return self.client
 
     def parse(self, request):
         stream, rid = request.payload
@@ -119,11 +119,11 @@ def test_streaming_coalesces_while_a_send_waits_and_keeps_order(model):
     sender = Sender(gate)
     model.execute([Request(sender)])
     assert model.client.added[0][0] == "r" and model.client.added[0][1] == [1, 2, 3]
-    model.on_engine_message(("outputs", [delta("r", [10])]))
+    model.on_engine_message(0, ("outputs", [delta("r", [10])], IDLE))
     wait(lambda: sender.gate is gate and model._streams["r"].queued is False)  # the sender holds [10]
     for t in (11, 12, 13):
-        model.on_engine_message(("outputs", [delta("r", [t])]))
-    model.on_engine_message(("outputs", [delta("r", [14], "length")]))
+        model.on_engine_message(0, ("outputs", [delta("r", [t])], IDLE))
+    model.on_engine_message(0, ("outputs", [delta("r", [14], "length")], IDLE))
     gate.set()
     assert sender.finished.wait(5)
     assert sender.tokens() == [10, 11, 12, 13, 14]
@@ -140,10 +140,10 @@ def test_non_streaming_gets_one_response(model):
     sender = Sender()
     model.execute([Request(sender, stream=False)])
     for t in (10, 11):
-        model.on_engine_message(("outputs", [delta("r", [t])]))
+        model.on_engine_message(0, ("outputs", [delta("r", [t])], IDLE))
     time.sleep(0.05)
     assert sender.sent == []
-    model.on_engine_message(("outputs", [delta("r", [12], "stop")]))
+    model.on_engine_message(0, ("outputs", [delta("r", [12], "stop")], IDLE))
     assert sender.finished.wait(5)
     assert len(sender.sent) == 1 and sender.tokens() == [10, 11, 12] and sender.sent[0][1] == FINAL
 
@@ -152,8 +152,8 @@ def test_many_streams_each_in_order(model):
     senders = {f"r{i}": Sender() for i in range(16)}
     model.execute([Request(s, rid=rid) for rid, s in senders.items()])
     for step in range(20):
-        model.on_engine_message(("outputs", [delta(rid, [step], "length" if step == 19 else None)
-                                             for rid in senders]))
+        model.on_engine_message(0, ("outputs", [delta(rid, [step], "length" if step == 19 else None)
+                                                for rid in senders], IDLE))
     for s in senders.values():
         assert s.finished.wait(5)
         assert s.tokens() == list(range(20))
@@ -162,8 +162,8 @@ def test_many_streams_each_in_order(model):
 def test_rejected_and_failed_requests_get_errors(model):
     a, b_ = Sender(), Sender()
     model.execute([Request(a, rid="a"), Request(b_, rid="b")])
-    model.on_engine_message(("rejected", "a", "prompt too long"))
-    model.on_engine_message(("failed", ["b"], "engine error: boom"))
+    model.on_engine_message(0, ("rejected", "a", "prompt too long"))
+    model.on_engine_message(0, ("failed", ["b"], "engine error: boom"))
     assert a.finished.wait(5) and b_.finished.wait(5)
     assert a.sent == [(dict(outputs={}, error="test: invalid request: prompt too long"), FINAL)]
     assert b_.sent[0][0]["error"] == "test: engine error: boom"
@@ -174,11 +174,11 @@ def test_lost_engine_ends_open_requests_and_refuses_new_ones(model):
     a = Sender()
     model.execute([Request(a, rid="a")])
     model.client.closed = True
-    model.on_engine_closed()
+    model.on_engine_closed(0)
     assert a.finished.wait(5) and "engine process exited" in a.sent[0][0]["error"]
     c = Sender()
     model.execute([Request(c, rid="c")])
-    assert c.sent[0][0]["error"] == "test: the engine process is gone"
+    assert c.sent[0][0]["error"] == "test: the engine process is gone (exited and restarting); see the server log"
 
 
 def test_duplicate_request_id_is_refused(model):
@@ -193,7 +193,7 @@ def test_cancelled_client_aborts_the_engine_request(model):
     model.execute([Request(a, rid="a")])
     a.cancelled = True
     wait(lambda: model.client.aborted == ["a"])
-    model.on_engine_message(("outputs", [delta("a", [], "abort")]))
+    model.on_engine_message(0, ("outputs", [delta("a", [], "abort")], IDLE))
     assert a.finished.wait(5)
     assert a.sent[-1][0]["outputs"]["finish_reason"][0][0] == b"cancelled" and a.sent[-1][1] == FINAL
     time.sleep(0.05)  # several watcher intervals: it must not ask the sender again
@@ -224,10 +224,10 @@ def test_bad_response_conversion_ends_the_request_and_aborts_it(error, message):
     try:
         a = Sender()
         m.execute([Request(a, rid="a")])
-        m.on_engine_message(("outputs", [delta("a", [1])]))
+        m.on_engine_message(0, ("outputs", [delta("a", [1])], IDLE))
         assert a.finished.wait(5)
         assert a.sent[0][0]["error"] == message and m.client.aborted == ["a"]
-        m.on_engine_message(("outputs", [delta("a", [2], "abort")]))  # the engine's last word is dropped
+        m.on_engine_message(0, ("outputs", [delta("a", [2], "abort")], IDLE))  # the engine's last word is dropped
         time.sleep(0.05)
         assert len(a.sent) == 1
     finally:
@@ -255,3 +255,53 @@ def test_typed_options():
     ]:
         with pytest.raises(ConfigError, match=match):
             typed_options(cls, values)
+
+
+# ------------------------------------------------------------------------------------------ several engines
+class TwoEngineModel(Model):
+    def __init__(self):
+        super().__init__()
+        self.clients = [Client(), Client()]
+        self.router = EngineRouter(2)
+        for i, c in enumerate(self.clients):
+            self.router.set_client(i, c)
+
+
+def test_requests_go_to_the_least_loaded_engine_and_a_lost_one_ends_only_its_own():
+    m = TwoEngineModel()
+    try:
+        senders = {rid: Sender() for rid in "abcd"}
+        m.execute([Request(s, rid=rid) for rid, s in senders.items()])
+        assert [r[0] for r in m.clients[0].added] == ["a", "c"] and [r[0] for r in m.clients[1].added] == ["b", "d"]
+        # engine 1 reports 5 requests of another client: the next two go to engine 0
+        m.on_engine_message(1, ("load", Load(7, 0.5)))
+        m.execute([Request(Sender(), rid="e"), Request(Sender(), rid="f")])
+        assert [r[0] for r in m.clients[0].added] == ["a", "c", "e", "f"]
+        senders["d"].cancelled = True  # cancellation reaches the engine that runs the request
+        wait(lambda: m.clients[1].aborted == ["d"])
+        m.on_engine_message(0, ("outputs", [delta("a", [1], "length")], Load(3, 0.1)))
+        assert senders["a"].finished.wait(5) and m.router.load(0) == 3
+        m.clients[1].closed = True
+        m.on_engine_closed(1)
+        assert senders["b"].finished.wait(5) and "engine process exited" in senders["b"].sent[0][0]["error"]
+        assert not senders["c"].finished.is_set()  # engine 0's requests go on
+        g = Sender()
+        m.execute([Request(g, rid="g")])  # only engine 0 is live
+        assert m.clients[0].added[-1][0] == "g" and g.sent == []
+    finally:
+        m.close_streams("closed")
+
+
+def test_router_counts_its_own_requests_at_once_and_the_others_as_reported():
+    r = EngineRouter(3)
+    for i in range(3):
+        r.set_client(i, Client())
+    assert [r.pick()[0] for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+    r.report(0, Load(10, 0.9))  # 2 of them ours: 8 more from other clients
+    r.report(1, Load(2, 0.6))
+    r.report(2, Load(2, 0.3))  # as many requests as engine 1, less KV in use: preferred
+    assert r.pick()[0] == 2 and r.load(0) == 10
+    r.release(0, 2)
+    assert r.load(0) == 8
+    r.clients[1].closed = True  # no connect callback: a closed engine is skipped
+    assert {r.pick()[0] for _ in range(4)} == {2}

@@ -1,15 +1,17 @@
-"""`ouro_engine`: the decoupled Python-backend model that owns the engine, callable with token ids.
+"""`ouro_engine`: the decoupled Python-backend model that owns the engines, callable with token ids.
 
-It starts the engine in a process of its own (ouro_backend.serving.engine_process) and streams requests to it;
-the `ouro` front of the same server sends its requests to that process directly, over the socket at
-`engine_address(model name, server pid)`. Threads and cancellation: ouro_backend.serving.streams.
+It starts one engine process per device (ouro_backend.serving.engine_pool; `engine_devices`, default every
+visible GPU) and streams each request to the least loaded one; the `ouro` front of the same server sends
+its requests to those processes directly, over their sockets. Threads and cancellation:
+ouro_backend.serving.streams.
 
-* The engine process reports metrics here (it sees every request, the front's too); a reporter thread
-  publishes them through pb_utils.MetricFamily (ouro_backend.serving.metrics).
-* A control request with `abort_request_id` aborts a running request by id.
-* If the engine process dies, every open request gets an error response, and a new engine process is
-  started (requests are refused with a clear error until it is ready; the front reconnects by itself).
-* `finalize()` answers what is left with an error and stops the engine process.
+* The engine processes report metrics here (they see every request, the front's too); a reporter thread
+  publishes them through pb_utils.MetricFamily, one series per engine (ouro_backend.serving.metrics).
+* A control request with `abort_request_id` aborts a running request by id (on every engine).
+* If an engine process dies, its open requests get an error response and a new process is started on its
+  device; the other engines serve on. Requests go to the live engines meanwhile (refused with a clear
+  error only while none is live); the front reconnects by itself.
+* `finalize()` answers what is left with an error and stops the engine processes.
 
 Metadata travels in tensors (24.10 cannot attach response parameters): see protocol.ENGINE_OUTPUTS.
 """
@@ -17,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import uuid
 from typing import Any, Optional
 
 from ..config import ConfigError, EngineConfig
 from . import protocol
-from .engine_process import EngineClient, EngineProcessError, engine_address, start_engine_process
+from .engine_pool import DEVICES_ENV, EnginePool, EngineRouter, resolve_devices
+from .engine_process import EngineClient, EngineProcessError
 from .metrics import EngineMetrics
 from .options import (ServingOptions, decoupled_model_config, engine_options, resolve_model_path, tensor_arrays,
                       typed_options)
@@ -35,7 +37,7 @@ log = logging.getLogger("ouro_backend.serving")
 class EngineModel(StreamingModel):
     """The logic of model_repository/ouro_engine/1/model.py (which only subclasses it)."""
 
-    metrics = None  # made once the engine process is up
+    metrics = None  # made once the engine processes are up
 
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
@@ -44,13 +46,17 @@ class EngineModel(StreamingModel):
         self.model_config, self.model_name = decoupled_model_config(pb_utils, args, "ouro_engine")
         try:
             options, serving_params = engine_options(self.model_config, args.get("model_repository"))
+            if os.environ.get(DEVICES_ENV):
+                serving_params = dict(serving_params, engine_devices=os.environ[DEVICES_ENV])
             serving = typed_options(ServingOptions, serving_params)
             config = EngineConfig.from_strings(options)
             config.model = resolve_model_path(options)["model"]
+            devices = resolve_devices(serving.engine_devices, config.device)
             self.setup_streams(pb_utils, serving)
-            self._engine_config, self._metrics_interval_s = config, serving.metrics_interval_s
-            self._unloading = False
-            self.client, self.process = self._start_engine()
+            self.pool = EnginePool(self.model_name, os.getppid(), config, devices, serving.metrics_interval_s,
+                                   self._on_message, self._on_closed, self._log)
+            self.router = EngineRouter(len(devices), self._owner_client)
+            self.pool.start()
         except ConfigError as e:
             self.close_streams("")
             # The message is what `tritonserver` prints for the failed load: make it the whole story.
@@ -60,50 +66,43 @@ class EngineModel(StreamingModel):
         except EngineProcessError as e:
             self.close_streams("")
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
-        info = self.client.info
+        for i, client in enumerate(self.pool.clients):
+            self.router.set_client(i, client)
+        info = self.pool.clients[0].info
         self.metrics = EngineMetrics(pb_utils, self.model_name, args.get("model_version", "1"), info.num_loops,
-                                     serving.metrics_interval_s)
-        pb_utils.Logger.log_info(
-            f"{self.model_name}: engine ready (process {info.pid}): model={info.model_path} device={info.device} "
-            f"dtype={info.dtype} loops={info.num_loops} max_model_len={info.max_model_len} "
-            f"kv_blocks={info.kv_blocks}")
+                                     serving.metrics_interval_s, tuple(devices))
+        for slot, client in zip(self.pool.slots, self.pool.clients):
+            i = client.info
+            pb_utils.Logger.log_info(
+                f"{self.model_name}: engine {slot.index} ready on {slot.device} (process {i.pid}): "
+                f"model={i.model_path} dtype={i.dtype} loops={i.num_loops} max_model_len={i.max_model_len} "
+                f"kv_blocks={i.kv_blocks}")
+        pb_utils.Logger.log_info(f"{self.model_name}: {len(devices)} engine process(es): {', '.join(devices)}")
 
-    def engine(self) -> EngineClient:
-        if self.client.closed:
-            raise EngineProcessError("the engine process exited and is being restarted; see the server log")
-        return self.client
+    def _owner_client(self, index: int) -> EngineClient:
+        """The router's way back to engine `index` after a restart: the pool's new owner connection."""
+        client = self.pool.clients[index]
+        if client is None or client.closed:
+            raise EngineProcessError(f"engine {index} is restarting")
+        return client
 
-    def _start_engine(self):
-        return start_engine_process(self._engine_config, engine_address(self.model_name, os.getppid()),
-                                    self._on_message, self._on_closed, self._metrics_interval_s)
+    def _log(self, level: str, text: str) -> None:
+        (self.pb.Logger.log_error if level == "error" else self.pb.Logger.log_info)(f"{self.model_name}: {text}")
 
     def count_error(self) -> None:
         if self.metrics is not None:
             self.metrics.add("errors", 1)
 
-    def _on_closed(self) -> None:
-        self.on_engine_closed()
-        if not self._unloading:
-            threading.Thread(target=self._restart, name="ouro-engine-restart", daemon=True).start()
+    def _on_closed(self, index: int) -> None:
+        self.router.set_client(index, None)
+        self.on_engine_closed(index)
 
-    def _restart(self) -> None:
-        code = self.process.wait()
-        self.pb.Logger.log_error(f"{self.model_name}: the engine process {self.process.pid} exited with code "
-                                 f"{code}; starting a new one")
-        try:
-            self.client, self.process = self._start_engine()
-        except Exception as e:
-            self.pb.Logger.log_error(f"{self.model_name}: the engine process could not be restarted ({e}); "
-                                     "reload the model")
-            return
-        self.pb.Logger.log_info(f"{self.model_name}: engine process {self.client.info.pid} ready")
-
-    def _on_message(self, msg: tuple) -> None:
+    def _on_message(self, index: int, msg: tuple) -> None:
         if msg[0] == "stats":
             if self.metrics is not None:  # None for the stats that come before initialize() made it
-                self.metrics.merge(msg[1])  # the process counts the requests it rejected or failed
+                self.metrics.merge(msg[1], index)  # the process counts the requests it rejected or failed
         else:
-            self.on_engine_message(msg)
+            self.on_engine_message(index, msg)
 
     def parse(self, request: Any) -> Optional[tuple[protocol.ParsedRequest, list[int], str]]:
         inputs = tensor_arrays(self.pb.get_input_tensor_by_name, request, protocol.ENGINE_INPUTS)
@@ -111,19 +110,18 @@ class EngineModel(StreamingModel):
         parsed = protocol.parse_request(inputs, specs=protocol.ENGINE_INPUTS, prompt_input="input_ids",
                                         model=self.model_name)
         if parsed.abort_request_id is not None:
-            self.engine().abort(parsed.abort_request_id)
+            live = [c for i in range(len(self.router)) if (c := self.router.live(i)) is not None]
+            if not live:
+                raise EngineProcessError("no engine process is running (restarting); see the server log")
+            for client in live:  # the id names a request of one of them; the others ignore it
+                client.abort(parsed.abort_request_id)
             return None
         return parsed, parsed.prompt, parsed.request_id or f"ouro-engine-{uuid.uuid4().hex}"
 
     def finalize(self) -> None:
-        self._unloading = True
         self.close_streams(f"{self.model_name}: the model is being unloaded")
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()  # the engine process exits when its owner channel closes
-            try:
-                self.process.wait(timeout=30)
-            except Exception:
-                self.process.kill()
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.close()
         if self.metrics is not None:
             self.metrics.close()

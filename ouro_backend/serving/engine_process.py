@@ -25,7 +25,9 @@ Messages (pickled by multiprocessing.connection), in order per connection:
   client -> engine   ("add", rid, prompt_ids, SamplingParams)   ("abort", rid)
                      ("error",)   the client answered a request with an error of its own (for the metrics)
   engine -> client   ("hello", EngineInfo)                       on connect (on the owner channel: "ready")
-                     ("outputs", [Delta, ...])                   after each step that moved its requests
+                     ("outputs", [Delta, ...], Load)             after each step that moved its requests
+                     ("load", Load)                              every `metrics_interval_s` (for routing:
+                                                                 engine_pool.EngineRouter)
                      ("rejected", rid, message)                  add_request refused it (a RequestError)
                      ("failed", [rid, ...], message)             a step raised; these requests are gone
   engine -> owner    ("stats", MetricsSnapshot)                  every `metrics_interval_s`
@@ -70,6 +72,12 @@ class Delta(NamedTuple):
     finish_reason: Optional[str]
     spec_counts: tuple[int, int] = (0, 0)  # self-speculation: the request's (drafted, accepted) so far
     num_cached: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
+class Load(NamedTuple):
+    """How busy an engine is, for clients that choose between engines."""
+    requests: int  # running + waiting + swapped
+    kv_usage: float  # used / total KV blocks
 
 
 @dataclass(frozen=True)
@@ -249,14 +257,16 @@ def _python() -> str:
 
 
 def start_engine_process(config: EngineConfig, address: str, on_message, on_close,
-                         metrics_interval_s: float = 0.25) -> tuple[EngineClient, subprocess.Popen]:
-    """Spawn the engine process and wait until its engine is built (weights, KV, CUDA graphs).
-    Returns the owner's client and the process. Raises ConfigError for a bad config or checkpoint (the
-    child's message), EngineProcessError if it died."""
+                         metrics_interval_s: float = 0.25,
+                         env: Optional[dict] = None) -> tuple[EngineClient, subprocess.Popen]:
+    """Spawn the engine process (with `env` added to this one's environment) and wait until its engine
+    is built (weights, KV, CUDA graphs). Returns the owner's client and the process. Raises ConfigError for
+    a bad config or checkpoint (the child's message), EngineProcessError if it died."""
     authkey = write_key(address)
     parent, child = socket.socketpair()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen([_python(), "-m", "ouro_backend.serving.engine_process", "--owner-fd", str(child.fileno()),
                              "--address", address], pass_fds=[child.fileno()], env=env)
     child.close()
@@ -314,6 +324,7 @@ class EngineServer:
         self._stop = threading.Event()
         self._pending: list = []  # the last step's outputs, sent during the next step
         self.owner = _Peer(owner, owner=True)
+        self._peers: set[_Peer] = {self.owner}  # every authenticated connection: they get the load reports
         if os.path.exists(address):
             os.unlink(address)  # a previous engine of the same server pid and model name
         self.address = address
@@ -340,6 +351,11 @@ class EngineServer:
                 last_stats = now
                 self._send_pending()
                 self.owner.send(("stats", self.metrics.take(engine.stats())))
+                load = ("load", self._load())
+                with self._lock:
+                    peers = list(self._peers)
+                for peer in peers:
+                    peer.send(load)
             if not engine.has_unfinished_requests():
                 self._send_pending()
                 self._wake.wait(self.metrics_interval_s)
@@ -378,6 +394,7 @@ class EngineServer:
                     if peer is not None:
                         peer.rids.discard(out.request_id)
         self.metrics.record(outputs)
+        load = self._load()
         for out, peer in zip(outputs, peers):
             if peer is None:
                 continue
@@ -386,8 +403,13 @@ class EngineServer:
                                out.trim_chars, out.finish_reason if out.finished else None,
                                (out.num_spec_drafted, out.num_spec_accepted), out.num_cached_tokens))
         for peer, deltas in batches.values():
-            if not peer.send(("outputs", deltas)):
+            if not peer.send(("outputs", deltas, load)):
                 self._drop(peer)
+
+    def _load(self) -> Load:
+        sched, kv = self.engine.scheduler, self.engine.kv
+        return Load(len(sched.running) + len(sched.waiting) + len(sched.swapped),
+                    1.0 - kv.num_available / kv.num_blocks)
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -414,6 +436,8 @@ class EngineServer:
             timer.cancel()
         peer = _Peer(conn, owner=False)
         if peer.send(("hello", self.info)):
+            with self._lock:
+                self._peers.add(peer)
             self._read(peer)
 
     def _read(self, peer: _Peer) -> None:
@@ -462,6 +486,7 @@ class EngineServer:
     def _drop(self, peer: _Peer) -> None:
         """A client went away: abort its requests, which frees their KV."""
         with self._lock:
+            self._peers.discard(peer)
             rids, peer.rids = list(peer.rids), set()
             for rid in rids:
                 self._routes.pop(rid, None)

@@ -10,21 +10,25 @@ of `ouro_engine` directly over its socket (engine_process.engine_address):
   `stop_stream(cancel_requests=True)`, a cancelled call or an HTTP disconnect through `is_cancelled()`
   and aborts the request in the engine, which frees its KV within a round.
 
-The engine must be `engine_model` of the same server (default `ouro_engine`). The front connects in the
-background at load, waiting up to `engine_connect_timeout_s` for the engine; requests that come meanwhile
-queue behind it. Later, a request that finds no connection tries once, and fails at once if no engine is
-there; after `ouro_engine` restarts its engine, the next request reconnects.
+The engines are the engine processes of `engine_model` of the same server (default `ouro_engine`), one
+per device, found through the manifest its pool leaves (engine_pool); each new request goes to the least
+loaded one. The front connects in the background at load, waiting up to `engine_connect_timeout_s` for the
+engines; requests that come meanwhile queue behind it. Later, an engine that is gone is retried at most
+once a second by the requests that come, which go to the live engines meanwhile (and fail at once if none
+is live); after `ouro_engine` restarts an engine, the next request reconnects to it.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 import uuid
 from typing import Any, Optional
 
 from . import protocol
-from .engine_process import EngineClient, EngineProcessError, engine_address
+from .engine_pool import EngineRouter, EngineSlot, read_manifest
+from .engine_process import EngineClient, EngineProcessError
 from .options import FrontOptions, decoupled_model_config, model_config_parameters, tensor_arrays, typed_options
 from .streams import StreamingModel
 
@@ -43,46 +47,70 @@ class FrontModel(StreamingModel):
             self.options = typed_options(FrontOptions, model_config_parameters(self.model_config))
         except ValueError as e:
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
-        self.address = engine_address(self.options.engine_model, os.getppid())
-        self._client: Optional[EngineClient] = None
+        self._slots: list[EngineSlot] = []
+        self.router: Optional[EngineRouter] = None
         self._tokenizer = None
         self._tokenizer_path: Optional[str] = None
         self._connect_lock = threading.Lock()
         self.setup_streams(pb_utils, self.options)
-        # Connect (and load the tokenizer) now if the engine is up, so the first request does not wait.
+        # Connect (and load the tokenizer) now if the engines are up, so the first request does not wait.
         threading.Thread(target=self._connect_quietly, name="ouro-connect", daemon=True).start()
 
     def _connect_quietly(self) -> None:
         try:
-            self.engine(timeout_s=self.options.engine_connect_timeout_s)
+            self._connect_all(timeout_s=self.options.engine_connect_timeout_s)
         except EngineProcessError as e:
             log.warning("%s: %s (requests will retry)", self.model_name, e)
 
-    def engine(self, timeout_s: float = 0.0) -> EngineClient:
-        """The connection to the engine process; (re)connects when there is none. Requests that come
-        while the start-up connect is still waiting for the engine queue on the lock behind it."""
-        client = self._client
-        if client is not None and not client.closed:
-            return client
+    def _connect_all(self, timeout_s: float = 0.0) -> EngineRouter:
+        """The router over every engine of `engine_model`, made at the first call that finds them (waiting
+        up to `timeout_s` for the manifest and for each engine). Requests that come while the start-up
+        connect is still waiting queue on the lock behind it."""
+        if self.router is not None:
+            return self.router
         with self._connect_lock:
-            if self._client is None or self._client.closed:
-                client = EngineClient.connect(self.address, self.on_engine_message, self.on_engine_closed,
-                                              timeout_s=timeout_s)
-                if client.info.model_path != self._tokenizer_path:
-                    from ..model.tokenizer import load_tokenizer
+            if self.router is not None:
+                return self.router
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    self._slots = read_manifest(self.options.engine_model, os.getppid())
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        raise EngineProcessError(f"no engine processes of {self.options.engine_model} in this "
+                                                 "server (is that model loaded?)") from None
+                    time.sleep(0.2)
+            router = EngineRouter(len(self._slots), self._connect)
+            for slot in self._slots:
+                try:
+                    router.set_client(slot.index, self._connect(slot.index, max(0.0, deadline - time.monotonic())))
+                except EngineProcessError as e:  # the others serve; this one is retried by requests
+                    log.warning("%s: engine %d: %s", self.model_name, slot.index, e)
+            if not any(c is not None for c in router.clients):
+                raise EngineProcessError(f"none of the {len(self._slots)} engine process(es) of "
+                                         f"{self.options.engine_model} answers")
+            self.router = router
+            return router
 
-                    self._tokenizer = load_tokenizer(client.info.model_path)
-                    self._tokenizer_path = client.info.model_path
-                self._client = client
-                self.pb.Logger.log_info(f"{self.model_name}: connected to the engine process {client.info.pid} "
-                                        f"of {self.options.engine_model} ({client.info.model_path})")
-            return self._client
+    def _connect(self, index: int, timeout_s: float = 0.0) -> EngineClient:
+        slot = self._slots[index]
+        client = EngineClient.connect(slot.address, lambda msg: self.on_engine_message(index, msg),
+                                      lambda: self.on_engine_closed(index), timeout_s=timeout_s)
+        if client.info.model_path != self._tokenizer_path:
+            from ..model.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(client.info.model_path)
+            self._tokenizer_path = client.info.model_path
+        self.pb.Logger.log_info(f"{self.model_name}: connected to engine {index} ({slot.device}, process "
+                                f"{client.info.pid}) of {self.options.engine_model} ({client.info.model_path})")
+        return client
 
     def parse(self, request: Any) -> tuple[protocol.ParsedRequest, list[int], str]:
         inputs = tensor_arrays(self.pb.get_input_tensor_by_name, request, protocol.CLIENT_INPUTS)
         protocol.check_parameters(request.parameters(), self.model_name)
         parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS, model=self.model_name)
-        self.engine()  # the tokenizer comes with the connection
+        self._connect_all()  # the tokenizer comes with the connections
         ids = protocol.tokenize_arrays(self._tokenizer, parsed.prompt)["input_ids"].reshape(-1).tolist()
         return parsed, ids, f"{self.model_name}-{uuid.uuid4().hex}"
 
@@ -90,16 +118,18 @@ class FrontModel(StreamingModel):
         return protocol.client_response_arrays(self._tokenizer, **fields)
 
     def count_error(self) -> None:
-        """The metrics live in `ouro_engine`: the engine process counts this error for it."""
-        client = self._client
-        if client is not None and not client.closed:
-            try:
-                client.count_error()
-            except EngineProcessError:
-                pass
+        """The metrics live in `ouro_engine`: an engine process counts this error for it."""
+        router = self.router
+        for i in range(len(router) if router is not None else 0):
+            client = router.clients[i]
+            if client is not None and not client.closed:
+                try:
+                    client.count_error()
+                    return
+                except EngineProcessError:
+                    pass
 
     def finalize(self) -> None:
         self.close_streams(f"{self.model_name}: the model is being unloaded")
-        client = getattr(self, "_client", None)
-        if client is not None:
-            client.close()  # the engine process aborts this connection's requests
+        if getattr(self, "router", None) is not None:
+            self.router.close()  # each engine process aborts this connection's requests

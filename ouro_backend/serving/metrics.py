@@ -1,6 +1,7 @@
 """Custom Prometheus metrics of the `ouro_engine` model (Triton's metrics port, `/metrics`).
 
-All families carry the labels `model` and `version`. Names (vLLM-like):
+All families carry the labels `model`, `version`, `engine` (the engine process's index: one per device,
+engine_pool) and `device` (`cuda:<i>` or `cpu`). Names (vLLM-like):
 
   ouro_prompt_tokens_total                 counter    prompt tokens of requests that started generating
   ouro_generation_tokens_total             counter    generated tokens
@@ -120,22 +121,19 @@ class MetricsBuffer:
 
 
 class EngineMetrics:
-    """Queue-and-flush wrapper over pb_utils.MetricFamily; a no-op when pb_utils is None."""
+    """Queue-and-flush wrapper over pb_utils.MetricFamily; a no-op when pb_utils is None. Each engine
+    process of the model has its own series, labelled `engine` (its index) and `device`."""
 
     def __init__(self, pb_utils: Any, model_name: str, model_version: str, num_loops: int,
-                 interval_s: float = 0.25):
+                 interval_s: float = 0.25, devices: tuple[str, ...] = ("cpu",)):
         self.enabled = pb_utils is not None and hasattr(pb_utils, "MetricFamily")
-        self.pending = MetricsBuffer()  # what the engine process and this model counted, not yet published
+        self.pending = [MetricsBuffer() for _ in devices]  # per engine: counted, not yet published
         self._stop = threading.Event()
         self.interval_s = interval_s
         if not self.enabled:
             return
         MF = pb_utils.MetricFamily
-        labels = {"model": model_name, "version": str(model_version)}
-        self._labels = labels
-        self._MF = MF
         has_hist = hasattr(MF, "HISTOGRAM")
-
         # A Metric is only valid while its MetricFamily object lives: keep every family referenced.
         self._families: list = []
 
@@ -144,59 +142,52 @@ class EngineMetrics:
             self._families.append(fam)
             return fam
 
-        def counter(name: str, desc: str):
-            return family(name, desc, MF.COUNTER).Metric(labels=labels)
-
-        def gauge(name: str, desc: str):
-            return family(name, desc, MF.GAUGE).Metric(labels=labels)
-
-        def hist(name: str, desc: str, buckets: list[float]):
-            if has_hist:
-                return family(name, desc, MF.HISTOGRAM).Metric(labels=labels, buckets=buckets)
-            return None
-
-        self.counters = {
-            "prompt_tokens": counter("ouro_prompt_tokens_total", "Prompt tokens processed"),
-            "generation_tokens": counter("ouro_generation_tokens_total", "Generated tokens"),
-            "aborted": counter("ouro_requests_aborted_total", "Requests cancelled by the client"),
-            "errors": counter("ouro_request_errors_total", "Requests that ended with an error"),
-            "preemptions": counter("ouro_num_preemptions_total", "Running requests preempted for lack of KV blocks"),
+        counters = {
+            "prompt_tokens": family("ouro_prompt_tokens_total", "Prompt tokens processed", MF.COUNTER),
+            "generation_tokens": family("ouro_generation_tokens_total", "Generated tokens", MF.COUNTER),
+            "aborted": family("ouro_requests_aborted_total", "Requests cancelled by the client", MF.COUNTER),
+            "errors": family("ouro_request_errors_total", "Requests that ended with an error", MF.COUNTER),
+            "preemptions": family("ouro_num_preemptions_total", "Running requests preempted for lack of KV blocks",
+                                  MF.COUNTER),
         }
-        self._success = family("ouro_request_success_total", "Finished requests by finish reason", MF.COUNTER)
-        self._success_metrics: dict[str, Any] = {}
-        self.hists = {
-            "ttft": hist("ouro_time_to_first_token_seconds", "Time to first token (s)", LATENCY_BUCKETS),
-            "tpot": hist("ouro_time_per_output_token_seconds", "Time per output token after the first (s)",
-                         TPOT_BUCKETS),
-            "latency": hist("ouro_e2e_request_latency_seconds", "Request latency, arrival to finish (s)",
-                            LATENCY_BUCKETS),
-            "depth": hist("ouro_exit_depth", "Loop depth at which generated tokens exited",
-                          [float(d) for d in range(1, num_loops + 1)]),
+        hists = {} if not has_hist else {
+            "ttft": (family("ouro_time_to_first_token_seconds", "Time to first token (s)", MF.HISTOGRAM),
+                     LATENCY_BUCKETS),
+            "tpot": (family("ouro_time_per_output_token_seconds", "Time per output token after the first (s)",
+                            MF.HISTOGRAM), TPOT_BUCKETS),
+            "latency": (family("ouro_e2e_request_latency_seconds", "Request latency, arrival to finish (s)",
+                               MF.HISTOGRAM), LATENCY_BUCKETS),
+            "depth": (family("ouro_exit_depth", "Loop depth at which generated tokens exited", MF.HISTOGRAM),
+                      [float(d) for d in range(1, num_loops + 1)]),
         }
-        self.gauges = {key: gauge(name, desc) for key, name, desc in [
-            ("kv_usage", GAUGE_KEYS["kv_usage"], "Fraction of KV cache blocks in use"),
-            ("num_running", GAUGE_KEYS["num_running"], "Requests being generated"),
-            ("num_waiting", GAUGE_KEYS["num_waiting"], "Requests waiting for admission"),
-            ("num_swapped", GAUGE_KEYS["num_swapped"], "Preempted requests whose KV waits in host memory"),
-            ("prefix_cache_hit_rate", GAUGE_KEYS["prefix_cache_hit_rate"],
+        gauges = {key: family(GAUGE_KEYS[key], desc, MF.GAUGE) for key, desc in [
+            ("kv_usage", "Fraction of KV cache blocks in use"),
+            ("num_running", "Requests being generated"),
+            ("num_waiting", "Requests waiting for admission"),
+            ("num_swapped", "Preempted requests whose KV waits in host memory"),
+            ("prefix_cache_hit_rate",
              "Prompt tokens found in the prefix cache / prompt tokens admitted (0 without prefix caching)"),
-            ("spec_acceptance_rate", GAUGE_KEYS["spec_acceptance_rate"],
-             "Self-speculation: accepted / drafted tokens since start (0 without speculation)"),
-            ("spec_mean_accepted_length", GAUGE_KEYS["spec_mean_accepted_length"],
+            ("spec_acceptance_rate", "Self-speculation: accepted / drafted tokens since start (0 without speculation)"),
+            ("spec_mean_accepted_length",
              "Self-speculation: tokens emitted per row and speculative step (1 + accepted drafts)"),
         ]}
-        self._stat_family = family("ouro_engine_stat", "Engine counters from LLMEngine.stats()", MF.GAUGE)
-        self._stat_metrics: dict[str, Any] = {}
+        success = family("ouro_request_success_total", "Finished requests by finish reason", MF.COUNTER)
+        stat = family("ouro_engine_stat", "Engine counters from LLMEngine.stats()", MF.GAUGE)
+        self._series = [_Series({"model": model_name, "version": str(model_version), "engine": str(i),
+                                 "device": device}, counters, hists, gauges, success, stat)
+                        for i, device in enumerate(devices)]
         self._thread = threading.Thread(target=self._run, name="ouro-metrics", daemon=True)
         self._thread.start()
 
-    def add(self, key: str, n: float) -> None:
+    def add(self, key: str, n: float, engine: int = 0) -> None:
+        """Count `n` into counter `key` of engine `engine` (errors found before a request reached an engine
+        count on engine 0)."""
         if self.enabled:  # nothing would ever take it otherwise
-            self.pending.add(key, n)
+            self.pending[engine].add(key, n)
 
-    def merge(self, snap: MetricsSnapshot) -> None:
+    def merge(self, snap: MetricsSnapshot, engine: int = 0) -> None:
         if self.enabled:
-            self.pending.merge(snap)
+            self.pending[engine].merge(snap)
 
     # ---- reporter thread ----
     def _run(self) -> None:
@@ -207,40 +198,11 @@ class EngineMetrics:
     def flush(self) -> None:
         if not self.enabled:
             return
-        snap = self.pending.take()
-        pending, obs, finished, stats = snap.counters, snap.observations, snap.finished, snap.stats
-        try:
-            for key, n in pending.items():
-                if n:
-                    self.counters[key].increment(n)
-            for key, v in obs:
-                h = self.hists.get(key)
-                if h is not None:
-                    h.observe(v)
-            depth = self.hists.get("depth")
-            if depth is not None:
-                for d, n in snap.depths.items():
-                    for _ in range(n):  # pb_utils histograms observe one value per call
-                        depth.observe(float(d))
-            for reason, n in finished.items():
-                m = self._success_metrics.get(reason)
-                if m is None:
-                    m = self._success_metrics[reason] = self._success.Metric(
-                        labels=dict(self._labels, finish_reason=reason))
-                m.increment(n)
-            if stats:
-                for key, gauge in self.gauges.items():
-                    if key in stats:
-                        gauge.set(float(stats[key]))
-                for key, value in stats.items():
-                    if key in self.gauges or isinstance(value, bool) or not isinstance(value, (int, float)):
-                        continue
-                    m = self._stat_metrics.get(key)
-                    if m is None:
-                        m = self._stat_metrics[key] = self._stat_family.Metric(labels=dict(self._labels, stat=key))
-                    m.set(float(value))
-        except Exception:  # metrics must never take the model down
-            log.exception("ouro metrics update failed")
+        for buffer, series in zip(self.pending, self._series):
+            try:
+                series.publish(buffer.take())
+            except Exception:  # metrics must never take the model down
+                log.exception("ouro metrics update failed")
 
     def close(self) -> None:
         if self.enabled:
@@ -248,6 +210,49 @@ class EngineMetrics:
             self._thread.join(timeout=5)
             self.enabled = False
             # Metrics before their families (the stub refuses the other order).
-            self.counters, self.hists, self.gauges = {}, {}, {}
-            self._success_metrics, self._stat_metrics = {}, {}
+            self._series = []
             self._families = []
+
+
+class _Series:
+    """The metrics of one engine process: one label set in every family."""
+
+    def __init__(self, labels: dict, counters: dict, hists: dict, gauges: dict, success: Any, stat: Any):
+        self.labels = labels
+        self.counters = {key: fam.Metric(labels=labels) for key, fam in counters.items()}
+        self.hists = {key: fam.Metric(labels=labels, buckets=buckets) for key, (fam, buckets) in hists.items()}
+        self.gauges = {key: fam.Metric(labels=labels) for key, fam in gauges.items()}
+        self._success, self._stat = success, stat
+        self._success_metrics: dict[str, Any] = {}
+        self._stat_metrics: dict[str, Any] = {}
+
+    def publish(self, snap: MetricsSnapshot) -> None:
+        for key, n in snap.counters.items():
+            if n:
+                self.counters[key].increment(n)
+        for key, v in snap.observations:
+            h = self.hists.get(key)
+            if h is not None:
+                h.observe(v)
+        depth = self.hists.get("depth")
+        if depth is not None:
+            for d, n in snap.depths.items():
+                for _ in range(n):  # pb_utils histograms observe one value per call
+                    depth.observe(float(d))
+        for reason, n in snap.finished.items():
+            m = self._success_metrics.get(reason)
+            if m is None:
+                m = self._success_metrics[reason] = self._success.Metric(labels=dict(self.labels, finish_reason=reason))
+            m.increment(n)
+        stats = snap.stats
+        if stats:
+            for key, gauge in self.gauges.items():
+                if key in stats:
+                    gauge.set(float(stats[key]))
+            for key, value in stats.items():
+                if key in self.gauges or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                m = self._stat_metrics.get(key)
+                if m is None:
+                    m = self._stat_metrics[key] = self._stat.Metric(labels=dict(self.labels, stat=key))
+                m.set(float(value))

@@ -44,7 +44,9 @@ class StreamOptions:
 @dataclass(frozen=True)
 class ServingOptions(StreamOptions):
     """`ouro_engine` parameters that configure the serving layer, not the engine."""
-    metrics_interval_s: float = _option(0.25, "how often the engine process reports metrics")
+    metrics_interval_s: float = _option(0.25, "how often each engine process reports metrics and its load")
+    engine_devices: str = _option("auto", "one engine process per device, comma-separated (cuda:0,cuda:1; cpu); "
+                                  "auto: every visible GPU, else the CPU ($OURO_ENGINE_DEVICES overrides)")
 
 
 @dataclass(frozen=True)

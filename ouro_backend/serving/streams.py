@@ -3,8 +3,9 @@ process, and the threads that answer them.
 
 Thread design (as in the vLLM Triton backend, with the engine in its own process):
 * `execute()` only validates and enqueues: it parses the request, registers a `Stream` and sends the
-  request to the engine process; a bad request gets a TritonError response with FINAL at once.
-* The connection's reader thread files each step's `Delta`s into their streams' pending buffers.
+  request to the least loaded engine process (engine_pool.EngineRouter); a bad request gets a TritonError
+  response with FINAL at once.
+* Each engine connection's reader thread files each step's `Delta`s into their streams' pending buffers.
 * `response_threads` sender threads send them. Each request is pinned to one sender (by its id), so its
   responses stay in order; what piles up while a `send()` waits on the server goes out as one response,
   so a busy server coalesces tokens instead of queueing them. Non-streaming requests get one response.
@@ -24,7 +25,8 @@ from typing import Any, Optional
 from ..sampling_params import RequestError
 from . import protocol
 from .cancellation import CancelWatcher
-from .engine_process import Delta, EngineClient, EngineProcessError
+from .engine_pool import EngineRouter
+from .engine_process import Delta, EngineProcessError
 from .options import StreamOptions
 
 log = logging.getLogger("ouro_backend.serving")
@@ -37,9 +39,10 @@ class Stream:
 
     __slots__ = ("rid", "sender", "parsed", "num_input", "data_lock", "send_lock", "done", "cancelled",
                  "ids", "depths", "prefix", "trim", "reason", "error", "queued", "worker", "spec_counts",
-                 "num_cached")
+                 "num_cached", "engine")
 
-    def __init__(self, rid: str, sender: Any, parsed: protocol.ParsedRequest, num_input: int, worker: int):
+    def __init__(self, rid: str, sender: Any, parsed: protocol.ParsedRequest, num_input: int, worker: int,
+                 engine: int):
         self.rid = rid
         self.sender = sender
         self.parsed = parsed
@@ -58,13 +61,16 @@ class Stream:
         self.worker = worker
         self.spec_counts = (0, 0)
         self.num_cached = 0
+        self.engine = engine  # the index of the engine process that runs it
 
 
 class StreamingModel(abc.ABC):
-    """Base of EngineModel and FrontModel: they say how to reach the engine and how to read a request,
-    and may build other responses (`response_arrays`) and count their own errors (`count_error`)."""
+    """Base of EngineModel and FrontModel: they set `router` (their connections to the engine processes),
+    say how to read a request, and may build other responses (`response_arrays`) and count their own errors
+    (`count_error`)."""
 
     model_name = "ouro"
+    router: Optional[EngineRouter] = None
 
     def setup_streams(self, pb: Any, serving: StreamOptions) -> None:
         self.pb = pb
@@ -79,10 +85,6 @@ class StreamingModel(abc.ABC):
         self._watcher = CancelWatcher(serving.cancel_check_interval_s, self._open_streams, self._cancel)
 
     # ---------------------------------------------------------------- what a subclass provides
-    @abc.abstractmethod
-    def engine(self) -> EngineClient:
-        """The connection to the engine process; raises EngineProcessError when there is none."""
-
     @abc.abstractmethod
     def parse(self, request: Any) -> Optional[tuple[protocol.ParsedRequest, list[int], str]]:
         """(parsed request, prompt ids, request id), or None when the request was a control request that
@@ -117,10 +119,11 @@ class StreamingModel(abc.ABC):
         return None
 
     def _submit(self, sender: Any, parsed: protocol.ParsedRequest, prompt_ids: list[int], rid: str) -> None:
-        client = self.engine()
-        stream = Stream(rid, sender, parsed, len(prompt_ids), zlib.crc32(rid.encode()) % len(self._queues))
+        index, client = self.router.pick()
+        stream = Stream(rid, sender, parsed, len(prompt_ids), zlib.crc32(rid.encode()) % len(self._queues), index)
         with self._lock:
             if rid in self._streams:
+                self.router.release(index)
                 raise RequestError(f"request_id {rid!r} is already running")
             self._streams[rid] = stream
         try:
@@ -128,23 +131,31 @@ class StreamingModel(abc.ABC):
         except BaseException:
             with self._lock:
                 self._streams.pop(rid, None)
+            self.router.release(index)
             raise
 
-    # ---------------------------------------------------------------- from the engine (reader thread)
-    def on_engine_message(self, msg: tuple) -> None:
+    # ---------------------------------------------------------------- from the engines (reader threads)
+    def on_engine_message(self, index: int, msg: tuple) -> None:
+        """A message from engine `index`."""
         kind = msg[0]
         if kind == "outputs":
             for delta in msg[1]:
                 self._deliver(delta)
+            self.router.report(index, msg[2])
+        elif kind == "load":
+            router = self.router  # None while the front still connects (no request of its own yet)
+            if router is not None:
+                router.report(index, msg[1])
         elif kind == "rejected":
             self._end_with_error(msg[1], f"{self.model_name}: invalid request: {msg[2]}")
         elif kind == "failed":
             for rid in msg[1]:
                 self._end_with_error(rid, f"{self.model_name}: {msg[2]}")
 
-    def on_engine_closed(self) -> None:
+    def on_engine_closed(self, index: int) -> None:
+        """Engine `index`'s connection ended: its requests end with an error; the other engines serve on."""
         with self._lock:
-            rids = list(self._streams)
+            rids = [rid for rid, s in self._streams.items() if s.engine == index]
         for rid in rids:
             self._end_with_error(rid, f"{self.model_name}: the engine process exited; see the server log")
 
@@ -155,6 +166,8 @@ class StreamingModel(abc.ABC):
                 del self._streams[d.rid]
         if s is None:
             return
+        if d.finish_reason is not None:
+            self.router.release(s.engine)
         with s.data_lock:
             if s.prefix is None:
                 s.prefix = list(d.prefix)
@@ -174,6 +187,7 @@ class StreamingModel(abc.ABC):
             s = self._streams.pop(rid, None)
         if s is None:
             return
+        self.router.release(s.engine)
         with s.data_lock:
             s.error = message
             if s.queued:
@@ -254,10 +268,13 @@ class StreamingModel(abc.ABC):
         if s.cancelled:
             return
         s.cancelled = True
+        client = self.router.clients[s.engine]
+        if client is None:
+            return
         try:
-            self.engine().abort(s.rid)
+            client.abort(s.rid)
         except EngineProcessError:
-            pass
+            pass  # gone: its requests end with the connection
 
     # ---------------------------------------------------------------- unload
     def close_streams(self, message: str) -> None:
