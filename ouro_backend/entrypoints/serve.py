@@ -1,7 +1,11 @@
 """`ouro-serve`: start Triton Inference Server on the Ouro model repository.
 
     ouro-serve [--model DIR] [--address 0.0.0.0] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
-               [--engine-arg key=value ...] [--model-repository DIR] [--log-file PATH] [--log-verbose N]
+               [--devices auto|cuda:0,cuda:1|cpu] [--engine-arg key=value ...] [--model-repository DIR]
+               [--log-file PATH] [--log-verbose N]
+
+Devices: one engine process per device, each request to the least loaded; by default every GPU that
+CUDA_VISIBLE_DEVICES leaves visible (else the CPU). Said at start.
 
 Network exposure: HTTP, gRPC and metrics bind to --address, by default 0.0.0.0 (every interface, as
 tritonserver does): anyone who can reach the ports can run inference, cancel nothing of others, and read
@@ -40,6 +44,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
+
+from ..serving.engine_pool import DEVICES_ENV, resolve_devices, visible_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 REPOSITORY_ENV = "OURO_MODEL_REPOSITORY"
@@ -142,8 +148,9 @@ class TritonServer:
                  metrics_port: int = 8002, model_repository: Optional[str] = None,
                  engine_args: Optional[Mapping[str, str]] = None, log_file: Optional[str] = None,
                  extra_args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None, log_verbose: int = 0,
-                 address: Optional[str] = None):
+                 address: Optional[str] = None, devices: Optional[str] = None):
         self.model = model
+        self.devices = devices  # engine_devices (None: the repository's, by default auto)
         self.address = address  # None: tritonserver's default (every interface)
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.model_repository = str(model_repository or default_repository())
@@ -200,6 +207,8 @@ class TritonServer:
             env["OURO_MODEL_PATH"] = str(Path(self.model).expanduser().resolve())
         if self.engine_args:
             env["OURO_ENGINE_ARGS"] = json.dumps(self.engine_args)
+        if self.devices:
+            env[DEVICES_ENV] = self.devices
         env.update(self.extra_env)
         return cmd, env
 
@@ -280,6 +289,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--model-repository", default=None,
                    help=f"default: ${REPOSITORY_ENV}, else {DEFAULT_REPOSITORY}")
+    p.add_argument("--devices", default="auto",
+                   help="one engine process per device, comma-separated (cuda:0,cuda:1 or cpu); auto: every "
+                        "visible GPU (CUDA_VISIBLE_DEVICES), else the CPU")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="engine option (ouro_backend/config.py EngineConfig), repeatable; overrides config.pbtxt")
     p.add_argument("--log-file", default=None, help="server log (default: a file in a new temp dir)")
@@ -294,9 +306,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         from ..config import ConfigError, EngineConfig
 
         try:  # fail fast, before the server and its models start
-            EngineConfig.from_strings({k: v for k, v in engine_args.items() if k != "model"})
+            config = EngineConfig.from_strings({k: v for k, v in engine_args.items() if k != "model"})
         except ConfigError as e:
             print(f"ouro-serve: bad --engine-arg: {e}", file=sys.stderr)
+            return 2
+        try:
+            devices = resolve_devices(args.devices, config.device)
+        except ConfigError as e:
+            print(f"ouro-serve: bad --devices: {e}", file=sys.stderr)
             return 2
         repository = Path(args.model_repository or default_repository())
         if not (repository / "ouro_engine" / "config.pbtxt").is_file():
@@ -315,7 +332,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         server = TritonServer(model=model, http_port=args.http_port, grpc_port=args.grpc_port,
                               metrics_port=args.metrics_port, model_repository=str(repository),
                               engine_args=engine_args, log_file=args.log_file, extra_args=args.tritonserver_arg,
-                              log_verbose=args.log_verbose, address=args.address)
+                              log_verbose=args.log_verbose, address=args.address, devices=args.devices)
         cmd, _ = server.command()
     except ServerError as e:
         print(f"ouro-serve: {e}", file=sys.stderr)
@@ -328,7 +345,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
-    print(f"ouro-serve: starting {cmd[0]}\n  repository {server.model_repository}\n  log {server.log_file}",
+    gpus = visible_gpus()
+    where = ", ".join(d if d == "cpu" else f"{d} (GPU {gpus[int(d[5:])]})" for d in devices)
+    print(f"ouro-serve: starting {cmd[0]}\n  repository {server.model_repository}\n  log {server.log_file}\n"
+          f"  engines  {len(devices)}: {where}"
+          + (" (every visible GPU; --devices to choose)" if args.devices == "auto" and devices != ["cpu"] else ""),
           flush=True)
     try:
         server.start(wait=False)
