@@ -5,7 +5,9 @@ greedy, EOS ignored, full depth (or the gate with --exit-threshold).
    server starts), median of --repeats;
 2. served: `ouro-serve` on the same checkpoint, then `client/load.py` (gRPC streaming, closed loop)
    against `ouro` (median of --repeats) and perf_analyzer (`-i grpc --streaming`) against `ouro`, both
-   with the same prompt and a stream per worker kept open across requests.
+   with the same prompt and a stream per worker kept open across requests; with --genai-perf also
+   genai-perf (client/genai_perf/run_genai_perf.py: synthetic prompts of --input-len tokens, the same
+   concurrency, output length and request count), so the three tools measure one server.
 
 With --trace the served engine records its rounds (ouro_backend/engine/round_trace.py): a
 served run that falls behind engine-direct shows whether the engine was slower per round or had fewer
@@ -159,6 +161,7 @@ def main() -> int:
     p.add_argument("--port-base", type=int, default=18000)
     p.add_argument("--engine-arg", action="append", default=[])
     p.add_argument("--skip-perf-analyzer", action="store_true")
+    p.add_argument("--genai-perf", action="store_true", help="also profile `ouro` with genai-perf")
     p.add_argument("--exit-threshold", type=float, default=1.0,
                    help="every request's exit threshold (1.0: full depth; below 1 the real gate decides)")
     p.add_argument("--models", nargs="+", default=["ouro"], help="served models to load-test")
@@ -258,6 +261,20 @@ def main() -> int:
                 pa = json.loads(r.stdout)["runs"][0]
             except (ValueError, KeyError, IndexError):
                 print("perf_analyzer failed:\n" + (r.stdout + r.stderr)[-2500:], flush=True)
+        gp = None
+        if args.genai_perf:
+            r = subprocess.run([sys.executable, str(ROOT / "client" / "genai_perf" / "run_genai_perf.py"), "--url",
+                                f"localhost:{grpc_port}", "--concurrency", str(args.concurrency), "--request-count",
+                                str(args.requests), "--input-tokens", str(args.input_len), "--output-tokens",
+                                str(args.output_len), "--tokenizer", model, "--artifact-dir", str(out / "genai_perf")]
+                               + (["--exit-threshold", str(args.exit_threshold)] if args.exit_threshold < 1 else []),
+                               capture_output=True, text=True)
+            (out / "genai_perf.log").write_text(r.stdout + r.stderr)
+            try:
+                gp = json.loads(r.stdout)
+                assert gp["ok"]
+            except (ValueError, AssertionError):
+                print("genai-perf failed:\n" + (r.stdout + r.stderr)[-2500:], flush=True)
     finally:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
@@ -282,6 +299,10 @@ def main() -> int:
     if pa and pa.get("output_tok_s"):
         summary.update(perf_analyzer_output_tok_s=pa["output_tok_s"], perf_analyzer_ok=pa["ok"],
                        perf_analyzer_ratio=pa["output_tok_s"] / d["output_tok_s"])
+    if gp:
+        summary.update(genai_perf_output_tok_s=gp["output_token_throughput_per_s"],
+                       genai_perf_ratio=gp["output_token_throughput_per_s"] / d["output_tok_s"],
+                       genai_perf_ttft_ms=gp["time_to_first_token_ms"], genai_perf_itl_ms=gp["inter_token_latency_ms"])
     if process_res:
         summary.update(process_output_tok_s=process_res["median"]["output_tok_s"],
                        process_ratio=process_res["median"]["output_tok_s"] / d["output_tok_s"],
