@@ -1,9 +1,9 @@
-"""Host cost of building one streamed response's tensors (CPU, no server): the `ouro` front builds the
-client's tensors straight from the response's fields (`protocol.client_response_arrays`); the ensemble
-path builds the engine's tensors and then post-processes them (`engine_response_arrays` +
-`postprocess_arrays`), which the front also did until it got its direct path. At C64 on the H200 the front
-sends thousands of responses a second from one Python process, so microseconds here are GIL time taken
-from every stream.
+"""Host cost of building one streamed response's tensors (CPU, no server): the client's tensors straight
+from the response's fields (`protocol.client_response_arrays`), against the engine's tensors post-processed
+(`engine_response_arrays` + `postprocess_arrays`, the ensemble's path and the `ouro` front's). The direct
+path is 6x cheaper here, yet served through `ouro` on the H200 it lowered throughput (more, smaller
+responses; ouro_backend/serving/README.md), so the front keeps the other one: microseconds here are not
+the whole story.
 
     python benchmarks/response_cost.py [--tokens 2] [--calls 5000]
 """

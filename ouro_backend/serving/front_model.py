@@ -115,7 +115,13 @@ class FrontModel(StreamingModel):
         return parsed, ids, f"{self.model_name}-{uuid.uuid4().hex}"
 
     def response_arrays(self, fields: dict) -> dict:
-        return protocol.client_response_arrays(self._tokenizer, **fields)
+        # Through the engine's tensors and `postprocessing`'s function, although building the client's
+        # tensors straight from the fields costs 8.8 instead of 54 us of Python a response: on the H200 that
+        # direct path cut served throughput at C64 from 5.8-6.2K to 3.5-3.6K tok/s (load.py, same device
+        # call; benchmarks/results/2026-12-01-h200-served/). The likely cause: the senders then sent more,
+        # smaller responses, each an IPC round trip to the server and a message the client must handle.
+        # Coalescing on purpose (a minimum interval per stream) is the better fix; it is not measured yet.
+        return protocol.postprocess_arrays(self._tokenizer, protocol.engine_response_arrays(**fields))
 
     def count_error(self) -> None:
         """The metrics live in `ouro_engine`: an engine process counts this error for it."""
