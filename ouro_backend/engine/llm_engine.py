@@ -175,7 +175,7 @@ class LLMEngine:
                 raise RequestError(f"this engine speculates (spec_tokens={self.config.spec_tokens}) and verifies "
                                    f"every token at full depth: exit_threshold < 1 and max_loops < {T} are not "
                                    f"served (start the engine with spec_tokens=0 for gate exits)")
-        need = self.kv.blocks_needed(len(ids), len(ids) + params.max_tokens + self.config.spec_tokens)
+        need = self.kv.blocks_needed(len(ids), self.scheduler.max_positions(len(ids), params.max_tokens))
         if need > self.kv.num_blocks:
             raise RequestError(f"request needs {need} KV blocks but the cache only has {self.kv.num_blocks}; "
                                f"lower max_tokens or give the engine more KV memory")

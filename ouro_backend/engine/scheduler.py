@@ -131,9 +131,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
+    def max_positions(self, prompt_len: int, max_tokens: int) -> int:
+        """Positions whose KV a request may write: its drafts run up to spec_tokens past its last token."""
+        return prompt_len + max_tokens + self.spec_tokens
+
     def _total_len(self, seq: Sequence) -> int:
-        """Positions whose KV the request may write: its drafts run up to spec_tokens past its last token."""
-        return len(seq.prompt_ids) + seq.params.max_tokens + self.spec_tokens
+        return self.max_positions(len(seq.prompt_ids), seq.params.max_tokens)
 
     def _horizon(self, seq: Sequence) -> int:
         """Positions the device may write for `seq` before the host plans again (see `lookahead`)."""
