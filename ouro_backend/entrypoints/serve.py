@@ -291,7 +291,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help=f"default: ${REPOSITORY_ENV}, else {DEFAULT_REPOSITORY}")
     p.add_argument("--devices", default="auto",
                    help="one engine process per device, comma-separated (cuda:0,cuda:1 or cpu); auto: every "
-                        "visible GPU (CUDA_VISIBLE_DEVICES), else the CPU")
+                        "visible GPU (CUDA_VISIBLE_DEVICES), else the CPU; overrides ouro_engine's engine_devices")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="engine option (ouro_backend/config.py EngineConfig), repeatable; overrides config.pbtxt")
     p.add_argument("--log-file", default=None, help="server log (default: a file in a new temp dir)")
