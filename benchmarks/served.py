@@ -11,7 +11,8 @@ greedy, EOS ignored, full depth (or the gate with --exit-threshold).
 
 With --trace the served engine records its rounds (ouro_backend/engine/round_trace.py): a
 served run that falls behind engine-direct shows whether the engine was slower per round or had fewer
-requests running.
+requests running; and every request's hops through the server are timed
+(ouro_backend/serving/request_trace.py), which says where served TTFT goes.
 
     python benchmarks/served.py --shape ouro-1.4b --concurrency 64 --out results/
 """
@@ -185,6 +186,7 @@ def main() -> int:
         return 0
 
     from ouro_backend.engine.round_trace import ENV as TRACE_ENV, summarize
+    from ouro_backend.serving import request_trace
     from ouro_backend.entrypoints.bench import ensure_shape_checkpoint, median_of
 
     out = Path(args.out)
@@ -229,7 +231,10 @@ def main() -> int:
              str(out / "tritonserver.log"), "--engine-arg", f"max_num_seqs={args.concurrency}",
              *[a for kv in args.engine_arg for a in ("--engine-arg", kv)]]
     server = subprocess.Popen(serve, stdout=open(out / "ouro-serve.out", "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True, env=trace_env("engine_trace.json"))
+                              start_new_session=True,
+                              env=dict(trace_env("engine_trace.json"),
+                                       **{request_trace.ENV: str((out / "request_trace").resolve())})
+                              if args.trace else None)
     try:
         wait_ready(f"localhost:{grpc_port}", "ouro", 600, server)
         per_model = {}
@@ -282,6 +287,7 @@ def main() -> int:
     summary: dict = {}
     if args.trace:
         summary["engine_rounds"] = summarize(str(out / "engine_trace.json"))
+        summary["request_hops"] = request_trace.summarize(str(out / "request_trace"))
         if process_res:
             summary["process_rounds"] = summarize(str(out / "process_trace.json"))
     if direct_res is None:  # --skip-direct: no ratios

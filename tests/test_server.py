@@ -581,6 +581,31 @@ def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
 
 
 
+def test_request_trace_times_every_hop(toy_path, llm, tmp_path):
+    """OURO_REQUEST_TRACE: each streamed request is seen at every hop (front, engine process, back), in order,
+    and the hops add up to the front's time to first response."""
+    from ouro_backend.serving import request_trace
+
+    trace_dir = tmp_path / "hops"
+    srv = _server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1",
+                          env={request_trace.ENV: str(trace_dir)})
+    srv.start(timeout=300)
+    try:
+        opts = request_options(max_tokens=8, temperature=0.0, stream=True)
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda p: generate(srv.grpc_url, "ouro", p, opts, timeout=60), PROMPTS[:4]))
+        assert [r.error for r in got] == [None] * 4
+    finally:
+        code = srv.stop()
+    assert code == 0, srv.log_tail()
+    summary = request_trace.summarize(str(trace_dir))
+    assert summary["requests"] == 4, (summary, sorted(os.listdir(trace_dir)))
+    hops = {k: v for k, v in summary.items() if " -> " in k}
+    assert len(hops) == len(request_trace.HOPS) - 1
+    assert all(v["median_ms"] >= 0 for v in hops.values()), hops  # the events come in the documented order
+    assert summary["ttft_ms"]["median_ms"] > 0
+
+
 def engine_tokens(server) -> dict[str, float]:
     """ouro_generation_tokens_total of each engine process (label `engine`)."""
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()

@@ -57,6 +57,7 @@ from ..config import ConfigError, EngineConfig
 from ..engine.round_trace import RoundTrace
 from ..sampling_params import RequestError, SamplingParams
 from .metrics import MetricsBuffer
+from .request_trace import RequestTrace
 
 log = logging.getLogger("ouro_backend.serving.engine_process")
 
@@ -315,6 +316,7 @@ class EngineServer:
         self.authkey = authkey
         self.metrics = MetricsBuffer()
         self.metrics_interval_s = metrics_interval_s
+        self.trace = RequestTrace.from_env("engine")  # None unless $OURO_REQUEST_TRACE asks for the hops
         self.info = EngineInfo(engine.model_path, str(engine.device), str(engine.dtype).replace("torch.", ""),
                                engine.model_config.total_ut_steps, engine.max_model_len, engine.kv.num_blocks,
                                os.getpid())
@@ -375,6 +377,8 @@ class EngineServer:
         self.listener.close()
         if trace:
             trace.write()
+        if self.trace is not None:
+            self.trace.write()
 
     def _send_pending(self) -> None:
         outputs, self._pending = self._pending, []
@@ -394,6 +398,11 @@ class EngineServer:
                     if peer is not None:
                         peer.rids.discard(out.request_id)
         self.metrics.record(outputs)
+        if self.trace is not None:
+            for out in outputs:
+                if out.new_token_ids and out.first_token_time is not None:
+                    self.trace.mark(out.request_id, "first_token", out.first_token_time)
+                    self.trace.mark(out.request_id, "routed")
         load = self._load()
         for out, peer in zip(outputs, peers):
             if peer is None:
@@ -461,6 +470,8 @@ class EngineServer:
             self._wake.set()
 
     def _add(self, peer: _Peer, rid: str, prompt_ids: list, params: SamplingParams) -> None:
+        if self.trace is not None:
+            self.trace.mark(rid, "received")
         with self._lock:
             taken = rid in self._routes
             if not taken:
@@ -481,6 +492,8 @@ class EngineServer:
             message = str(e) if isinstance(e, RequestError) else f"internal error: {type(e).__name__}: {e}"
             peer.send(("rejected", rid, message))
             return
+        if self.trace is not None:
+            self.trace.mark(rid, "added")
         self._wake.set()
 
     def _drop(self, peer: _Peer) -> None:

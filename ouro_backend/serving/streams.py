@@ -19,6 +19,7 @@ import abc
 import logging
 import queue
 import threading
+import time
 import zlib
 from typing import Any, Optional
 
@@ -28,6 +29,7 @@ from .cancellation import CancelWatcher
 from .engine_pool import EngineRouter
 from .engine_process import Delta, EngineProcessError
 from .options import StreamOptions
+from .request_trace import RequestTrace
 
 log = logging.getLogger("ouro_backend.serving")
 
@@ -83,6 +85,7 @@ class StreamingModel(abc.ABC):
         for t in self._senders:
             t.start()
         self._watcher = CancelWatcher(serving.cancel_check_interval_s, self._open_streams, self._cancel)
+        self._trace = RequestTrace.from_env("front")  # None unless $OURO_REQUEST_TRACE asks for the hops
 
     # ---------------------------------------------------------------- what a subclass provides
     @abc.abstractmethod
@@ -102,12 +105,19 @@ class StreamingModel(abc.ABC):
     def execute(self, requests: list) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            received = time.monotonic()
             try:
                 parsed = self.parse(request)
                 if parsed is None:
                     sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
+                trace = self._trace
+                if trace is not None:
+                    trace.mark(parsed[2], "received", received)
+                    trace.mark(parsed[2], "parsed")
                 self._submit(sender, *parsed)
+                if trace is not None:
+                    trace.mark(parsed[2], "submitted")
             except RequestError as e:
                 self.count_error()
                 self.send_error(sender, f"{self.model_name}: invalid request: {e}")
@@ -168,6 +178,8 @@ class StreamingModel(abc.ABC):
             return
         if d.finish_reason is not None:
             self.router.release(s.engine)
+        if self._trace is not None and d.ids:
+            self._trace.mark(d.rid, "delivered")
         with s.data_lock:
             if s.prefix is None:
                 s.prefix = list(d.prefix)
@@ -250,6 +262,8 @@ class StreamingModel(abc.ABC):
             except Exception as e:  # the client is gone; the watcher aborts the request
                 log.debug("send failed for %s: %s", s.rid, e)
             s.done = final
+        if self._trace is not None and ids:
+            self._trace.mark(s.rid, "responded")
 
     def send_error(self, sender: Any, message: str) -> None:
         pb = self.pb
@@ -281,6 +295,8 @@ class StreamingModel(abc.ABC):
         if not hasattr(self, "_watcher"):
             return
         self._watcher.stop()
+        if self._trace is not None:
+            self._trace.write()
         with self._lock:
             rids = list(self._streams)
         for rid in rids:
