@@ -325,6 +325,7 @@ class EngineServer:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._pending: list = []  # the last step's outputs, sent during the next step
+        self._started: set[str] = set()  # requests whose first token went out (step loop only)
         self.owner = _Peer(owner, owner=True)
         self._peers: set[_Peer] = {self.owner}  # every authenticated connection: they get the load reports
         if os.path.exists(address):
@@ -338,7 +339,8 @@ class EngineServer:
         anyway, hidden behind the GPU. A thread for it was slower: it contends for the GIL with the
         host-bound step loop, which then stalls on every hand-back (a full decode round took 4.24 ms
         instead of 3.22 ms; RESULTS.md). Sending a step's tokens one round later costs them that round of
-        latency."""
+        latency, which time to first token would pay too: a request's first token therefore goes out as
+        soon as its step returns (a few a step; the next launch is already running, asynchronous scheduling)."""
         threading.Thread(target=self._accept, name="accept", daemon=True).start()
         threading.Thread(target=self._read, args=(self.owner,), name="owner", daemon=True).start()
         engine = self.engine
@@ -372,7 +374,11 @@ class EngineServer:
                 time.sleep(0.1)  # no busy loop if every step fails
                 continue
             self._send_pending()  # what this step did not send (it had no GPU work to hide it behind)
-            self._pending = outputs
+            now, later = [], []
+            for out in outputs:
+                (now if out.new_token_ids and out.request_id not in self._started else later).append(out)
+            self._send(now)
+            self._pending = later
         self._send_pending()
         self.listener.close()
         if trace:
@@ -382,6 +388,9 @@ class EngineServer:
 
     def _send_pending(self) -> None:
         outputs, self._pending = self._pending, []
+        self._send(outputs)
+
+    def _send(self, outputs: list) -> None:
         if outputs:
             try:
                 self._route(outputs)
@@ -398,6 +407,11 @@ class EngineServer:
                     if peer is not None:
                         peer.rids.discard(out.request_id)
         self.metrics.record(outputs)
+        for out in outputs:
+            if out.finished:
+                self._started.discard(out.request_id)
+            elif out.new_token_ids:
+                self._started.add(out.request_id)
         if self.trace is not None:
             for out in outputs:
                 if out.new_token_ids and out.first_token_time is not None:
