@@ -686,6 +686,14 @@ def test_launcher_rejects_bad_engine_arg():
     assert r.returncode == 2 and "bad --engine-arg: max_num_seqs must be a positive integer" in r.stderr, r.stderr
 
 
+def test_launcher_rejects_bad_devices():
+    r = subprocess.run([sys.executable, "-m", "ouro_backend.entrypoints.serve", "--devices", "cuda:7",
+                        "--engine-arg", "device=cpu", "--http-port", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, CUDA_VISIBLE_DEVICES="0"))
+    assert r.returncode == 2 and "bad --devices: engine_devices='cuda:7': cuda:7 is not visible (1 GPU(s) visible)" \
+        in r.stderr, r.stderr
+
+
 def test_grafana_dashboard_queries_exist_on_metrics_port(server):
     """Every metric that deploy/grafana/ouro-dashboard.json queries (panel `expr`s and the templating
     variables' label_values queries) is exposed on the metrics port of the real server, and so is every
