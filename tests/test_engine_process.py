@@ -295,3 +295,24 @@ def test_round_trace(toy_path, tmp_path, monkeypatch):
     summary = summarize(str(path))
     assert summary["steps"] == len(rows) and summary["prefill_steps"] >= 4
     assert 0 < summary["mean_running"] <= 2
+
+
+def test_first_tokens_go_out_at_once_and_nothing_is_kept():
+    """A step's outputs that carry a request's first token are sent as soon as the step returns, the others
+    during the next step; a finished request leaves nothing behind."""
+    from ouro_backend.outputs import RequestOutput
+    from ouro_backend.serving.engine_process import FirstTokens
+
+    def out(rid, ids, finished=False):
+        return RequestOutput(rid, [1], [], [], [], "", finished=finished, new_token_ids=ids)
+
+    first = FirstTokens()
+    a1, b0 = out("a", [5]), out("b", [])  # b: no token yet (its prompt is still being prefilled)
+    assert first.split([a1, b0]) == ([a1], [b0])
+    first.sent([a1, b0])
+    a2, b1, c1 = out("a", [6]), out("b", [7]), out("c", [8, 9], finished=True)  # c: one launch, done
+    assert first.split([a2, b1, c1]) == ([b1, c1], [a2])
+    first.sent([b1, c1])
+    first.sent([a2])
+    first.sent([out("a", [], finished=True), out("b", [10], finished=True)])
+    assert first.started == set()

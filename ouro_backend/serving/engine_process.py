@@ -290,6 +290,28 @@ def start_engine_process(config: EngineConfig, address: str, on_message, on_clos
 
 
 # ------------------------------------------------------------------------------------------ child side
+class FirstTokens:
+    """Which of a step's outputs carry their request's first token: those go out at once, the rest during
+    the next step (`EngineServer.serve`). The step loop's alone."""
+
+    def __init__(self):
+        self.started: set[str] = set()  # requests whose first token went out and that have not finished
+
+    def split(self, outputs: list) -> tuple[list, list]:
+        """(first-token outputs, the others)."""
+        now, later = [], []
+        for out in outputs:
+            (now if out.new_token_ids and out.request_id not in self.started else later).append(out)
+        return now, later
+
+    def sent(self, outputs: list) -> None:
+        for out in outputs:
+            if out.finished:
+                self.started.discard(out.request_id)
+            elif out.new_token_ids:
+                self.started.add(out.request_id)
+
+
 class _Peer:
     __slots__ = ("conn", "lock", "rids", "owner")
 
@@ -325,7 +347,7 @@ class EngineServer:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._pending: list = []  # the last step's outputs, sent during the next step
-        self._started: set[str] = set()  # requests whose first token went out (step loop only)
+        self._first = FirstTokens()
         self.owner = _Peer(owner, owner=True)
         self._peers: set[_Peer] = {self.owner}  # every authenticated connection: they get the load reports
         if os.path.exists(address):
@@ -374,11 +396,8 @@ class EngineServer:
                 time.sleep(0.1)  # no busy loop if every step fails
                 continue
             self._send_pending()  # what this step did not send (it had no GPU work to hide it behind)
-            now, later = [], []
-            for out in outputs:
-                (now if out.new_token_ids and out.request_id not in self._started else later).append(out)
+            now, self._pending = self._first.split(outputs)
             self._send(now)
-            self._pending = later
         self._send_pending()
         self.listener.close()
         if trace:
@@ -407,11 +426,7 @@ class EngineServer:
                     if peer is not None:
                         peer.rids.discard(out.request_id)
         self.metrics.record(outputs)
-        for out in outputs:
-            if out.finished:
-                self._started.discard(out.request_id)
-            elif out.new_token_ids:
-                self._started.add(out.request_id)
+        self._first.sent(outputs)
         if self.trace is not None:
             for out in outputs:
                 if out.new_token_ids and out.first_token_time is not None:
