@@ -63,6 +63,11 @@ class KVCache:
         return -(-num_tokens // self.block_size)
 
     @property
+    def usage(self) -> float:
+        """Share of the blocks in use (blocks of idle prefix-cache entries count as free)."""
+        return 1.0 - self.num_available / self.num_blocks
+
+    @property
     def num_available(self) -> int:
         """Blocks that can be handed out: free, or held only by idle prefix-cache entries."""
         return self.allocator.num_free + (self.prefix.num_evictable if self.prefix else 0)

@@ -286,7 +286,6 @@ class LLMEngine:
 
     def stats(self) -> dict:
         kv = self.kv
-        used = kv.num_blocks - kv.num_available  # blocks of idle prefix-cache entries count as free
         rs = self.runner.stats
         prefix = kv.prefix
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
@@ -294,7 +293,7 @@ class LLMEngine:
                     prefix_cache_hit_rate=(prefix.hit_rate or 0.0) if prefix else 0.0,
                     # an entry holds one block per plane
                     prefix_cache_blocks=len(prefix.entries) * kv.num_loops if prefix else 0,
-                    kv_usage=used / kv.num_blocks, **dataclasses.asdict(rs), **self.counters,
+                    kv_usage=kv.usage, **dataclasses.asdict(rs), **self.counters,
                     num_preemptions=self.scheduler.num_preemptions, num_recomputes=self.scheduler.num_recomputes,
                     num_swapped=len(self.scheduler.swapped),
                     swap_bytes=self.scheduler.swap_used,

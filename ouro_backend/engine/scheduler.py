@@ -131,6 +131,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
+    @property
+    def num_unfinished(self) -> int:
+        """Requests running, waiting or swapped out."""
+        return len(self.running) + len(self.waiting) + len(self.swapped)
+
     def max_positions(self, prompt_len: int, max_tokens: int) -> int:
         """Positions whose KV a request may write: its drafts run up to spec_tokens past its last token."""
         return prompt_len + max_tokens + self.spec_tokens

@@ -135,8 +135,7 @@ class EnginePool:
         self.config, self.metrics_interval_s = config, metrics_interval_s
         self._on_message, self._on_closed, self._log = on_message, on_closed, log
         self._gpus = visible_gpus()
-        one = len(devices) == 1  # a single engine keeps the socket name it always had
-        self.slots = [EngineSlot(i, engine_address(engine_model if one else f"{engine_model}-{i}", server_pid), d)
+        self.slots = [EngineSlot(i, engine_address(f"{engine_model}-{i}", server_pid), d)
                       for i, d in enumerate(devices)]
         self.clients: list[Optional[EngineClient]] = [None] * len(devices)
         self.processes: list = [None] * len(devices)

@@ -445,9 +445,7 @@ class EngineServer:
                 self._drop(peer)
 
     def _load(self) -> Load:
-        sched, kv = self.engine.scheduler, self.engine.kv
-        return Load(len(sched.running) + len(sched.waiting) + len(sched.swapped),
-                    1.0 - kv.num_available / kv.num_blocks)
+        return Load(self.engine.scheduler.num_unfinished, self.engine.kv.usage)
 
     def _accept(self) -> None:
         while not self._stop.is_set():

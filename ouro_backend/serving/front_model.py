@@ -1,8 +1,8 @@
 """`ouro`: the client-facing model. Text in, text out, streamed in order, cancellable.
 
 It does what the ensemble `preprocessing` -> `ouro_engine` -> `postprocessing` does, with the same
-protocol functions (tokenize, detokenize: protocol.py), but in-process and talking to the engine process
-of `ouro_engine` directly over its socket (engine_process.engine_address):
+protocol functions (tokenize, detokenize: protocol.py), but in-process and talking to the engine processes
+of `ouro_engine` directly over their sockets (engine_pool):
 * no BLS: a decoupled BLS stream per request (`exec(decoupled=True)`) crashed the 24.10 stub in a native
   thread under concurrent load (it failed CI), and every BLS hop adds a server round trip per token;
 * cancellation works (the reason this model exists: an ensemble cannot cancel its running decoupled
