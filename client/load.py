@@ -7,7 +7,10 @@
 N workers each keep one streaming request in flight (a new one as soon as the previous finishes; over gRPC
 each worker keeps one connection and one ModelStreamInfer stream open for all its requests) until
 `--requests` requests were sent or `--duration` seconds passed (both bound the run; the run also stops at
-`--timeout` for stuck requests). Reports time to first token, inter-token latency (between streamed
+`--timeout` for stuck requests). The workers are spread over `--processes` client processes (default one per
+16 workers): one Python process handles only a few thousand responses a second, and a client that falls
+behind would add its own queueing to the times it measures (TTFT and ITL are taken when each response
+reaches the gRPC stream's callback). Reports time to first token, inter-token latency (between streamed
 responses, per token), request latency and throughput, as percentiles: a table on stderr and JSON on stdout
 (or in --json FILE).
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import threading
@@ -46,31 +50,35 @@ def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, Optional[floa
     return {"mean": sum(s) / len(s), **{f"p{p}": pct(p) for p in ps}, "max": s[-1]}
 
 
-def run_load(url: str, model: str, concurrency: int, num_requests: int, duration: float, options: dict,
-             prompts: list[str], protocol: str = "grpc", timeout: float = 600.0) -> dict[str, Any]:
+def _client_process(url: str, model: str, workers: int, issued: Any, num_requests: int, stop_at: float,
+                    options: dict, prompts: list[str], protocol: str, timeout: float) -> tuple[list[Result], int]:
+    """`workers` threads of this process, each taking the next request number from the shared `issued`
+    counter until `num_requests` were issued or `stop_at` passed -> (their results, threads still running)."""
     lock = threading.Lock()
-    issued = [0]
     results: list[Result] = []
-    start = time.perf_counter()
-    stop_at = start + duration
+    trace = None
+    if os.environ.get("OURO_REQUEST_TRACE") and protocol == "grpc":  # the server's hop timing, with our ends
+        from ouro_backend.serving.request_trace import RequestTrace
+
+        trace = RequestTrace.from_env("client")
 
     def worker() -> None:
         # gRPC: one connection and one open stream per worker, reused request after request
         # (perf_analyzer's streaming mode): connecting is not part of a request.
         try:
-            stream = GrpcStream(url) if protocol == "grpc" else None
+            stream = GrpcStream(url, trace) if protocol == "grpc" else None
         except Exception as e:  # noqa: BLE001 - reported as a failed request, like generate's errors
             with lock:
-                results.append(Result(start=time.perf_counter(), end=time.perf_counter(),
+                results.append(Result(start=time.monotonic(), end=time.monotonic(),
                                       error=f"opening the gRPC stream failed: {e}"))
             return
         try:
             while True:
-                with lock:
-                    if issued[0] >= num_requests or time.perf_counter() >= stop_at:
+                with issued.get_lock():
+                    if issued.value >= num_requests or time.monotonic() >= stop_at:
                         return
-                    i = issued[0]
-                    issued[0] += 1
+                    i = issued.value
+                    issued.value += 1
                 r = generate(url, model, prompts[i % len(prompts)], options, protocol, timeout, grpc_stream=stream)
                 with lock:
                     results.append(r)
@@ -78,12 +86,50 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
             if stream is not None:
                 stream.close()
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=max(1.0, stop_at + timeout - time.perf_counter()))
-    elapsed = time.perf_counter() - start
+        t.join(timeout=max(1.0, stop_at + timeout - time.monotonic()))
+    if trace is not None:
+        trace.write()
+    with lock:
+        return list(results), sum(t.is_alive() for t in threads)
+
+
+def _child(out: Any, *args: Any) -> None:
+    out.put(_client_process(*args))
+
+
+def run_load(url: str, model: str, concurrency: int, num_requests: int, duration: float, options: dict,
+             prompts: list[str], protocol: str = "grpc", timeout: float = 600.0, processes: int = 1
+             ) -> dict[str, Any]:
+    """The closed loop, its workers spread over `processes` client processes: one Python process handles a
+    few thousand responses a second, and a client that falls behind delays the very responses it times."""
+    processes = max(1, min(processes, concurrency))
+    ctx = multiprocessing.get_context("spawn")  # not fork: gRPC channels the caller holds must not be forked
+    issued = ctx.Value("l", 0)  # the next request number, shared by every worker of every process
+    start = time.monotonic()
+    stop_at = start + duration
+    args = (url, model, num_requests, stop_at, options, prompts, protocol, timeout)
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    if processes == 1:
+        results, unfinished = _client_process(url, model, concurrency, issued, *args[2:])
+    else:
+        out = ctx.Queue()
+        children = [ctx.Process(target=_child, args=(out, url, model, n, issued, *args[2:]), daemon=True)
+                    for n in shares]
+        for c in children:
+            c.start()
+        results, unfinished = [], 0
+        for _ in children:  # read before joining: a child exits only once its results are taken
+            r, u = out.get(timeout=max(1.0, stop_at + timeout + 30 - time.monotonic()))
+            results += r
+            unfinished += u
+        for c in children:
+            c.join(timeout=10)
+    # From the first request sent to the last one ended: the client processes' start-up is not the server's.
+    elapsed = max(r.end for r in results) - min(r.start for r in results) if results else time.monotonic() - start
     ok = [r for r in results if r.error is None]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     latency = [r.end - r.start for r in ok]
@@ -104,7 +150,7 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
         "requests_per_s": len(ok) / elapsed if elapsed else None,
         "mean_exit_depth": sum(depths) / len(depths) if depths else None,
         "ttft_s": percentiles(ttft), "itl_s": percentiles(itl), "latency_s": percentiles(latency),
-        "unfinished_workers": sum(t.is_alive() for t in threads),
+        "unfinished_workers": unfinished, "client_processes": processes,
     }
 
 
@@ -129,6 +175,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     p.add_argument("--model", default="ouro")
     p.add_argument("--concurrency", "-c", type=int, default=8)
+    p.add_argument("--processes", type=int, default=None,
+                   help="client processes the workers are spread over (default: one per 16 workers)")
     p.add_argument("--requests", "-n", type=int, default=32, help="max requests to send")
     p.add_argument("--duration", type=float, default=120.0, help="stop sending new requests after this (s)")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
@@ -144,7 +192,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                               ignore_eos=args.ignore_eos, exit_threshold=args.exit_threshold,
                               exclude_input_in_output=True, return_num_output_tokens=True)
     report = run_load(args.url, args.model, args.concurrency, args.requests, args.duration, options,
-                      args.prompt or PROMPTS, args.protocol, args.timeout)
+                      args.prompt or PROMPTS, args.protocol, args.timeout,
+                      processes=args.processes or -(-args.concurrency // 16))
     print(format_table(report), file=sys.stderr)
     text = json.dumps(report, indent=2)
     if args.json:

@@ -61,7 +61,7 @@ class Chunk:
     num_spec_drafted_tokens: Optional[int] = None  # with return_spec_counts: the request's totals so far
     num_spec_accepted_tokens: Optional[int] = None
     num_cached_tokens: Optional[int] = None  # with return_num_cached_tokens: prompt tokens from the prefix cache
-    time: float = 0.0
+    time: float = 0.0  # time.monotonic() when it arrived (gRPC: when the stream's callback had it)
 
 
 @dataclass
@@ -158,7 +158,7 @@ def _chunk_from_arrays(get) -> Chunk:
                  finish_reason=scalar("finish_reason"),
                  num_spec_drafted_tokens=scalar("num_spec_drafted_tokens"),
                  num_spec_accepted_tokens=scalar("num_spec_accepted_tokens"),
-                 num_cached_tokens=scalar("num_cached_tokens"), time=time.perf_counter())
+                 num_cached_tokens=scalar("num_cached_tokens"), time=time.monotonic())
 
 
 class GrpcStream:
@@ -169,7 +169,7 @@ class GrpcStream:
     A request that does not end with its final response (error, timeout, the caller stopping early)
     closes the stream, so nothing late from it can reach the next request; the next one opens a new one."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, trace: Any = None):
         import tritonclient.grpc as grpcclient
 
         self._grpc = grpcclient
@@ -177,29 +177,40 @@ class GrpcStream:
         self._responses: "queue.Queue" = queue.Queue()
         self._open = False
         self._ids = itertools.count()
+        # A RequestTrace (ouro_backend.serving.request_trace) that notes when each request was sent and when
+        # the stream's callback had its first response: the client's ends of the server's hop timing.
+        self.trace = trace
 
     def request(self, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0
                 ) -> Iterator[Chunk]:
         """Send one request and yield its responses until the final one."""
         if not self._open:
             responses = self._responses = queue.Queue()
-            self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
+            self.client.start_stream(
+                callback=lambda result, error: responses.put((result, error, time.monotonic())))
             self._open = True
         rid = f"load-{os.getpid()}-{id(self):x}-{next(self._ids)}"
         finished = False
+        trace = self.trace
         try:
-            self.client.async_stream_infer(model, build_inputs(self._grpc, prompt, options), request_id=rid,
-                                           enable_empty_final_response=True)
+            inputs = build_inputs(self._grpc, prompt, options)
+            if trace is not None:
+                trace.mark(rid, "sent")
+            self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
             deadline = time.monotonic() + timeout
             while True:
-                result, error = self._responses.get(timeout=max(0.01, deadline - time.monotonic()))
+                result, error, arrived = self._responses.get(timeout=max(0.01, deadline - time.monotonic()))
                 if error is not None:
                     raise RuntimeError(str(error))
                 response = result.get_response()
                 final = response.parameters.get("triton_final_response")
                 is_final = final is not None and final.bool_param
                 if response.outputs:
-                    yield _chunk_from_arrays(result.as_numpy)
+                    if trace is not None:
+                        trace.mark(rid, "received", arrived)
+                    chunk = _chunk_from_arrays(result.as_numpy)
+                    chunk.time = arrived  # not when this thread got to it: a busy client must not add its own wait
+                    yield chunk
                 if is_final:
                     finished = True
                     return
@@ -277,7 +288,7 @@ def generate(url: str, model: str, prompt: str, options: dict[str, Any], protoco
              timeout: float = 600.0, on_chunk=None, grpc_stream: Optional[GrpcStream] = None) -> Result:
     """Run one request to completion; errors end up in Result.error. `grpc_stream`: an open stream to
     reuse (a load generator's worker keeps one, as perf_analyzer does)."""
-    result = Result(start=time.perf_counter())
+    result = Result(start=time.monotonic())
     if grpc_stream is not None:
         stream = grpc_stream.request(model, prompt, options, timeout)
     elif protocol == "grpc":
@@ -291,7 +302,7 @@ def generate(url: str, model: str, prompt: str, options: dict[str, Any], protoco
                 on_chunk(chunk)
     except Exception as e:  # noqa: BLE001 - reported to the caller
         result.error = str(e)
-    result.end = time.perf_counter()
+    result.end = time.monotonic()
     return result
 
 

@@ -5,18 +5,23 @@ each request passes each hop (`time.monotonic()`, one clock for every process of
 `DIR/<role>-<pid>.json` when they stop. `summarize(DIR)` joins them by request id and gives the median and
 p90 of every hop:
 
+  client     sent        just before the client sent it       (client/load.py, with the variable set)
   front      received    execute() has the request            (the front, `ouro`, or `ouro_engine` itself)
              parsed      validated and tokenized
-             submitted   handed to the engine process's socket
+             submitted   about to be written to the engine process's socket
   engine     received    the engine process read it
              added       LLMEngine.add_request returned
              first_token the host collected its first token (the step's readback)
              routed      that token went out on the socket (during the next step: `EngineServer.serve`)
   front      delivered   the front's reader thread filed it
              responded   the sender's send() of the response that carries it returned
+  client     received    the client's stream callback had that response (it can come before `responded`:
+                         send() returns once the server has the response and this thread has the GIL)
 
-The client's own hops (its send, the server's gRPC front, the response's way back) are the rest of the
-TTFT that a client measures. `benchmarks/served.py --trace` sets the variable and reports the summary.
+client -> front is Triton's way in (gRPC, the server's queue, the IPC to the Python stub and its execute
+call); front responded -> client received is the way out. The front knows a client's marks by the request
+id the client sent (`alias`). Without client marks the summary spans front received -> front responded.
+`benchmarks/served.py --trace` sets the variable (for the server and load.py) and reports the summary.
 """
 from __future__ import annotations
 
@@ -29,9 +34,9 @@ import time
 from typing import Optional
 
 ENV = "OURO_REQUEST_TRACE"
-HOPS = [("front", "received"), ("front", "parsed"), ("front", "submitted"), ("engine", "received"),
-        ("engine", "added"), ("engine", "first_token"), ("engine", "routed"), ("front", "delivered"),
-        ("front", "responded")]
+HOPS = [("client", "sent"), ("front", "received"), ("front", "parsed"), ("front", "submitted"),
+        ("engine", "received"), ("engine", "added"), ("engine", "first_token"), ("engine", "routed"),
+        ("front", "delivered"), ("front", "responded"), ("client", "received")]
 
 
 class RequestTrace:
@@ -41,6 +46,7 @@ class RequestTrace:
     def __init__(self, directory: str, role: str):
         self.directory, self.role = directory, role
         self._marks: dict[str, dict[str, float]] = {}
+        self._aliases: dict[str, str] = {}  # another process's id of a request -> ours
         self._lock = threading.Lock()
 
     @classmethod
@@ -54,28 +60,38 @@ class RequestTrace:
         with self._lock:
             self._marks.setdefault(rid, {}).setdefault(event, t)
 
+    def alias(self, other: str, rid: str) -> None:
+        """`other` (the id a client sent with the request) names request `rid` in other processes' marks."""
+        with self._lock:
+            self._aliases[other] = rid
+
     def write(self) -> str:
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, f"{self.role}-{os.getpid()}.json")
         with self._lock:
-            marks = dict(self._marks)
+            marks, aliases = dict(self._marks), dict(self._aliases)
         with open(path, "w") as f:
-            json.dump(dict(role=self.role, marks=marks), f)
+            json.dump(dict(role=self.role, marks=marks, aliases=aliases), f)
         return path
 
 
 def summarize(directory: str) -> dict:
-    """{hop "a -> b": {median_ms, p90_ms, n}} over the requests every hop of which was seen, and `ttft_ms`
-    (front received -> front responded)."""
-    by_rid: dict[str, dict[str, float]] = {}
+    """{hop "a -> b": {median_ms, p90_ms}} over the requests every hop of which was seen, and `ttft_ms`
+    (first hop -> last: client sent -> client received when a client left marks, else front received ->
+    front responded)."""
+    files = []
     for path in glob.glob(os.path.join(directory, "*.json")):
         with open(path) as f:
-            d = json.load(f)
+            files.append(json.load(f))
+    aliases = {k: v for d in files for k, v in d.get("aliases", {}).items()}
+    by_rid: dict[str, dict[str, float]] = {}
+    for d in files:
         for rid, marks in d["marks"].items():
-            slot = by_rid.setdefault(rid, {})
+            slot = by_rid.setdefault(aliases.get(rid, rid), {})
             for event, t in marks.items():
                 slot[f"{d['role']}.{event}"] = t
-    names = [f"{role}.{event}" for role, event in HOPS]
+    roles = {d["role"] for d in files}
+    names = [f"{role}.{event}" for role, event in HOPS if role in roles]
     complete = [m for m in by_rid.values() if all(n in m for n in names)]
     out: dict = {"requests": len(complete)}
     if not complete:
