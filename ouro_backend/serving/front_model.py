@@ -117,10 +117,11 @@ class FrontModel(StreamingModel):
     def response_arrays(self, fields: dict) -> dict:
         # Through the engine's tensors and `postprocessing`'s function, although building the client's
         # tensors straight from the fields costs 8.8 instead of 54 us of Python a response: on the H200 that
-        # direct path cut served throughput at C64 from 5.8-6.2K to 3.5-3.6K tok/s (load.py, same device
-        # call; benchmarks/results/2026-12-01-h200-served/). The likely cause: the senders then sent more,
-        # smaller responses, each an IPC round trip to the server and a message the client must handle.
-        # Coalescing on purpose (a minimum interval per stream) is the better fix; it is not measured yet.
+        # direct path cut load.py's served throughput at C64 from 5.8-6.2K to 3.5-3.6K tok/s (same device
+        # call; benchmarks/results/2026-12-01-h200-served/). The senders then sent more, smaller responses,
+        # and load.py, then one Python process, fell behind reading them (two front instances later showed the
+        # same until load.py used several processes: benchmarks/results/2026-12-01-h200-served-ttft/). The
+        # direct path has not been measured since.
         return protocol.postprocess_arrays(self._tokenizer, protocol.engine_response_arrays(**fields))
 
     def count_error(self) -> None:

@@ -20,6 +20,10 @@ from .options import FrontOptions, ServingOptions, option_docs
 REPO_DIR = Path(__file__).resolve().parents[2] / "model_repository"
 PRE_POST_MAX_BATCH = 64
 INSTANCES = 2
+# Two stub processes for the `ouro` front: one Python process (one GIL) ran every execute() one after the other
+# and queued a C64 wave of new requests 14.5 ms (median) on their way in; two took that to 5 ms and the front's
+# own hops from 7.4 to 1.2 ms (H200, benchmarks/results/2026-12-01-h200-served-ttft/). Four did no better.
+FRONT_INSTANCES = 2
 
 # Engine options listed (empty = the default) in ouro_engine/config.pbtxt; all of EngineConfig works.
 ENGINE_PARAMETERS = [
@@ -136,7 +140,7 @@ shapes are [1, 1] (batch 1) for scalars; /v2/models/ouro/generate and /generate_
         + "model_transaction_policy { decoupled: true }\n"
         + _inputs(protocol.CLIENT_INPUTS.values(), required=["text_input"])
         + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths"])
-        + "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
+        + f"instance_group [ {{ count: {FRONT_INSTANCES}, kind: KIND_CPU }} ]\n"
         + _params(option_docs(FrontOptions), "Options (empty: default)")
     )
     files["ouro_ensemble"] = _ensemble()
