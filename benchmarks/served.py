@@ -161,6 +161,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--port-base", type=int, default=18000)
     p.add_argument("--engine-arg", action="append", default=[])
+    p.add_argument("--model-repository", default=None,
+                   help="serve this model repository (ouro-serve --model-repository), e.g. one with other front options")
     p.add_argument("--skip-perf-analyzer", action="store_true")
     p.add_argument("--genai-perf", action="store_true", help="also profile `ouro` with genai-perf")
     p.add_argument("--exit-threshold", type=float, default=1.0,
@@ -186,8 +188,8 @@ def main() -> int:
         return 0
 
     from ouro_backend.engine.round_trace import ENV as TRACE_ENV, summarize
-    from ouro_backend.serving import request_trace
     from ouro_backend.entrypoints.bench import ensure_shape_checkpoint, median_of
+    from ouro_backend.serving import request_trace
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +231,8 @@ def main() -> int:
     serve = [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--model", model, "--http-port", str(http_port),
              "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--log-file",
              str(out / "tritonserver.log"), "--engine-arg", f"max_num_seqs={args.concurrency}",
-             *[a for kv in args.engine_arg for a in ("--engine-arg", kv)]]
+             *[a for kv in args.engine_arg for a in ("--engine-arg", kv)],
+             *(["--model-repository", args.model_repository] if args.model_repository else [])]
     server = subprocess.Popen(serve, stdout=open(out / "ouro-serve.out", "w"), stderr=subprocess.STDOUT,
                               start_new_session=True,
                               env=dict(trace_env("engine_trace.json"),
@@ -247,8 +250,10 @@ def main() -> int:
             per_model[name] = []
             for i in range(args.repeats):
                 path = out / f"served_{name}_{i}.json"
+                # With --trace load.py notes its ends of each request's hops (the warm-up's are left out).
                 subprocess.run(load + ["-n", str(args.requests), "--json", str(path)], check=True,
-                               stdout=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, env=dict(os.environ, **{
+                                   request_trace.ENV: str((out / "request_trace").resolve())}) if args.trace else None)
                 per_model[name].append(json.loads(path.read_text()))
             print(f"{name}: {[round(x['output_tokens_per_s']) for x in per_model[name]]} output tok/s, errors "
                   f"{sum(x['errors'] for x in per_model[name])}", flush=True)
@@ -290,30 +295,24 @@ def main() -> int:
         summary["request_hops"] = request_trace.summarize(str(out / "request_trace"))
         if process_res:
             summary["process_rounds"] = summarize(str(out / "process_trace.json"))
-    if direct_res is None:  # --skip-direct: no ratios
-        print(json.dumps(summary, indent=1))
-        return 0
-    d = direct_res["median"]
     s = median_of([{k: v for k, v in x.items() if isinstance(v, (int, float, dict))} for x in served])
-    summary.update(direct_output_tok_s=d["output_tok_s"], served_output_tok_s=s["output_tokens_per_s"],
-                   ratio=s["output_tokens_per_s"] / d["output_tok_s"],
-                   served_errors=sum(x["errors"] for x in served),
-                   direct_ttft_p50_s=d["ttft_s"]["p50"], served_ttft_p50_s=s["ttft_s"]["p50"],
-                   direct_tpot_p50_s=d["tpot_s"]["p50"], served_itl_p50_s=s["itl_s"]["p50"],
-                   served_repeats=[x["output_tokens_per_s"] for x in served],
-                   direct_repeats=[x["output_tok_s"] for x in direct_res["repeats"]])
+    summary.update(served_output_tok_s=s["output_tokens_per_s"], served_errors=sum(x["errors"] for x in served),
+                   served_ttft_p50_s=s["ttft_s"]["p50"], served_itl_p50_s=s["itl_s"]["p50"],
+                   served_repeats=[x["output_tokens_per_s"] for x in served])
     if pa and pa.get("output_tok_s"):
-        summary.update(perf_analyzer_output_tok_s=pa["output_tok_s"], perf_analyzer_ok=pa["ok"],
-                       perf_analyzer_ratio=pa["output_tok_s"] / d["output_tok_s"])
+        summary.update(perf_analyzer_output_tok_s=pa["output_tok_s"], perf_analyzer_ok=pa["ok"])
     if gp:
         summary.update(genai_perf_output_tok_s=gp["output_token_throughput_per_s"],
-                       genai_perf_ratio=gp["output_token_throughput_per_s"] / d["output_tok_s"],
                        genai_perf_ttft_ms=gp["time_to_first_token_ms"], genai_perf_itl_ms=gp["inter_token_latency_ms"])
-    if process_res:
-        summary.update(process_output_tok_s=process_res["median"]["output_tok_s"],
-                       process_ratio=process_res["median"]["output_tok_s"] / d["output_tok_s"],
-                       process_repeats=[x["output_tok_s"] for x in process_res["repeats"]])
-    summary["direct_steady_round_ms"] = d.get("steady_round_ms")
+    if direct_res is not None:  # ratios against engine-direct (not with --skip-direct)
+        d = direct_res["median"]
+        summary.update(direct_output_tok_s=d["output_tok_s"], ratio=s["output_tokens_per_s"] / d["output_tok_s"],
+                       direct_ttft_p50_s=d["ttft_s"]["p50"], direct_tpot_p50_s=d["tpot_s"]["p50"],
+                       direct_repeats=[x["output_tok_s"] for x in direct_res["repeats"]],
+                       direct_steady_round_ms=d.get("steady_round_ms"))
+        for tool in ("perf_analyzer", "genai_perf"):
+            if f"{tool}_output_tok_s" in summary:
+                summary[f"{tool}_ratio"] = summary[f"{tool}_output_tok_s"] / d["output_tok_s"]
     (out / "served_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
