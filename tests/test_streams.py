@@ -1,6 +1,6 @@
 """The streaming layer the two decoupled models share (ouro_backend.serving.streams), without a server:
 a stand-in for `triton_python_backend_utils` records what each response sender was given.
-Covers coalescing while a send waits, order, FINAL, non-streaming, engine rejections and failures, a lost
+Covers coalescing while a send waits, order, first responses first, FINAL, non-streaming, engine rejections and failures, a lost
 engine, cancellation and the typed options."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ouro_backend.serving.cancellation import CancelWatcher
 from ouro_backend.serving.engine_pool import EngineRouter
 from ouro_backend.serving.engine_process import Delta, Load
 from ouro_backend.serving.options import FrontOptions, ServingOptions, typed_options
-from ouro_backend.serving.streams import StreamingModel
+from ouro_backend.serving.streams import SendQueue, StreamingModel
 
 FINAL = 1
 IDLE = Load(0, 0.0)
@@ -134,6 +134,48 @@ def test_streaming_coalesces_while_a_send_waits_and_keeps_order(model):
     assert list(last["exit_depths"].reshape(-1)) == [4] * 4
     assert last["finish_reason"][0][0] == b"length"
     assert "r" not in model._streams
+
+
+def test_send_queue_takes_first_responses_first_each_lane_in_order():
+    q = SendQueue()
+    for item, first in (("c1", False), ("b1", True), ("c2", False), ("b2", True)):
+        q.put(item, first=first)
+    assert [q.get() for _ in range(4)] == ["b1", "b2", "c1", "c2"]
+
+
+def test_a_first_token_does_not_wait_behind_other_requests_later_tokens():
+    """One sender thread, busy with a send: a request's first response goes out before another request's
+    later tokens that were waiting longer (served TTFT on a busy server)."""
+    model = Model(threads=1)
+    order: list[str] = []
+
+    class Logged(Sender):
+        def __init__(self, name, gate=None):
+            super().__init__(gate)
+            self.name = name
+
+        def send(self, response=None, flags=0):
+            super().send(response, flags)
+            order.append(self.name)
+
+    try:
+        gate = threading.Event()
+        early, busy, new = Logged("early"), Logged("busy", gate), Logged("new")
+        model.execute([Request(early, rid="early")])
+        model.on_engine_message(0, ("outputs", [delta("early", [10])], IDLE))
+        wait(lambda: order == ["early"])
+        model.execute([Request(busy, rid="busy")])
+        model.on_engine_message(0, ("outputs", [delta("busy", [20])], IDLE))
+        wait(lambda: busy.gate is gate and model._streams["busy"].queued is False)  # the one sender waits
+        model.on_engine_message(0, ("outputs", [delta("early", [11])], IDLE))  # a later token: waits first
+        model.execute([Request(new, rid="new")])
+        model.on_engine_message(0, ("outputs", [delta("new", [30])], IDLE))  # a first token: comes after
+        gate.set()
+        wait(lambda: len(order) == 4)
+        assert order == ["early", "busy", "new", "early"]
+        assert new.tokens() == [30] and early.tokens() == [10, 11]
+    finally:
+        model.close_streams("closed")
 
 
 def test_non_streaming_gets_one_response(model):
