@@ -57,6 +57,23 @@ def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
     full = runs["full"]["median"]
     assert 0.5 < full["decode_occupancy"] <= 1.0 and 0.0 <= full["tail_frac"] < 1.0
     assert gated["median"]["decode_occupancy"] < full["decode_occupancy"]
+    # The ideal closed loop on the run's own requests: full depth is 2 waves of 16 tokens x 4 loops, and no
+    # run takes fewer rounds than its ideal (an engine advances a request by at most one loop a round).
+    assert full["ideal_rounds"] == 2 * 16 * 4 and full["request_loops"] == 4 * 16 * 4
+    for run in runs.values():
+        for rep in run["repeats"]:
+            assert rep["rounds"] >= rep["ideal_rounds"] > 0
+    assert gated["median"]["ideal_rounds"] < full["ideal_rounds"]
+
+
+def test_ideal_rounds_replaces_each_finished_request_in_the_next_round():
+    from ouro_backend.entrypoints.bench import ideal_rounds
+
+    # Two slots: 3 | 1, then 2 in the freed slot (rounds 1-2), then 2 after the 3 (rounds 3-4).
+    assert ideal_rounds([3, 1, 2, 2], 2) == 5
+    assert ideal_rounds([5], 8) == 5 and ideal_rounds([], 4) == 0
+    assert ideal_rounds([4] * 8, 4) == 8  # two full waves
+    assert ideal_rounds([1, 1, 1, 9], 2) == 10  # the deep request comes last: it alone sets the end
 
 
 def test_ouro_bench_poisson_arrivals_with_natural_eos(toy_path, tmp_path):

@@ -19,11 +19,14 @@ with the requested mean, replayed by exit_mode=trace).
 Where the time goes with early exit: `decode_occupancy` is the share of slot-rounds that carried a decode
 loop (1.0: every one of `concurrency` rows busy in every round), and `tail_frac` the share of the wall time
 spent after the last request was submitted with fewer than `concurrency` requests running. With the real
-gate each request has its own mean depth, so a closed run ends on its deepest requests.
+gate each request has its own mean depth, so a closed run ends on its deepest requests. `ideal_rounds` (closed
+loop) is the fewest rounds any engine that advances a request by one loop per round could take on the run's
+requests with their exit depths (`ideal_rounds()`), against `rounds`, what this engine took.
 """
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import logging
 import os
@@ -68,6 +71,18 @@ def trace_for_mean(mean: float, num_loops: int, length: int, rng: random.Random)
         i += 1
     rng.shuffle(depths)
     return depths
+
+
+def ideal_rounds(loops: list[int], concurrency: int) -> int:
+    """The rounds a closed loop needs when every round advances every running request by one loop and nothing
+    else ever waits. `loops[i]`: request i's loops (its prompt's rounds, then each later token's exit depth), in
+    submission order; `concurrency` in flight, each finished request replaced in the next round. No engine that
+    runs one loop of a request per round finishes sooner, so at equal round cost full depth's ideal_rounds over
+    an early-exit run's bounds the speedup any such engine can show on that run's requests."""
+    free = [0] * min(concurrency, len(loops))  # when each slot is next free (a heap)
+    for n in loops:
+        heapq.heappush(free, heapq.heappop(free) + n)
+    return max(free, default=0)
 
 
 def percentiles(xs: list[float]) -> dict:
@@ -173,6 +188,10 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     # last wave sets the end-to-end time (the tail).
     per_request = [sum(o.exit_depths[1:]) / (len(o.exit_depths) - 1) for o in outs if len(o.exit_depths) > 1]
     tail = sum(r[0] for r in rounds[last_submit_step:] if r[4] < concurrency)
+    # Each request's loops in submission order: its prompt's rounds (one per loop its first token ran), then one
+    # per loop of every later token.
+    by_id = {o.request_id: o for o in outs}
+    loops = [sum(by_id[f"b{i}"].exit_depths) for i in range(num_requests) if f"b{i}" in by_id]
     return dict(
         requests=len(outs), generated_tokens=gen, wall_s=wall, output_tok_s=gen / wall,
         prefill_tok_s=num_requests * input_len / pre_t if pre_t else None,
@@ -192,6 +211,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         spec_mean_accepted_length=(mean_accepted_length(stats["spec_drafted"], stats["spec_accepted"], spec_k)
                                    if stats["spec_drafted"] else None),
         tail_frac=tail / wall, last_arrival_s=arrivals[-1] if arrivals else None,
+        ideal_rounds=ideal_rounds(loops, concurrency) if arrivals is None else None, request_loops=sum(loops),
         graph_launches=stats["graph_launches"], eager_launches=stats["eager_launches"])
 
 
