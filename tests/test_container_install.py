@@ -3,7 +3,6 @@ image cannot be pulled here, so this is how CI knows that what the Dockerfile ru
 its dependencies install, numpy stays < 2 for the 24.10 stub, the toy checkpoint is written and generates."""
 import os
 import subprocess
-import sys
 import venv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -93,7 +93,6 @@ def _broken_copy(toy_path, tmp_path, edit):
 
 
 def test_checkpoint_missing_tensor(toy_path, tmp_path):
-    import torch
     from safetensors.torch import load_file, save_file
 
     def drop(d):

@@ -23,7 +23,6 @@ import shutil
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
