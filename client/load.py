@@ -111,13 +111,13 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
     issued = ctx.Value("l", 0)  # the next request number, shared by every worker of every process
     start = time.monotonic()
     stop_at = start + duration
-    args = (url, model, num_requests, stop_at, options, prompts, protocol, timeout)
+    rest = (num_requests, stop_at, options, prompts, protocol, timeout)
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     if processes == 1:
-        results, unfinished = _client_process(url, model, concurrency, issued, *args[2:])
+        results, unfinished = _client_process(url, model, concurrency, issued, *rest)
     else:
         out = ctx.Queue()
-        children = [ctx.Process(target=_child, args=(out, url, model, n, issued, *args[2:]), daemon=True)
+        children = [ctx.Process(target=_child, args=(out, url, model, n, issued, *rest), daemon=True)
                     for n in shares]
         for c in children:
             c.start()
