@@ -267,6 +267,8 @@ def test_engine_options_precedence(tmp_path):
     opts, _ = engine_options(_cfg(), None, environ={"OURO_ENGINE_ARGS": "max_num_seqs=2, block_size=32"})
     assert opts == {"max_num_seqs": "2", "block_size": "32"}
     assert EngineConfig.from_strings(opts).block_size == 32
+    _, serving = engine_options(_cfg(engine_devices="cpu"), None, environ={"OURO_ENGINE_DEVICES": "cuda:0,cuda:1"})
+    assert serving == {"engine_devices": "cuda:0,cuda:1"}  # ouro-serve --devices wins over config.pbtxt
 
 
 def test_engine_option_errors(tmp_path):

@@ -45,7 +45,8 @@ import urllib.request
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from ..serving.engine_pool import DEVICES_ENV, resolve_devices, visible_gpus
+from ..serving.engine_pool import resolve_devices, visible_gpus
+from ..serving.options import DEVICES_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 REPOSITORY_ENV = "OURO_MODEL_REPOSITORY"

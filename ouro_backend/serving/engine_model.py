@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from ..config import ConfigError, EngineConfig
 from . import protocol
-from .engine_pool import DEVICES_ENV, EnginePool, EngineRouter, resolve_devices
+from .engine_pool import EnginePool, EngineRouter, resolve_devices
 from .engine_process import EngineClient, EngineProcessError
 from .metrics import EngineMetrics
 from .options import (ServingOptions, decoupled_model_config, engine_options, resolve_model_path, tensor_arrays,
@@ -46,8 +46,6 @@ class EngineModel(StreamingModel):
         self.model_config, self.model_name = decoupled_model_config(pb_utils, args, "ouro_engine")
         try:
             options, serving_params = engine_options(self.model_config, args.get("model_repository"))
-            if os.environ.get(DEVICES_ENV):
-                serving_params = dict(serving_params, engine_devices=os.environ[DEVICES_ENV])
             serving = typed_options(ServingOptions, serving_params)
             config = EngineConfig.from_strings(options)
             config.model = resolve_model_path(options)["model"]

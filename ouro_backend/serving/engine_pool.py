@@ -24,8 +24,6 @@ from typing import Callable, Optional
 from ..config import ConfigError, EngineConfig
 from .engine_process import EngineClient, EngineProcessError, engine_address, private_dir, start_engine_process
 
-DEVICES_ENV = "OURO_ENGINE_DEVICES"  # overrides the `engine_devices` parameter (ouro-serve --devices)
-
 
 def visible_gpus() -> list[str]:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (ids or UUIDs), else their indices."""

@@ -5,7 +5,8 @@ Precedence (later wins):
      (empty values and unfilled `${...}` template placeholders count as unset);
   2. $OURO_ENGINE_ARGS: a JSON object `{"max_num_seqs": "8"}` or `key=value` pairs separated by
      commas/whitespace (what `ouro-serve --engine-arg key=value` sets);
-  3. $OURO_MODEL_PATH: the checkpoint directory (overrides the `model` parameter).
+  3. $OURO_MODEL_PATH: the checkpoint directory (overrides the `model` parameter);
+  4. $OURO_ENGINE_DEVICES: the engine processes' devices (overrides the `engine_devices` parameter).
 If no model is given at all, the engine uses the demo model shipped with the package (ouro_backend.models).
 A relative `model` path is resolved against the model's directory in the repository when it exists there.
 Unknown keys and bad values fail the model load with ConfigError naming the option.
@@ -21,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 from ..config import MODEL_PATH_ENV, ConfigError, parse_value
 
 ENGINE_ARGS_ENV = "OURO_ENGINE_ARGS"
+DEVICES_ENV = "OURO_ENGINE_DEVICES"  # overrides the `engine_devices` parameter (what `ouro-serve --devices` sets)
 
 
 def _option(default: Any, help: str) -> Any:
@@ -122,6 +124,8 @@ def engine_options(model_config: Mapping[str, Any], model_dir: Optional[str] = N
     serving = {k: v for k, v in params.items() if k in SERVING_KEYS}
     options = {k: v for k, v in params.items() if k not in SERVING_KEYS}
     options.update(parse_engine_args(env.get(ENGINE_ARGS_ENV)))
+    if env.get(DEVICES_ENV):
+        serving["engine_devices"] = env[DEVICES_ENV]
     if env.get(MODEL_PATH_ENV):
         options["model"] = env[MODEL_PATH_ENV]
     model = options.get("model")
