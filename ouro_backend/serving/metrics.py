@@ -179,11 +179,11 @@ class EngineMetrics:
         self._thread = threading.Thread(target=self._run, name="ouro-metrics", daemon=True)
         self._thread.start()
 
-    def add(self, key: str, n: float, engine: int = 0) -> None:
-        """Count `n` into counter `key` of engine `engine` (errors found before a request reached an engine
-        count on engine 0)."""
+    def add(self, key: str, n: float) -> None:
+        """Count `n` into counter `key`: what this model finds itself (errors of requests that never reached an
+        engine) counts on engine 0's series."""
         if self.enabled:  # nothing would ever take it otherwise
-            self.pending[engine].add(key, n)
+            self.pending[0].add(key, n)
 
     def merge(self, snap: MetricsSnapshot, engine: int = 0) -> None:
         if self.enabled:
