@@ -38,8 +38,10 @@ def rows_of(results: dict) -> list[dict]:
     for run in results["runs"]:
         m, c = run["median"], run["concurrency"]
         kind, _, arg = run["workload"].partition("=")
+        # The repeats' median threshold (depth=D runs find one per repeat); older files name it in the workload.
+        threshold = m.get("threshold") or (1.0 if kind == "full" else float(arg))
         rows.append(dict(
-            engine=results.get("label", ""), exit_mode=mode, threshold=1.0 if kind == "full" else float(arg),
+            engine=results.get("label", ""), exit_mode=mode, threshold=threshold,
             concurrency=c, mean_depth=m["mean_exit_depth"], output_tok_s=m["output_tok_s"],
             ratio_vs_full=m["output_tok_s"] / full[c] if c in full else None,
             repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],

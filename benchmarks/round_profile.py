@@ -5,6 +5,9 @@ Ouro-1.4B shape (random bf16 weights), default engine options. For decode graphs
 round, greedy) and the prompt graph of 128 tokens: the replay's median time (50 replays), then the GPU
 kernels of 5 replays under torch.profiler, grouped by kind (GEMM, attention, norm, rope/KV write,
 state machine, the rest). The floor is the bytes of one loop's weights over the HBM bandwidth given.
+`round_ms_by_rows` is the replay time of every decode row bucket's one-round graph: what a round costs as
+a function of its rows (with the capture's attention lengths, not a run's), which with ouro-bench's
+`ideal_rounds` says how much a drained round saves.
 
     python3 benchmarks/round_profile.py [--out FILE.json] [--hbm-tb-s 4.8]
 """
@@ -78,6 +81,9 @@ def main() -> None:
                   lm_head_bytes=head_bytes, floor_lm_head_ms=head_bytes / args.hbm_tb_s / 1e9, graphs={})
     picks = [(f"decode {b} rows", r.decode_graphs[(b, 1, SamplerMode.GREEDY)]) for b in (1, 64)]
     picks.append(("prompt 128 tokens", r.mixed_graphs[(128, SamplerMode.GREEDY)]))
+    ones = {b: g for (b, rounds, mode), g in r.decode_graphs.items() if rounds == 1 and mode == SamplerMode.GREEDY}
+    report["round_ms_by_rows"] = {b: round(timed(ones[b].graph), 4) for b in sorted(ones)}
+    print("round ms by rows", report["round_ms_by_rows"])
     for name, g in picks:
         report["graphs"][name] = dict(replay_ms=timed(g.graph), **kernels(g.graph))
         print(name, json.dumps(report["graphs"][name], indent=1))

@@ -12,8 +12,8 @@ waits for the previous round, so the split below is approximate at the boundarie
   which all `concurrency` requests were running.
 
 Workloads: `full` (fixed depth), `threshold=X` (the exit gate), `depth=D` (the exit gate at the threshold
-whose mean exit depth on the run's prompts is about D: found by bisection over untimed runs of the same
-prompts, then reported as `threshold`), `trace=MEAN` (per-request depth lists built from the loop depths
+whose mean exit depth on the run's prompts is about D: found for each repeat by bisection over untimed runs
+of that repeat's prompts, each repeat's reported as `threshold`), `trace=MEAN` (per-request depth lists built from the loop depths
 with the requested mean, replayed by exit_mode=trace).
 
 Where the time goes with early exit: `decode_occupancy` is the share of slot-rounds that carried a decode
@@ -345,20 +345,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     for workload in args.workload:
         for c in args.concurrency:
             n = args.num_requests or max(2 * c, 4)
-            run = workload
-            if workload.startswith("depth="):
-                thr, depth = threshold_for_depth(engine, float(workload[6:]), args.input_len, args.output_len, c, n)
-                log.info("%s c=%d: threshold %.4f gives mean depth %.2f", workload, c, thr, depth)
-                run = f"threshold={thr:.4f}"
             reps = []
             for rep in range(args.repeats):
+                run = workload
+                if workload.startswith("depth="):
+                    # Each repeat has its own prompts (seed = rep), and with the real gate the depth a threshold
+                    # gives varies by prompt: found per repeat, so that every repeat runs at the target depth.
+                    thr, depth = threshold_for_depth(engine, float(workload[6:]), args.input_len, args.output_len,
+                                                     c, n, seed=rep)
+                    log.info("%s c=%d rep %d: threshold %.4f gives mean depth %.2f", workload, c, rep, thr, depth)
+                    run = f"threshold={thr:.4f}"
                 r = run_closed_loop(engine, args.input_len, args.output_len, c, n, run, seed=rep,
                                     arrival_rate=args.arrival_rate, ignore_eos=not args.natural_eos,
                                     min_output_len=args.min_output_len)
+                kind, _, arg = run.partition("=")
+                r["threshold"] = float(arg) if kind == "threshold" else 1.0 if kind == "full" else None
                 log.info("%s c=%d rep %d: %.1f output tok/s, mean depth %s", workload, c, rep,
                          r["output_tok_s"], r["mean_exit_depth"])
                 reps.append(r)
-            results["runs"].append(dict(workload=run, target=workload, concurrency=c, num_requests=n,
+            results["runs"].append(dict(workload=workload, concurrency=c, num_requests=n,
                                         median=median_of(reps), repeats=reps))
     print_table(results)
     if args.out:
