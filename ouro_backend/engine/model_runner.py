@@ -309,10 +309,9 @@ class ModelRunner:
 
     def _spec_launch(self, plan: SchedulerOutput) -> torch.Tensor:
         self.stats.spec_steps += 1
-        span = max(plan.decode_slots) + 1
-        fits = [b for b, m in self.spec_graphs if b >= span and m is plan.sampler]
-        if fits:
-            graph = self.spec_graphs[(min(fits), plan.sampler)]
+        rows = self._bind_rows(plan, {b for b, m in self.spec_graphs if m is plan.sampler})
+        if rows is not None:
+            graph = self.spec_graphs[(len(rows), plan.sampler)]
             graph.graph.replay()
             self.stats.graph_launches += 1
             return graph.rec
@@ -323,13 +322,13 @@ class ModelRunner:
         return rec
 
     def _decode_launch(self, plan: SchedulerOutput, launch: Launch, rounds: int) -> torch.Tensor:
-        span = max(plan.decode_slots) + 1
-        graph = self._pick_decode_graph(span, rounds, plan.sampler)
-        if graph is not None:
+        rows = self._bind_rows(plan, {b for b, r, m in self.decode_graphs if r == rounds and m is plan.sampler})
+        if rows is not None:
+            graph = self.decode_graphs[(len(rows), rounds, plan.sampler)]
             graph.graph.replay()
             self.stats.graph_launches += 1
             if self.record_logits:  # one round a launch then: the graph keeps the last round's logits
-                launch.logits.append([(list(range(graph.rows)), graph.logits.float().clone())])
+                launch.logits.append([(rows, graph.logits.float().clone())])
             return graph.rec
         rec = self.state.new_record(rounds)
         logits = self._decode_steps(self._to_dev(plan.decode_slots, torch.long), rec, plan.sampler)
@@ -517,6 +516,9 @@ class ModelRunner:
         self.g_cu = torch.cat([torch.arange(max_rows + 1), torch.full((max_rows,), max_rows)]).int().to(dev)
         self.g_lens = torch.ones(max_rows, dtype=torch.int32, device=dev)
         self.g_tables = torch.zeros(max_rows, self.max_blocks, dtype=torch.int32, device=dev)
+        # The slots that decode and speculative graphs run (see _bind_rows); _bound mirrors it on the host.
+        self.g_rows = torch.arange(max_rows, dtype=torch.int64, device=dev)
+        self._bound = list(range(max_rows))
         # Every graph's outputs go to these shared buffers (see _shared_outputs).
         self.g_logits = torch.empty(max_rows, self.model.lm_head.shape[0], dtype=torch.float32, device=dev)
         self.g_out = torch.empty(Tk, cfg.hidden_size, dtype=self.model.dtype, device=dev)
@@ -551,13 +553,13 @@ class ModelRunner:
             for rounds in sorted({1, rounds_per_launch}, reverse=True):
                 for b in reversed(row_buckets):
                     rec, (_, logits) = self._capture(
-                        lambda rec: self._shared_outputs(None, self._decode_steps(self.arange[:b], rec, mode)), rounds)
+                        lambda rec: self._shared_outputs(None, self._decode_steps(self.g_rows[:b], rec, mode)), rounds)
                     self.decode_graphs[(b, rounds, mode)] = _Graph(self._last_graph, 0, b, rec, logits)
         if self.spec_tokens:  # speculative steps: idle rows of a bucket are masked by the state, as above
             K, d = self.spec_tokens, self.spec_draft_loops
             for mode in SamplerMode:
                 for b in reversed(row_buckets):
-                    rec, _ = self._capture(lambda rec: spec_step(self, self.arange[:b], K, d, rec, mode), K + 2)
+                    rec, _ = self._capture(lambda rec: spec_step(self, self.g_rows[:b], K, d, rec, mode), K + 2)
                     self.spec_graphs[(b, mode)] = _Graph(self._last_graph, 0, b, rec, None)
 
     def _shared_outputs(self, out: Optional[torch.Tensor], logits: Optional[torch.Tensor]) -> tuple:
@@ -601,12 +603,31 @@ class ModelRunner:
             logits = self._advance_decode(idx, rows, out, rec[r], mode)
         return logits
 
-    def _pick_decode_graph(self, span: int, rounds: int, mode: SamplerMode) -> Optional[_Graph]:
-        best = None
-        for (b, r, m), g in self.decode_graphs.items():
-            if r == rounds and m is mode and b >= span and (best is None or b < best.rows):
-                best = g
-        return best
+    def _bind_rows(self, plan: SchedulerOutput, sizes: set[int]) -> Optional[list[int]]:
+        """Point the row graphs at the plan's decode rows: the smallest captured size b that holds them,
+        with `g_rows[:b]` = the decode slots, then free slots as padding (idle on the device, so masked).
+        Returns those b slots, or None when no graph holds the rows (the launch then runs eagerly).
+        Indexing rows, not a slot range, matters as a closed run drains: its last few requests keep
+        whatever slots they had, and a range up to the highest would pay for every slot below it."""
+        n = len(plan.decode_slots)
+        fits = [b for b in sizes if b >= n]
+        if not fits:
+            return None
+        b = min(fits)
+        rows = list(plan.decode_slots)
+        if b > n:
+            taken = set(rows)
+            rows += [s for s, owner in enumerate(plan.owners) if owner is None and s not in taken][: b - n]
+        if len(rows) < b:  # not enough free slots to pad with: a slot range that covers every row
+            span = max(plan.decode_slots) + 1
+            b = min((x for x in sizes if x >= span), default=None)
+            if b is None:
+                return None
+            rows = list(range(b))
+        if rows != self._bound[:b]:
+            self.g_rows[:b].copy_(self._to_dev(rows, torch.long))
+            self._bound[:b] = rows
+        return rows
 
     def _pick_mixed_graph(self, tokens: int, chunks: int, mode: SamplerMode) -> Optional[_Graph]:
         best = None
