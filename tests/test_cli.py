@@ -48,12 +48,14 @@ def test_ouro_bench_smoke(toy_path, tmp_path):
 def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
     """depth=D runs the gate at a threshold whose mean depth on the run's prompts is near D, and says which."""
     res, _ = bench(toy_path, tmp_path, "--output-len", "16", "--concurrency", "2", "--num-requests", "4",
-                   "--repeats", "1", "--workload", "full", "depth=2.0", "--baseline", "none")
+                   "--repeats", "1", "--workload", "full", "depth=2.0", "--baseline", "none", "--input-len", "40")
     runs = {x["workload"]: x for x in res["runs"]}
     gated = runs["depth=2.0"]
     assert 0.0 < gated["median"]["threshold"] < 1.0 and runs["full"]["median"]["threshold"] == 1.0
     assert abs(gated["median"]["mean_exit_depth"] - 2.0) < 0.5  # found on the repeat's own prompts
     full = runs["full"]["median"]
+    # The calibration ran the same prompts: the timed run must still prefill them (the toy's blocks are 16).
+    assert gated["median"]["cached_prompt_tokens"] == 0 == full["cached_prompt_tokens"]
     assert 0.5 < full["decode_occupancy"] <= 1.0 and 0.0 <= full["tail_frac"] < 1.0
     assert gated["median"]["decode_occupancy"] < full["decode_occupancy"]
     # The ideal closed loop on the run's own requests: full depth is 2 waves of 16 tokens x 4 loops, and no

@@ -190,6 +190,26 @@ def test_a_shared_64_token_prefix_is_cached_and_changes_nothing(toy_path, thresh
     assert st["kv_blocks_free"] == st["kv_blocks_total"] and st["prefix_cache_blocks"] > 0
 
 
+def test_reset_prefix_cache_forgets_idle_prompts(toy_path):
+    """After reset_prefix_cache the same prompt is prefilled again and every block is free; entries that a
+    running request holds are not taken from it."""
+    eng = cached_engine(toy_path)
+    prompt, p = PREFIX + [5, 6, 7], params(0, 1.0, False)
+    assert drive(eng, [("a", prompt, p)]).final["a"].num_cached_tokens == 0
+    eng.reset_prefix_cache()
+    st = eng.stats()
+    assert st["prefix_cache_blocks"] == 0 and st["kv_blocks_free"] == st["kv_blocks_total"]
+    assert drive(eng, [("b", prompt, p)]).final["b"].num_cached_tokens == 0
+
+    def reset_midway(eng, step, run):
+        if step == 2:
+            eng.reset_prefix_cache()
+
+    assert drive(eng, [("c", prompt, p)], hook=reset_midway).final["c"].num_cached_tokens == 64
+    assert drive(eng, [("d", prompt, p)]).final["d"].num_cached_tokens == 64  # c held b's entries at the reset
+    check_clean(eng)
+
+
 def test_prefix_cache_under_pressure_evicts_and_stays_exact(toy_path):
     """A small cache, prompts sharing prefixes of different lengths, preemptions: idle entries are evicted
     for new blocks, outputs equal runs alone, and every block is free or idle in the cache at the end."""

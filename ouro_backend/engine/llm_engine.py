@@ -284,6 +284,12 @@ class LLMEngine:
             self.scheduler.finish(seq, reason)
             self.counters["num_finished"] += 1
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt block no running request holds (as vLLM's `reset_prefix_cache`):
+        benchmarks that reuse prompts start each timed run without the previous runs' prefill."""
+        if self.kv.prefix is not None:
+            self.kv.prefix.clear()
+
     def stats(self) -> dict:
         kv = self.kv
         rs = self.runner.stats

@@ -92,6 +92,10 @@ class PrefixCache:
             self.num_evictable -= len(blocks)
             self.allocator.free(list(blocks))
 
+    def clear(self) -> None:
+        """Free every idle entry; entries that running requests hold stay."""
+        self.evict(self.allocator.num_blocks)
+
     def record(self, queried: int, hit: int) -> None:
         self.queried_tokens += queried
         self.hit_tokens += hit
