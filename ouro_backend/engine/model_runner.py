@@ -172,7 +172,8 @@ class ModelRunner:
         self.stats = RunnerStats()
         self.record_logits = False
         self.track_gpu_time = False
-        self._gpu_windows: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        # (start, end, prompt tokens, decode rows, rounds) of each launch while track_gpu_time is set
+        self._gpu_windows: list[tuple[torch.cuda.Event, torch.cuda.Event, int, int, int]] = []
         self.decode_graphs: dict[tuple[int, int, SamplerMode], _Graph] = {}
         self.mixed_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # rounds with prompt chunks, per token bucket
         self.spec_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # speculative steps, per row bucket
@@ -267,7 +268,7 @@ class ModelRunner:
             rec = self.state.new_record(rounds)
         if self.overlap is not None:  # the GPU is busy with the launch
             self.overlap()
-        self._window_end(start)
+        self._window_end(start, plan, rounds)
         if self.staging is not None:
             launch.host, launch.ready = self.staging.readback(rec)
         else:
@@ -482,21 +483,22 @@ class ModelRunner:
         ev.record()
         return ev
 
-    def _window_end(self, start: Optional[torch.cuda.Event]) -> None:
+    def _window_end(self, start: Optional[torch.cuda.Event], plan: SchedulerOutput, rounds: int) -> None:
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._gpu_windows.append((start, end))
+            self._gpu_windows.append((start, end, sum(c.n for c in plan.prefill), len(plan.decode_slots), rounds))
 
-    def gpu_time(self) -> tuple[float, float]:
-        """(span, busy) seconds of the launches recorded since the last call: busy is the sum of each
-        launch's device time, span runs from the first start to the last end. Waits for them."""
+    def gpu_time(self) -> tuple[float, float, list[tuple[float, int, int, int]]]:
+        """(span, busy, launches) of the launches recorded since the last call: busy is the sum of each
+        launch's device seconds, span runs from the first start to the last end, and `launches` lists each
+        one's (device seconds, prompt tokens, decode rows, rounds). Waits for them."""
         wins, self._gpu_windows = self._gpu_windows, []
         if not wins:
-            return 0.0, 0.0
+            return 0.0, 0.0, []
         wins[-1][1].synchronize()
-        busy = sum(a.elapsed_time(b) for a, b in wins) / 1e3
-        return wins[0][0].elapsed_time(wins[-1][1]) / 1e3, busy
+        launches = [(a.elapsed_time(b) / 1e3, *shape) for a, b, *shape in wins]
+        return wins[0][0].elapsed_time(wins[-1][1]) / 1e3, sum(x[0] for x in launches), launches
 
     # ---- CUDA graphs ----
     @torch.inference_mode()

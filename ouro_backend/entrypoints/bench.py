@@ -174,7 +174,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
                     submit()
                     last_submit_step = len(rounds)
     wall = time.perf_counter() - t_start
-    gpu_span, gpu_busy = runner.gpu_time()
+    gpu_span, gpu_busy, launches = runner.gpu_time()
     runner.track_gpu_time = False
     stats = {k: v - stats0[k] for k, v in engine.stats().items()
              if k in ("launches", "rounds", "host_syncs", "graph_launches", "eager_launches", "spec_steps",
@@ -216,7 +216,26 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
                                    if stats["spec_drafted"] else None),
         tail_frac=tail / wall, last_arrival_s=arrivals[-1] if arrivals else None,
         ideal_rounds=ideal_rounds(loops, concurrency) if arrivals is None else None, request_loops=sum(loops),
-        graph_launches=stats["graph_launches"], eager_launches=stats["eager_launches"])
+        graph_launches=stats["graph_launches"], eager_launches=stats["eager_launches"],
+        gpu_s_by_launch=gpu_by_launch(launches))
+
+
+def gpu_by_launch(launches: list[tuple[float, int, int, int]]) -> dict:
+    """Device seconds, launches and rounds by kind of launch: prompt work alone, prompt work with decode
+    rows, and decode-only launches by their rows (up to 16, 32, 48, 64, more): where a run's time went."""
+    sizes = (16, 32, 48, 64)
+    kinds = ["prompt", "prompt+decode", *(f"decode<={b}" for b in sizes), "decode>64"]
+    out = {kind: dict(gpu_s=0.0, launches=0, rounds=0) for kind in kinds}  # every kind: repeats take medians
+    for sec, prompt, rows, rounds in launches:
+        if prompt:
+            kind = "prompt+decode" if rows else "prompt"
+        else:
+            kind = next((f"decode<={b}" for b in sizes if rows <= b), "decode>64")
+        k = out[kind]
+        k["gpu_s"] += sec
+        k["launches"] += 1
+        k["rounds"] += rounds
+    return out
 
 
 def threshold_for_depth(engine: LLMEngine, target: float, input_len: int, output_len: int, concurrency: int,
