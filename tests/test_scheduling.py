@@ -1,8 +1,11 @@
 """KV accounting, admission under KV pressure, aborts at any point, and the batching itself."""
+from types import SimpleNamespace
+
 import pytest
+import torch
+from test_engine_oracle import PROMPTS, make_engine, run_all
 
 from ouro_backend import SamplingParams
-from test_engine_oracle import PROMPTS, make_engine, run_all
 
 
 def drain(eng, steps=None, outs=None):
@@ -115,10 +118,6 @@ def test_row_graphs_run_the_decode_rows_not_a_slot_range(toy_path):
     """A decode graph of b rows runs the plan's decode slots padded with free ones, so a drained run's last
     requests pay for their own rows, not for every slot below the highest they hold; with too few free slots
     it falls back to a slot range that covers every row."""
-    from types import SimpleNamespace
-
-    import torch
-
     r = make_engine(toy_path, max_num_seqs=8).runner
     r.g_rows, r._bound = torch.arange(8), list(range(8))  # what capture_graphs sets up (CUDA only)
     busy = object()
