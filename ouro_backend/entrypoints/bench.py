@@ -13,8 +13,9 @@ waits for the previous round, so the split below is approximate at the boundarie
 
 Workloads: `full` (fixed depth), `threshold=X` (the exit gate), `depth=D` (the exit gate at the threshold
 whose mean exit depth on the run's prompts is about D: found for each repeat by bisection over untimed runs
-of that repeat's prompts, each repeat's reported as `threshold`), `trace=MEAN` (per-request depth lists built from the loop depths
-with the requested mean, replayed by exit_mode=trace).
+of that repeat's prompts, each repeat's reported as `threshold`), `trace=MEAN` (per-request depth lists
+built from the loop depths with the requested mean, replayed by exit_mode=trace). Every timed run starts
+with an empty prefix cache, so no run reuses an earlier run's prefill.
 
 Where the time goes with early exit: `decode_occupancy` is the share of slot-rounds that carried a decode
 loop (1.0: every one of `concurrency` rows busy in every round), and `tail_frac` the share of the wall time
@@ -125,6 +126,9 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     # Prompts and params are made before the clock starts: building them is not the engine's work.
     requests = [(prompt_ids or [rng.randrange(3, vocab) for _ in range(input_len)], params())
                 for _ in range(num_requests)]
+    # Calibration and earlier repeats ran these prompts (or the same seed's): their cached prefill would make
+    # this run's prompts nearly free, and only the gated runs, which come later, would profit.
+    engine.reset_prefix_cache()
 
     def submit():
         nonlocal submitted
@@ -141,9 +145,6 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     else:
         for _ in range(min(concurrency, num_requests)):
             submit()
-    # Calibration and earlier repeats ran these prompts (or the same seed's): their cached prefill would make
-    # this run's prompts nearly free, and only the gated runs, which come later, would profit.
-    engine.reset_prefix_cache()
     peak_kv = 0.0
     last_submit_step = 0
     runner = engine.runner
