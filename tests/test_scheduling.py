@@ -126,11 +126,11 @@ def test_row_graphs_run_the_decode_rows_not_a_slot_range(toy_path):
         owners = [busy if s in decode or s in owned else None for s in range(8)]
         return SimpleNamespace(decode_slots=decode, owners=owners)
 
-    sizes = {1, 2, 4, 8}
+    sizes = [1, 2, 4, 8]
     assert r._bind_rows(plan([6]), sizes) == [6]
     assert r._bind_rows(plan([7, 2, 5]), sizes) == [7, 2, 5, 0]  # padded with the lowest free slot
     assert r.g_rows[:4].tolist() == [7, 2, 5, 0]
     # Slots 0-4 held by requests between prompt chunks: no free slot to pad rows 5-7 to the one graph
     # there is, of 8 rows; they run as the range 0-7 (the held slots' rows are idle, so masked).
-    assert r._bind_rows(plan([5, 6, 7], owned=(0, 1, 2, 3, 4)), {2, 8}) == list(range(8))
-    assert r._bind_rows(plan([0, 1, 2]), {1, 2}) is None  # no graph that large: eager
+    assert r._bind_rows(plan([5, 6, 7], owned=(0, 1, 2, 3, 4)), [2, 8]) == list(range(8))
+    assert r._bind_rows(plan([0, 1, 2]), [1, 2]) is None  # no graph that large: eager

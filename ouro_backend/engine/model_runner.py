@@ -177,6 +177,7 @@ class ModelRunner:
         self.decode_graphs: dict[tuple[int, int, SamplerMode], _Graph] = {}
         self.mixed_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # rounds with prompt chunks, per token bucket
         self.spec_graphs: dict[tuple[int, SamplerMode], _Graph] = {}  # speculative steps, per row bucket
+        self.row_buckets: list[int] = []  # the decode and speculative graphs' row counts (none: no graphs)
         self.graph_memory = 0
         self.last_round: dict[str, int] = {}
         self._newest: Optional[Launch] = None
@@ -310,9 +311,9 @@ class ModelRunner:
 
     def _spec_launch(self, plan: SchedulerOutput) -> torch.Tensor:
         self.stats.spec_steps += 1
-        rows = self._bind_rows(plan, {b for b, m in self.spec_graphs if m is plan.sampler})
-        if rows is not None:
-            graph = self.spec_graphs[(len(rows), plan.sampler)]
+        rows = self._bind_rows(plan, self.row_buckets)
+        graph = self.spec_graphs.get((len(rows), plan.sampler)) if rows else None
+        if graph is not None:
             graph.graph.replay()
             self.stats.graph_launches += 1
             return graph.rec
@@ -323,9 +324,9 @@ class ModelRunner:
         return rec
 
     def _decode_launch(self, plan: SchedulerOutput, launch: Launch, rounds: int) -> torch.Tensor:
-        rows = self._bind_rows(plan, {b for b, r, m in self.decode_graphs if r == rounds and m is plan.sampler})
-        if rows is not None:
-            graph = self.decode_graphs[(len(rows), rounds, plan.sampler)]
+        rows = self._bind_rows(plan, self.row_buckets)
+        graph = self.decode_graphs.get((len(rows), rounds, plan.sampler)) if rows else None
+        if graph is not None:
             graph.graph.replay()
             self.stats.graph_launches += 1
             if self.record_logits:  # one round a launch then: the graph keeps the last round's logits
@@ -508,6 +509,7 @@ class ModelRunner:
         `max_rows` slots. Pad tokens get slot -1 (no KV write); rows of idle slots are masked by the state."""
         cfg, dev = self.model.cfg, self.device
         row_buckets = sorted({b for b in (1, 2, 4, 8, *range(16, max_rows + 1, 16), max_rows) if b <= max_rows})
+        self.row_buckets = row_buckets
         # Prompt tokens are padded to the next bucket: steps of a quarter of each power of two above 256.
         tok_buckets = sorted({t for p in range(4, 14) for t in ((1 << p),) + tuple((1 << p) + q * (1 << p) // 4
                               for q in range(1, 4) if p >= 8) if t <= max_graph_tokens})
@@ -605,10 +607,10 @@ class ModelRunner:
             logits = self._advance_decode(idx, rows, out, rec[r], mode)
         return logits
 
-    def _bind_rows(self, plan: SchedulerOutput, sizes: set[int]) -> Optional[list[int]]:
+    def _bind_rows(self, plan: SchedulerOutput, sizes: list[int]) -> Optional[list[int]]:
         """Point the row graphs at the plan's decode rows: the smallest captured size b that holds them,
         with `g_rows[:b]` = the decode slots, then free slots as padding (idle on the device, so masked).
-        Returns those b slots, or None when no graph holds the rows (the launch then runs eagerly).
+        Returns those b slots, or None when no size holds the rows (the launch then runs eagerly).
         Indexing rows, not a slot range, matters as a closed run drains: its last few requests keep
         whatever slots they had, and a range up to the highest would pay for every slot below it."""
         n = len(plan.decode_slots)
@@ -617,9 +619,8 @@ class ModelRunner:
             return None
         b = min(fits)
         rows = list(plan.decode_slots)
-        if b > n:
-            taken = set(rows)
-            rows += [s for s, owner in enumerate(plan.owners) if owner is None and s not in taken][: b - n]
+        if b > n:  # decode slots have owners, so the free slots are the others
+            rows += [s for s, owner in enumerate(plan.owners) if owner is None][: b - n]
         if len(rows) < b:  # not enough free slots to pad with: a slot range that covers every row
             span = max(plan.decode_slots) + 1
             b = min((x for x in sizes if x >= span), default=None)
