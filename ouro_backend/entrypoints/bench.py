@@ -371,19 +371,20 @@ def main(argv: Optional[list[str]] = None) -> int:
             n = args.num_requests or max(2 * c, 4)
             reps = []
             for rep in range(args.repeats):
-                run = workload
-                if workload.startswith("depth="):
+                run, (kind, _, arg) = workload, workload.partition("=")
+                threshold = 1.0 if kind == "full" else float(arg) if kind == "threshold" else None
+                if kind == "depth":
                     # Each repeat has its own prompts (seed = rep), and with the real gate the depth a threshold
                     # gives varies by prompt: found per repeat, so that every repeat runs at the target depth.
-                    thr, depth = threshold_for_depth(engine, float(workload[6:]), args.input_len, args.output_len,
-                                                     c, n, seed=rep)
-                    log.info("%s c=%d rep %d: threshold %.4f gives mean depth %.2f", workload, c, rep, thr, depth)
-                    run = f"threshold={thr:.4f}"
+                    threshold, depth = threshold_for_depth(engine, float(arg), args.input_len, args.output_len,
+                                                           c, n, seed=rep)
+                    log.info("%s c=%d rep %d: threshold %.4f gives mean depth %.2f", workload, c, rep, threshold,
+                             depth)
+                    run = f"threshold={threshold}"
                 r = run_closed_loop(engine, args.input_len, args.output_len, c, n, run, seed=rep,
                                     arrival_rate=args.arrival_rate, ignore_eos=not args.natural_eos,
                                     min_output_len=args.min_output_len)
-                kind, _, arg = run.partition("=")
-                r["threshold"] = float(arg) if kind == "threshold" else 1.0 if kind == "full" else None
+                r["threshold"] = threshold
                 log.info("%s c=%d rep %d: %.1f output tok/s, mean depth %s", workload, c, rep,
                          r["output_tok_s"], r["mean_exit_depth"])
                 reps.append(r)
