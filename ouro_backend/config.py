@@ -211,6 +211,12 @@ class EngineConfig:
     # false: speculate on every decode launch without prompt work.
     spec_auto: bool = True
     spec_max_verify_tokens: int = 256  # larger verify passes are compute-bound: decode without drafts
+    # Serving limits, enforced by the Triton models in front of the engine process (serving/streams.py): a
+    # request still unfinished this many seconds after it arrived ends with a timeout error (0: no limit;
+    # a smaller Triton request `timeout` wins); at most this many requests wait beyond the max_num_seqs
+    # running ones, and more are refused at once as busy (Triton UNAVAILABLE, HTTP 503).
+    request_timeout_s: float = 600.0
+    max_waiting_requests: int = 256
     extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_model_path(self) -> Optional[str]:
@@ -244,6 +250,11 @@ class EngineConfig:
                               f"or swap")
         if not 0.0 <= self.kv_watermark < 1.0:
             raise ConfigError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
+        if not (isinstance(self.request_timeout_s, (int, float)) and self.request_timeout_s >= 0.0):
+            raise ConfigError(f"request_timeout_s must be >= 0 (0: no limit), got {self.request_timeout_s!r}")
+        if isinstance(self.max_waiting_requests, bool) or not isinstance(self.max_waiting_requests, int) \
+                or self.max_waiting_requests < 0:
+            raise ConfigError(f"max_waiting_requests must be an integer >= 0, got {self.max_waiting_requests!r}")
         if not self.swap_space_gib >= 0.0:
             raise ConfigError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -16,7 +16,7 @@ class RequestOutput:
     logprobs: list[float]
     text: str  # on the final output: detokenized, special tokens skipped, cut at a matched stop string
     finished: bool = False
-    finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
     # The part of the stream that is new since the previous output for this request. Tokens that might
     # still turn into a stop string are held back until that is decided.
     new_token_ids: list[int] = field(default_factory=list)
@@ -28,6 +28,8 @@ class RequestOutput:
     # Characters to drop from the end of decode(prefix + new) - decode(prefix): non-zero only on the final
     # output when a stop string matched inside the last tokens.
     trim_chars: int = 0
+    # finish_reason "error": why the engine ended this request (docs/engine.md, "Failure isolation"); the
+    # other requests of the step are unaffected.
     error: Optional[str] = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (as vLLM reports)
     # Timing (time.monotonic()): arrival, first token, finish.

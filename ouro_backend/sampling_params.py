@@ -1,6 +1,8 @@
-"""Per-request generation options, validated on construction."""
+"""Per-request generation options, validated on construction (and again, against the engine's limits, when
+a request is added: `LLMEngine.add_request`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -33,7 +35,12 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         self.validate()
 
-    def validate(self, num_loops: Optional[int] = None) -> None:
+    def validate(self, num_loops: Optional[int] = None, vocab_size: Optional[int] = None,
+                 max_trace: Optional[int] = None) -> None:
+        """Raise RequestError naming the first bad field. The engine passes its limits: the model's loops, its
+        vocabulary and the longest exit_trace its decode state holds; without them only the values alone
+        are checked. A request that passes with every limit given fits every fixed-size field of the
+        engine's state, so no value of it can fail a step."""
         def check(ok: bool, msg: str) -> None:
             if not ok:
                 raise RequestError(msg)
@@ -41,13 +48,17 @@ class SamplingParams:
         check(_is_int(self.max_tokens) and self.max_tokens > 0, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
               f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
-        check(_is_num(self.temperature) and self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
+        check(_is_num(self.temperature) and self.temperature >= 0,
+              f"temperature must be >= 0 and finite, got {self.temperature!r}")
         check(_is_int(self.top_k) and self.top_k >= -1, f"top_k must be -1, 0 (off) or positive, got {self.top_k!r}")
         check(_is_num(self.top_p) and 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
         check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
               f"seed must be an integer in [0, 2^64), got {self.seed!r}")
-        check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
-        check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative integers")
+        check(self.ignore_eos in (True, False), f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        check(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),
+              "stop strings must be non-empty strings")
+        check(isinstance(self.stop_token_ids, (list, tuple))
+              and all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative integers")
         check(_is_int(self.min_loops) and self.min_loops >= 1, f"min_loops must be >= 1, got {self.min_loops!r}")
         check(self.max_loops is None or (_is_int(self.max_loops) and self.max_loops >= 1),
               f"max_loops must be >= 1, got {self.max_loops!r}")
@@ -57,6 +68,7 @@ class SamplingParams:
         check(self.exit_threshold is None or (_is_num(self.exit_threshold) and 0.0 <= self.exit_threshold <= 1.0),
               f"exit_threshold must be in [0, 1], got {self.exit_threshold!r}")
         if self.exit_trace is not None:
+            check(isinstance(self.exit_trace, (list, tuple)), "exit_trace must be a list of loop depths")
             self.exit_trace = list(self.exit_trace)
             check(len(self.exit_trace) > 0 and all(_is_int(d) and d >= 1 for d in self.exit_trace),
                   "exit_trace must be a non-empty list of loop depths >= 1")
@@ -66,6 +78,14 @@ class SamplingParams:
                   f"max_loops ({self.max_loops}) exceeds the model's {num_loops} loops")
             if self.exit_trace is not None:
                 check(max(self.exit_trace) <= num_loops, f"exit_trace depths must be <= {num_loops}")
+        if max_trace is not None and self.exit_trace is not None:
+            check(len(self.exit_trace) <= max_trace,
+                  f"exit_trace has {len(self.exit_trace)} depths; at most {max_trace} are supported")
+        if vocab_size is not None:
+            check(self.top_k <= vocab_size, f"top_k ({self.top_k}) exceeds the vocabulary size ({vocab_size})")
+            bad = [t for t in self.stop_token_ids if t >= vocab_size]
+            if bad:
+                raise RequestError(f"stop_token_ids has id {bad[0]} outside the vocabulary [0, {vocab_size})")
 
 
 def _is_int(x: object) -> bool:
@@ -73,4 +93,10 @@ def _is_int(x: object) -> bool:
 
 
 def _is_num(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+    """A finite real number (a float64 can hold it)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond float range
+        return False

@@ -68,23 +68,29 @@ class DecodeState:
         return torch.zeros(rounds, 4, self.num_slots, dtype=torch.float32, device=self.device)
 
     @staticmethod
-    def host_rows(rows: list[NewRow], num_loops: int, max_blocks: int) -> tuple[list, list, list, list]:
-        """Flat host lists (ints, floats, traces, tables) for `admit`."""
-        ints, floats, traces, tables = [], [], [], []
-        for row in rows:
-            p = row.params
-            seed = row.seed & (2**64 - 1)
-            trace = list(p.exit_trace or [row.max_loops])
-            # POS is the last prompt token's: sampling the first token moves the row to prompt_len.
-            token, ngen = row.resume or (0, 0)
-            ints += [0, token, row.prompt_len - 1 + ngen, 1, ngen, 0, p.min_loops, row.max_loops, p.max_tokens,
-                     p.min_tokens, int(p.ignore_eos), p.top_k, seed - 2**64 if seed >= 2**63 else seed, len(trace)]
-            floats += [row.threshold, p.temperature, p.top_p]
-            traces += trace + [1] * (MAX_TRACE - len(trace))
-            for plane in range(num_loops):
-                t = row.block_tables[plane][:max_blocks]
-                tables += t + [0] * (max_blocks - len(t))
-        return ints, floats, traces, tables
+    def host_row(row: NewRow, num_loops: int, max_blocks: int) -> tuple[list, list, list, list]:
+        """One request's flat host lists (ints, floats, trace, tables) for `admit`: exactly NUM_INTS int64
+        values, NUM_FLOATS float64s, MAX_TRACE depths and num_loops x max_blocks block ids. A value that
+        does not fit raises ValueError naming it, here, for this request alone (add_request refuses such
+        requests first: `SamplingParams.validate` with the engine's limits)."""
+        p = row.params
+        seed = row.seed & (2**64 - 1)
+        trace = list(p.exit_trace or [row.max_loops])
+        if len(trace) > MAX_TRACE:
+            raise ValueError(f"exit_trace has {len(trace)} depths; at most {MAX_TRACE} are supported")
+        # POS is the last prompt token's: sampling the first token moves the row to prompt_len.
+        token, ngen = row.resume or (0, 0)
+        ints = [0, token, row.prompt_len - 1 + ngen, 1, ngen, 0, p.min_loops, row.max_loops, p.max_tokens,
+                p.min_tokens, int(p.ignore_eos), p.top_k, seed - 2**64 if seed >= 2**63 else seed, len(trace)]
+        for name, v in zip(COLUMNS, ints):  # COLUMNS names the int columns first, in order
+            if not -2**63 <= v < 2**63:
+                raise ValueError(f"{name} ({v}) does not fit the decode state's int64")
+        floats = [float(row.threshold), float(p.temperature), float(p.top_p)]  # OverflowError past float64
+        tables = []
+        for plane in range(num_loops):
+            t = row.block_tables[plane][:max_blocks]
+            tables += t + [0] * (max_blocks - len(t))
+        return ints, floats, trace + [1] * (MAX_TRACE - len(trace)), tables
 
     def admit(self, slots: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor, traces: torch.Tensor,
               tables: torch.Tensor) -> None:

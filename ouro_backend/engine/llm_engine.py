@@ -17,6 +17,7 @@ from ..model.ouro import OuroModel
 from ..model.tokenizer import load_tokenizer
 from ..outputs import RequestOutput
 from ..sampling_params import RequestError, SamplingParams
+from .decode_state import MAX_TRACE
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
 from .model_runner import Emitted, Launch, ModelRunner
@@ -134,7 +135,8 @@ class LLMEngine:
         self._aborts: list[str] = []
         self._ids: set[str] = set()
         self._seed_counter = itertools.count()
-        self.counters = dict(num_finished=0, num_aborted=0, prompt_tokens=0, generation_tokens=0, steps=0)
+        self.counters = dict(num_finished=0, num_aborted=0, num_failed=0, prompt_tokens=0, generation_tokens=0,
+                             steps=0)
 
     # ---- sizing ----
     def _block_bytes(self) -> int:
@@ -161,7 +163,8 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: Prompt, params: Optional[SamplingParams] = None) -> None:
         """Validate and queue a request; raises RequestError for bad input. Thread-safe."""
         params = params or SamplingParams()
-        params.validate(num_loops=self.model_config.total_ut_steps)
+        params.validate(num_loops=self.model_config.total_ut_steps, vocab_size=self.model_config.vocab_size,
+                        max_trace=MAX_TRACE)
         ids = self._prompt_ids(prompt)
         if len(ids) >= self.max_model_len:
             raise RequestError(f"prompt has {len(ids)} tokens; the context limit is {self.max_model_len}")
@@ -195,6 +198,8 @@ class LLMEngine:
             if not ids:
                 raise RequestError("prompt tokenizes to no tokens")
             return ids
+        if not isinstance(prompt, (list, tuple)):
+            raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         ids = list(prompt)
         if not ids:
             raise RequestError("prompt is empty")
@@ -221,13 +226,20 @@ class LLMEngine:
 
         With async_scheduling, a launch's tokens are read back during the next step (after that step has
         launched its own work), so they come out one step later; what the device computed for a request
-        after it stopped on the host (a stop string, a stop token) is dropped."""
+        after it stopped on the host (a stop string, a stop token) is dropped.
+
+        Failures (docs/engine.md, "Failure isolation"): what raises in one request's own work (staging its
+        row, appending its token, its stop checks, its output) ends that request alone, with a final output
+        whose finish_reason is "error" and `error` the message; the step goes on with the others. What
+        raises in the batched launch or read-back ends the requests of the launches involved; waiting and
+        swapped-out requests stay. Anything else (a scheduler bug) propagates."""
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
         for seq in inbox:
             self.scheduler.add(seq)
         changed: dict[str, Sequence] = {}
+        failed: dict[str, tuple[Sequence, str]] = {}  # request id -> (request, message): ended with an error
         for rid in aborts:
             seq = self.scheduler.find(rid)
             if seq is not None:
@@ -235,30 +247,76 @@ class LLMEngine:
                 self.counters["num_aborted"] += 1
                 changed[rid] = seq
         plan = self.scheduler.schedule()
-        launched = None
-        if plan.has_work:
-            self.counters["steps"] += 1
-            launched = self.runner.launch(plan)
-        if self.config.async_scheduling:
-            done, self._in_flight = self._in_flight, launched
+        done = None
+        try:
+            launched = None
+            if plan.has_work:
+                self.counters["steps"] += 1
+                launched = self.runner.launch(plan)
+                self.scheduler.launched(plan)
+            if self.config.async_scheduling:
+                done, self._in_flight = self._in_flight, launched
+            else:
+                done = launched
+            emitted = self.runner.collect(done) if done is not None else []
+        except Exception as e:
+            log.exception("engine step: the launch failed; ending its requests")
+            message = _message(e)
+            for seq in self._requests_of(plan, done):
+                self._fail(seq, message, failed)
+            self._in_flight = None
+            emitted = []
         else:
-            done = launched
-        emitted = self.runner.collect(done) if done is not None else []
+            for seq, err in launched.failed if launched is not None else ():
+                self._fail(seq, _message(err), failed)
         if self.scheduler.spec_policy is not None:
             self.scheduler.spec_policy.observe(self.runner.stats.spec_drafted, self.runner.stats.spec_accepted)
         for e in emitted:
-            if not e.seq.finished:  # else aborted, or stopped on an earlier token, while this one was out
-                self._append(e)
+            if not e.seq.finished:  # else aborted, failed, or stopped on an earlier token, while this one was out
+                try:
+                    self._append(e)
+                except Exception as err:
+                    log.exception("request %s: appending its token failed", e.seq.request_id)
+                    self._fail(e.seq, _message(err), failed)
+                    continue
                 changed[e.seq.request_id] = e.seq
         outputs = []
-        for seq in changed.values():
-            out = seq.make_output(self.tokenizer, with_text=self.want_text)
+        for rid, seq in changed.items():
+            if rid in failed:
+                continue
+            try:
+                out = seq.make_output(self.tokenizer, with_text=self.want_text)
+            except Exception as err:
+                log.exception("request %s: building its output failed", rid)
+                self._fail(seq, _message(err), failed)
+                continue
             if out.new_token_ids or seq.finished:
                 outputs.append(out)
-            if seq.finished:
-                with self._lock:
-                    self._ids.discard(seq.request_id)
+        outputs += [seq.error_output(message) for seq, message in failed.values()]
+        ended = [out.request_id for out in outputs if out.finished]
+        if ended:
+            with self._lock:
+                self._ids.difference_update(ended)
         return outputs
+
+    def _requests_of(self, plan, done) -> list[Sequence]:
+        """The unfinished requests of a plan whose launch (or read-back) raised, and of the launch read back
+        in the same step: every one holding a slot then, and those being swapped out."""
+        seqs = {id(s): s for s in plan.owners if s is not None}
+        seqs.update((id(s.seq), s.seq) for s in plan.swap_out)
+        if done is not None:
+            seqs.update((id(s), s) for s in done.owners if s is not None)
+        return [s for s in seqs.values() if not s.finished]
+
+    def _fail(self, seq: Sequence, message: str, failed: dict) -> None:
+        """End `seq` with an error now: its slot is released by the next plan, its KV and any saved swap
+        copy are freed, and the step's outputs carry its error."""
+        if not seq.finished:
+            self.scheduler.finish(seq, "error")
+        seq.finish_reason = "error"  # also when it had just finished otherwise: its output is lost
+        self.runner.swap.drop(seq.request_id)
+        self.counters["num_failed"] += 1
+        failed[seq.request_id] = (seq, message)
 
     def _append(self, e: Emitted) -> None:
         seq, p = e.seq, e.seq.params
@@ -306,6 +364,10 @@ class LLMEngine:
                     spec_acceptance_rate=rs.spec_accepted / rs.spec_drafted if rs.spec_drafted else 0.0,
                     spec_mean_accepted_length=mean_accepted_length(rs.spec_drafted, rs.spec_accepted,
                                                                    self.config.spec_tokens))
+
+
+def _message(e: Exception) -> str:
+    return f"engine error: {type(e).__name__}: {e}"
 
 
 class LLM:

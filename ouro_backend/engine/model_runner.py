@@ -15,6 +15,7 @@ eagerly. The runner owns its device state; the scheduler's `Sequence`s carry non
 from __future__ import annotations
 
 import gc
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -35,6 +36,8 @@ from .sequence import Sequence
 from .speculation import REC_ACCEPTED, REC_DRAFTED, spec_record, spec_step
 from .swap import SwapStore
 
+log = logging.getLogger("ouro_backend")
+
 
 @dataclass
 class Launch:
@@ -45,6 +48,9 @@ class Launch:
     ready: Optional[torch.cuda.Event] = None
     # record_logits only: per round, (slots, fp32 logits [len(slots), V]) of the rows that could emit
     logits: list[list[tuple[list[int], torch.Tensor]]] = field(default_factory=list)
+    # Requests whose own staging raised (`ModelRunner._apply_rows`), with what they raised: they took no part
+    # in the launch's rounds and their rows are off; the engine ends them.
+    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
 
 
 @dataclass
@@ -249,7 +255,7 @@ class ModelRunner:
         if self.staging is not None:
             self.staging.next_round()
         start = self._window_start()
-        self._apply_rows(plan)
+        failed = self._apply_rows(plan)
         if plan.speculate:  # loops over all rows: K + 1 drafts of d loops, then the verify pass's T - d
             rounds = (self.spec_tokens + 1) * self.spec_draft_loops + self.num_loops - self.spec_draft_loops
         elif not (plan.prefill or plan.decode_slots):
@@ -258,7 +264,7 @@ class ModelRunner:
             rounds = 1
         else:
             rounds = plan.num_rounds
-        launch = Launch(list(plan.owners), speculative=plan.speculate)
+        launch = Launch(list(plan.owners), speculative=plan.speculate, failed=failed)
         if plan.speculate:
             rec = self._spec_launch(plan)
         elif plan.prefill:
@@ -281,11 +287,25 @@ class ModelRunner:
         self._newest = launch
         return launch
 
-    def _apply_rows(self, plan: SchedulerOutput) -> None:
+    def _apply_rows(self, plan: SchedulerOutput) -> list[tuple[Sequence, Exception]]:
         """Save the rows of preempted requests, switch off the rows of requests the host ended or preempted,
-        bring resumed rows back, write the rows of admitted ones and extend the block tables that grew."""
+        bring resumed rows back, write the rows of admitted ones and extend the block tables that grew.
+
+        Each request's own part (its swap copy, its restored row, its new row's host values) runs on its own:
+        one that raises is returned with its exception, its row is switched off and its work is taken out of
+        the plan, so the rounds run without it. The batched writes take only rows that staged."""
+        failed: list[tuple[Sequence, Exception]] = []
+
+        def own(seq: Sequence, fn, *args):
+            try:
+                return fn(*args)
+            except Exception as e:
+                log.exception("request %s: staging its row failed", seq.request_id)
+                failed.append((seq, e))
+                return None
+
         for s in plan.swap_out:
-            self.swap.save(s.key, s.slot, s.blocks, s.counts)
+            own(s.seq, self.swap.save, s.key, s.slot, s.blocks, s.counts)
         for key in plan.swap_dropped:
             self.swap.drop(key)
         for slot in plan.released:
@@ -293,21 +313,44 @@ class ModelRunner:
         if plan.released:
             self.state.release(self._to_dev(plan.released, torch.long))
         for s in plan.swap_in:
-            self.swap.restore(s.key, s.slot, s.tables)
+            own(s.seq, self.swap.restore, s.key, s.slot, s.tables)
         if plan.table_growth:
             slots, planes, index, blocks = zip(*plan.table_growth)
             self.state.tables.index_put_((self._to_dev(list(slots), torch.long), self._to_dev(list(planes), torch.long),
                                           self._to_dev(list(index), torch.long)),
                                          self._to_dev(list(blocks), torch.int32))
-        if plan.admitted:
-            rows = [NewRow(s.slot, len(s.prompt_ids), s.params, s.params.max_loops or self.num_loops,
-                           self.exit_threshold if s.params.exit_threshold is None else s.params.exit_threshold,
-                           s.seed, s.block_tables, (s.output_ids[-1], len(s.output_ids)) if s.resuming else None)
-                    for s in plan.admitted]
-            ints, floats, traces, tables = DecodeState.host_rows(rows, self.num_loops, self.max_blocks)
-            self.state.admit(self._to_dev([r.slot for r in rows], torch.long), self._to_dev(ints, torch.long),
+        staged = [(s.slot, row) for s in plan.admitted if (row := own(s, self._admission_row, s)) is not None]
+        if staged:
+            ints, floats, traces, tables = [], [], [], []
+            for _, (i, f, tr, tb) in staged:
+                ints += i
+                floats += f
+                traces += tr
+                tables += tb
+            self.state.admit(self._to_dev([slot for slot, _ in staged], torch.long), self._to_dev(ints, torch.long),
                              self._to_dev(floats, torch.float64),
                              self._to_dev(traces, torch.long), self._to_dev(tables, torch.int32))
+        if failed:
+            self._take_out(plan, [seq for seq, _ in failed])
+        return failed
+
+    def _admission_row(self, seq: Sequence) -> tuple[list, list, list, list]:
+        """An admitted request's host values for `DecodeState.admit` (raises for a value its row cannot hold)."""
+        p = seq.params
+        row = NewRow(seq.slot, len(seq.prompt_ids), p, p.max_loops or self.num_loops,
+                     self.exit_threshold if p.exit_threshold is None else p.exit_threshold, seq.seed,
+                     seq.block_tables, (seq.output_ids[-1], len(seq.output_ids)) if seq.resuming else None)
+        return DecodeState.host_row(row, self.num_loops, self.max_blocks)
+
+    def _take_out(self, plan: SchedulerOutput, gone: list[Sequence]) -> None:
+        """Switch the rows of `gone` off and drop their prompt chunks and decode rows from the plan."""
+        slots = [seq.slot for seq in gone if seq.slot is not None]  # a request swapped out has none
+        if slots:
+            self.state.release(self._to_dev(slots, torch.long))
+        ids = {id(seq) for seq in gone}
+        plan.prefill = [c for c in plan.prefill if id(c.seq) not in ids]
+        plan.decode_slots = [s for s in plan.decode_slots if id(plan.owners[s]) not in ids]
+        plan.speculate = plan.speculate and bool(plan.decode_slots)
 
     def _spec_launch(self, plan: SchedulerOutput) -> torch.Tensor:
         self.stats.spec_steps += 1

@@ -58,18 +58,26 @@ class PrefillChunk:
 class SwapOut:
     """Preempted: copy the row of `slot` and these blocks (plane by plane, `counts` per plane) to host
     memory under `key`, before the launch switches the row off."""
-    key: str
+    seq: Sequence
     slot: int
     blocks: list[int]
     counts: list[int]
+
+    @property
+    def key(self) -> str:
+        return self.seq.request_id
 
 
 @dataclass
 class SwapIn:
     """Resumed: the saved row goes to `slot`; plane p's saved blocks go to `tables[p][:counts[p]]`."""
-    key: str
+    seq: Sequence
     slot: int
     tables: list[list[int]]
+
+    @property
+    def key(self) -> str:
+        return self.seq.request_id
 
 
 @dataclass
@@ -181,7 +189,7 @@ class Scheduler:
             self.waiting.appendleft(seq)
             self.num_recomputes += 1
             return
-        swap_out.append(SwapOut(seq.request_id, slot, [b for t in seq.block_tables for b in t], counts))
+        swap_out.append(SwapOut(seq, slot, [b for t in seq.block_tables for b in t], counts))
         self._free_kv(seq)  # the copy to host is enqueued before any later launch reuses them
         self.swap_used += size
         self._swap_sizes[seq.request_id] = (counts, size)
@@ -203,7 +211,7 @@ class Scheduler:
             self.swap_used -= size
             seq.block_tables = [self.kv.take(n) for n in need]
             self._take_slot(seq)
-            swap_in.append(SwapIn(seq.request_id, seq.slot, seq.block_tables))
+            swap_in.append(SwapIn(seq, seq.slot, seq.block_tables))
 
     def _take_slot(self, seq: Sequence) -> None:
         seq.status = Status.RUNNING
@@ -272,10 +280,8 @@ class Scheduler:
         if speculate:
             rounds = 1
         dropped, self._dropped = self._dropped, []
-        out = SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners), speculate,
-                              swap_out, swap_in, dropped, growth)
-        self._advance_chunks(prefill)
-        return out
+        return SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners), speculate,
+                               swap_out, swap_in, dropped, growth)
 
     def _prefix_hits(self, seq: Sequence) -> list[bytes]:
         """Cached leading blocks of the prompt, keeping at least its last token to compute (its logits give
@@ -309,9 +315,10 @@ class Scheduler:
         prefill.append(chunk)
         return n
 
-    def _advance_chunks(self, launched: list[PrefillChunk]) -> None:
-        """The plan is launched as made: chunks move one loop on; a chunk past its last loop is done."""
-        for c in launched:
+    def launched(self, plan: SchedulerOutput) -> None:
+        """The plan's chunks ran (the runner takes out those of requests whose staging failed): each moves one
+        loop on; a chunk past its last loop is done. Call once per launched plan, before the next schedule."""
+        for c in plan.prefill:
             if c.loop < self.num_loops:
                 self.chunks[c.slot] = PrefillChunk(c.seq, c.start, c.n, c.loop + 1)
                 continue

@@ -101,7 +101,6 @@ class Sequence:
         done = self.finished
         end = len(self.output_ids) if done else min(len(self.output_ids), self.stop.safe_tokens())
         start = self.num_emitted
-        self.num_emitted = max(start, end)
         first_new = len(self.prompt_ids) + start
         prefix = self.token_ids(max(0, first_new - PREFIX_WINDOW), first_new)
         new_ids = self.output_ids[start:end]
@@ -113,7 +112,7 @@ class Sequence:
                 if done and self.trim_chars:
                     new_text = new_text[: len(new_text) - self.trim_chars]
         # The whole stream only on the final output: copying it every token would be O(n^2) per request.
-        return RequestOutput(
+        out = RequestOutput(
             request_id=self.request_id, prompt_token_ids=self.prompt_ids,
             token_ids=list(self.output_ids) if done else [], exit_depths=list(self.exit_depths) if done else [],
             logprobs=list(self.logprobs) if done else [], text=text,
@@ -121,6 +120,19 @@ class Sequence:
             new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
             prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
             num_cached_tokens=self.num_cached_tokens, arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
+            num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
+        self.num_emitted = max(start, end)  # only once the output exists: a failure above hands out nothing
+        return out
+
+    def error_output(self, message: str) -> RequestOutput:
+        """The final output of a request that failed: the tokens already handed out (what its deltas add up
+        to), no text (detokenizing may be what failed), finish_reason "error" and the message."""
+        n = self.num_emitted
+        return RequestOutput(
+            request_id=self.request_id, prompt_token_ids=self.prompt_ids, token_ids=self.output_ids[:n],
+            exit_depths=self.exit_depths[:n], logprobs=self.logprobs[:n], text="", finished=True,
+            finish_reason="error", error=message, num_cached_tokens=self.num_cached_tokens,
+            arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
             num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
 
 

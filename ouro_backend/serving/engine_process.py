@@ -28,8 +28,10 @@ Messages (pickled by multiprocessing.connection), in order per connection:
                      ("outputs", [Delta, ...], Load)             after each step that moved its requests
                      ("load", Load)                              every `metrics_interval_s` (for routing:
                                                                  engine_pool.EngineRouter)
-                     ("rejected", rid, message)                  add_request refused it (a RequestError)
-                     ("failed", [rid, ...], message)             a step raised; these requests are gone
+                     ("rejected", rid, message, kind)            add_request refused it: kind "invalid" (a
+                                                                 RequestError) or "busy" (over capacity)
+                     ("failed", [rid, ...], message)             the engine ended these requests with an error
+                                                                 (each one's own, or their launch's); they are gone
   engine -> owner    ("stats", MetricsSnapshot)                  every `metrics_interval_s`
                      ("init_error", message)                     instead of "ready" when start-up failed
 """
@@ -90,10 +92,23 @@ class EngineInfo:
     max_model_len: int
     kv_blocks: int
     pid: int
+    # The serving limits of its EngineConfig, which the Triton models enforce (serving/streams.py).
+    max_num_seqs: int = 64
+    max_waiting_requests: int = 256
+    request_timeout_s: float = 600.0
+
+    @property
+    def capacity(self) -> int:
+        """Requests it may hold (running + waiting) before new ones are refused as busy."""
+        return self.max_num_seqs + self.max_waiting_requests
 
 
 class EngineProcessError(RuntimeError):
     """The engine process could not start, or is gone."""
+
+
+class ServerBusy(RequestError):
+    """A request refused because the engine already holds as many as it may (EngineInfo.capacity)."""
 
 
 def _shutdown(conn: Connection) -> None:
@@ -341,7 +356,8 @@ class EngineServer:
         self.trace = RequestTrace.from_env("engine")  # None unless $OURO_REQUEST_TRACE asks for the hops
         self.info = EngineInfo(engine.model_path, str(engine.device), str(engine.dtype).replace("torch.", ""),
                                engine.model_config.total_ut_steps, engine.max_model_len, engine.kv.num_blocks,
-                               os.getpid())
+                               os.getpid(), engine.config.max_num_seqs, engine.config.max_waiting_requests,
+                               engine.config.request_timeout_s)
         self._lock = threading.Lock()
         self._routes: dict[str, _Peer] = {}  # request id -> the connection that sent it
         self._wake = threading.Event()
@@ -390,12 +406,19 @@ class EngineServer:
             try:
                 outputs = step()
             except Exception as e:
+                # step() itself ends the requests a failure belongs to (outputs with an `error`, below);
+                # an exception that escapes it belongs to no known request, so every open request ends.
                 log.exception("engine.step failed")
                 self._send_pending()
                 self._fail_all(f"engine error: {type(e).__name__}: {e}")
                 time.sleep(0.1)  # no busy loop if every step fails
                 continue
             self._send_pending()  # what this step did not send (it had no GPU work to hide it behind)
+            failed = [out for out in outputs if out.error is not None]
+            if failed:  # after the earlier outputs of the same requests
+                outputs = [out for out in outputs if out.error is None]
+                self._first.sent(failed)
+                self._fail([(out.request_id, out.error) for out in failed])
             now, self._pending = self._first.split(outputs)
             self._send(now)
         self._send_pending()
@@ -507,6 +530,9 @@ class EngineServer:
         try:
             if taken:  # checked here: the engine would refuse it too, but only after the route was replaced
                 raise RequestError(f"request id {rid!r} is already in use")
+            if len(self._routes) > self.info.capacity:  # every open request, this one included
+                raise ServerBusy(f"server busy: {self.info.max_num_seqs} requests running and "
+                                 f"{self.info.max_waiting_requests} waiting (max_waiting_requests); retry later")
             self.engine.add_request(rid, prompt_ids, params)
         except Exception as e:
             if not isinstance(e, RequestError):
@@ -517,7 +543,7 @@ class EngineServer:
                     peer.rids.discard(rid)
             self.metrics.add("errors", 1)
             message = str(e) if isinstance(e, RequestError) else f"internal error: {type(e).__name__}: {e}"
-            peer.send(("rejected", rid, message))
+            peer.send(("rejected", rid, message, "busy" if isinstance(e, ServerBusy) else "invalid"))
             return
         if self.trace is not None:
             self.trace.mark(rid, "added")
@@ -538,17 +564,28 @@ class EngineServer:
         except OSError:
             pass
 
-    def _fail_all(self, message: str) -> None:
+    def _fail(self, failures: list[tuple[str, str]]) -> None:
+        """Tell each request's client that it ended with an error: ("failed", [rid, ...], message), one
+        message per client and error. The engine has already ended these requests."""
+        batches: dict[tuple[int, str], tuple[_Peer, list]] = {}
         with self._lock:
-            routes, self._routes = self._routes, {}
-        by_peer: dict[int, tuple[_Peer, list]] = {}
-        for rid, peer in routes.items():
-            peer.rids.discard(rid)
-            by_peer.setdefault(id(peer), (peer, []))[1].append(rid)
-            self.engine.abort_request(rid)
-        self.metrics.add("errors", len(routes))
-        for peer, rids in by_peer.values():
+            for rid, message in failures:
+                peer = self._routes.pop(rid, None)
+                if peer is not None:
+                    peer.rids.discard(rid)
+                    batches.setdefault((id(peer), message), (peer, []))[1].append(rid)
+        self.metrics.add("errors", len(failures))
+        for (_, message), (peer, rids) in batches.items():
             peer.send(("failed", rids, message))
+
+    def _fail_all(self, message: str) -> None:
+        """End every open request (a failure step() could not attribute): aborted in the engine, failed at
+        its client."""
+        with self._lock:
+            rids = list(self._routes)
+        for rid in rids:
+            self.engine.abort_request(rid)
+        self._fail([(rid, message) for rid in rids])
 
 
 def main(argv: Optional[list] = None) -> int:
