@@ -39,13 +39,13 @@ SAMPLE_PROMPTS = [  # the load generator's and perf_analyzer recipe's default pr
 ]
 
 SCALAR_TYPES = {  # client-facing optional inputs: numpy dtype, Triton dtype
-    "max_tokens": (np.int32, "INT32"), "min_tokens": (np.int32, "INT32"), "stream": (np.bool_, "BOOL"),
-    "temperature": (np.float32, "FP32"), "top_p": (np.float32, "FP32"), "top_k": (np.int32, "INT32"),
+    "max_tokens": (np.int64, "INT64"), "min_tokens": (np.int64, "INT64"), "stream": (np.bool_, "BOOL"),
+    "temperature": (np.float32, "FP32"), "top_p": (np.float32, "FP32"), "top_k": (np.int64, "INT64"),
     "seed": (np.uint64, "UINT64"), "random_seed": (np.uint64, "UINT64"), "ignore_eos": (np.bool_, "BOOL"),
     "exclude_input_in_output": (np.bool_, "BOOL"), "return_num_input_tokens": (np.bool_, "BOOL"),
     "return_num_output_tokens": (np.bool_, "BOOL"), "return_finish_reason": (np.bool_, "BOOL"),
     "return_spec_counts": (np.bool_, "BOOL"), "return_num_cached_tokens": (np.bool_, "BOOL"),
-    "min_loops": (np.int32, "INT32"), "max_loops": (np.int32, "INT32"), "exit_threshold": (np.float32, "FP32"),
+    "min_loops": (np.int64, "INT64"), "max_loops": (np.int64, "INT64"), "exit_threshold": (np.float32, "FP32"),
 }
 
 

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from helpers import find_engine_process
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.serving import engine_process
@@ -153,3 +154,32 @@ def test_a_bad_checkpoint_fails_the_pool_and_leaves_no_engine(tmp_path):
     with pytest.raises(ConfigError, match="config.json"):
         pool.start()
     assert all(p is None or p.poll() is not None for p in pool.processes)
+
+
+def test_an_engine_killed_while_it_restarts_is_restarted_again(toy_path, monkeypatch):
+    monkeypatch.setattr(EnginePool, "RESTART_BACKOFF_S", (0.2, 1.0))
+    ref = LLM(toy_path, device="cpu", dtype="float32").generate([[5, 6, 7, 8]], GREEDY)[0]
+    got = Collector()
+    logs: list = []
+    config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=4)
+    pool = EnginePool("pool-restart", os.getpid(), config, ["cpu"], 0.1, got.on_message, got.closed.append,
+                      lambda level, text: logs.append((level, text)))
+    pool.start()
+    try:
+        first = pool.processes[0].pid
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not (second := find_engine_process(pool.slots[0].address, {first})):  # still loading
+            assert time.monotonic() < deadline, f"no new engine process was started: {logs}"
+            time.sleep(0.01)
+        os.kill(second, signal.SIGKILL)  # before it is ready
+        while pool.clients[0].closed or pool.processes[0].pid in (first, second):
+            assert time.monotonic() < deadline, f"engine 0 did not come back: {logs}"
+            time.sleep(0.1)
+        pool.clients[0].add("back", [5, 6, 7, 8], GREEDY)
+        got.wait(["back"])
+        assert got.tokens["back"] == ref.token_ids
+        assert any("restart attempt 1 failed" in text for _, text in logs), logs
+        assert pool.restarts == [1]
+    finally:
+        pool.close()

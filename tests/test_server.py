@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from client.ouro_client import GrpcStream, build_inputs, generate, request_options
+from helpers import wait_for
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.entrypoints.serve import ServerError, TritonServer, free_port
 
@@ -109,16 +110,6 @@ def metrics(server) -> dict[str, float]:
     return out
 
 
-def wait_for(predicate, timeout=15.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
-
-
 def all_flags(**kw):
     return request_options(return_num_input_tokens=True, return_num_output_tokens=True, return_finish_reason=True,
                            **kw)
@@ -180,7 +171,7 @@ def test_engine_direct_token_ids(server, llm):
     ref = offline(llm, PROMPT, max_tokens=12, temperature=0.0, exit_threshold=0.5)
     ids = np.array([ref.prompt_token_ids], dtype=np.int32)
     inputs = []
-    for name, arr, dt in [("input_ids", ids, "INT32"), ("max_tokens", np.array([[12]], np.int32), "INT32"),
+    for name, arr, dt in [("input_ids", ids, "INT32"), ("max_tokens", np.array([[12]], np.int64), "INT64"),
                           ("temperature", np.array([[0.0]], np.float32), "FP32"),
                           ("exit_threshold", np.array([[0.5]], np.float32), "FP32"),
                           ("stream", np.array([[True]]), "BOOL")]:
@@ -450,7 +441,7 @@ def test_bad_request_types_and_unknown_inputs(server):
     for model in ("ouro", "ouro_ensemble", "ouro_engine"):
         first = text if model != "ouro_engine" else tensor("input_ids", np.array([[5, 6]], np.int32), "INT32")
         err = _grpc_error(server, model, None, None, [first, tensor("max_tokens", np.array([[4.0]], np.float32), "FP32")])
-        assert err and re.search(r"max_tokens.*FP32.*INT32", err), err  # Triton's own type check
+        assert err and re.search(r"max_tokens.*FP32.*INT64", err), err  # Triton's own type check
         err = _grpc_error(server, model, None, None, [first, tensor("frobnicate", np.array([[1]], np.int32), "INT32")])
         assert err and "frobnicate" in err, err
     err = _grpc_error(server, "ouro_engine", None, None,
@@ -512,8 +503,8 @@ def test_error_metric_counts_errors_of_every_model(server):
     assert "context limit" in _grpc_error(server, "ouro", PROMPT, request_options(max_tokens=100000))  # engine
     ids = grpcclient.InferInput("input_ids", [1, 2], "INT32")
     ids.set_data_from_numpy(np.array([[5, 6]], np.int32))
-    top_k = grpcclient.InferInput("top_k", [1, 1], "INT32")
-    top_k.set_data_from_numpy(np.array([[-5]], np.int32))
+    top_k = grpcclient.InferInput("top_k", [1, 1], "INT64")
+    top_k.set_data_from_numpy(np.array([[-5]], np.int64))
     assert "top_k" in _grpc_error(server, "ouro_engine", None, None, raw_inputs=[ids, top_k])  # ouro_engine
     assert wait_for(lambda: metrics(server).get("ouro_request_errors_total", 0) >= before + 3), metrics(server)
 

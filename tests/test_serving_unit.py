@@ -86,7 +86,7 @@ def test_random_seed_alias():
     ({"text_input": s("")}, "text_input is empty"),
     ({"text_input": s(b"\xff\xfe")}, "not valid UTF-8"),
     ({"text_input": np.array([[1]], np.int32)}, "text_input.*TYPE_STRING"),
-    ({"text_input": s("x"), "max_tokens": f32(3.0)}, "max_tokens.*TYPE_INT32.*float32"),
+    ({"text_input": s("x"), "max_tokens": f32(3.0)}, "max_tokens.*TYPE_INT64.*float32"),
     ({"text_input": s("x"), "stream": i32(1)}, "stream.*TYPE_BOOL"),
     ({"text_input": s("x"), "temperature": s("hot")}, "temperature.*TYPE_FP32"),
     ({"text_input": s("x"), "max_tokens": i32(-4)}, "max_tokens must be a positive integer, got -4"),
@@ -365,3 +365,20 @@ def test_launcher_prepares_pytriton_backend(tmp_path, monkeypatch):
     assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(local)
     with pytest.raises(serve.ServerError, match="key=value"):
         serve.parse_engine_args(["oops"])
+
+
+@pytest.mark.parametrize("parameters, expected", [
+    (None, 0), ("", 0), ("{}", 0), ('{"timeout": 2500000}', 2500000), ({"timeout": 7}, 7), ({"priority": 1}, 0),
+])
+def test_timeout_parameter(parameters, expected):
+    from ouro_backend.serving.protocol import timeout_parameter_us
+
+    assert timeout_parameter_us(parameters) == expected
+
+
+@pytest.mark.parametrize("value", ["soon", -5, True])
+def test_bad_timeout_parameter(value):
+    from ouro_backend.serving.protocol import timeout_parameter_us
+
+    with pytest.raises(RequestError, match="timeout must be a positive number of microseconds"):
+        timeout_parameter_us({"timeout": value})

@@ -23,10 +23,20 @@ FINAL = 1
 IDLE = Load(0, 0.0)
 
 
+class TritonError(str):
+    """pb_utils.TritonError's stand-in: compares as its message and keeps its code."""
+    UNAVAILABLE = "UNAVAILABLE"
+
+    def __new__(cls, message, code=None):
+        error = super().__new__(cls, message)
+        error.code = code
+        return error
+
+
 def fake_pb():
     pb = types.SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL)
     pb.Tensor = lambda name, arr: (name, arr)
-    pb.TritonError = lambda message: message
+    pb.TritonError = TritonError
     pb.InferenceResponse = lambda output_tensors, error=None: dict(outputs=dict(output_tensors), error=error)
     return pb
 
@@ -60,8 +70,10 @@ class Sender:
 class Client:
     closed = False
 
-    def __init__(self):
+    def __init__(self, capacity=1000, request_timeout_s=0.0):
         self.added, self.aborted = [], []
+        self.info = types.SimpleNamespace(capacity=capacity, max_num_seqs=capacity, max_waiting_requests=0,
+                                          request_timeout_s=request_timeout_s)
 
     def add(self, rid, ids, params):
         self.added.append((rid, ids, params))
@@ -89,11 +101,17 @@ class Model(StreamingModel):
 
 
 class Request:
-    def __init__(self, sender, stream=True, rid="r"):
-        self.sender, self.payload = sender, (stream, rid)
+    def __init__(self, sender, stream=True, rid="r", timeout_us=0):
+        self.sender, self.payload, self.timeout_us = sender, (stream, rid), timeout_us
 
     def get_response_sender(self):
         return self.sender
+
+    def timeout(self):
+        return self.timeout_us
+
+    def parameters(self):
+        return "{}"
 
 
 def delta(rid, ids, reason=None):
@@ -204,12 +222,64 @@ def test_many_streams_each_in_order(model):
 def test_rejected_and_failed_requests_get_errors(model):
     a, b_ = Sender(), Sender()
     model.execute([Request(a, rid="a"), Request(b_, rid="b")])
-    model.on_engine_message(0, ("rejected", "a", "prompt too long"))
+    model.on_engine_message(0, ("rejected", "a", "prompt too long", "invalid"))
     model.on_engine_message(0, ("failed", ["b"], "engine error: boom"))
     assert a.finished.wait(5) and b_.finished.wait(5)
     assert a.sent == [(dict(outputs={}, error="test: invalid request: prompt too long"), FINAL)]
     assert b_.sent[0][0]["error"] == "test: engine error: boom"
     assert not model._streams
+
+
+def test_requests_past_their_timeout_end_with_an_error_and_are_aborted():
+    """A stalled engine sends nothing: the watcher ends each request at its deadline (the server's
+    request_timeout_s, or the request's own Triton timeout when shorter) and aborts it in the engine."""
+    m = Model()
+    m.client.info.request_timeout_s = 0.3
+    m.router.set_client(0, m.client)
+    try:
+        slow, quick, fine = Sender(), Sender(), Sender()
+        t0 = time.monotonic()
+        m.execute([Request(slow, rid="slow"), Request(quick, rid="quick", timeout_us=100_000),
+                   Request(fine, rid="fine")])
+        m.on_engine_message(0, ("outputs", [delta("fine", [5], "length")], IDLE))
+        assert quick.finished.wait(5)
+        t_quick = time.monotonic() - t0
+        assert slow.finished.wait(5)
+        t_slow = time.monotonic() - t0
+        assert 0.1 <= t_quick < t_slow and t_slow >= 0.3
+        for sender, limit in ((slow, "0.3s"), (quick, "0.1s")):
+            (response, flags), = sender.sent
+            assert flags == FINAL and response["error"] == f"test: request timed out: not finished {limit} after it arrived"
+            assert response["error"].code == "UNAVAILABLE"
+        assert fine.tokens() == [5] and fine.sent[-1][0]["error"] is None
+        assert sorted(m.client.aborted) == ["quick", "slow"]
+        assert not m._streams and m.router.load(0) == 0
+    finally:
+        m.close_streams("closed")
+
+
+def test_over_capacity_is_refused_at_once_as_busy():
+    """The client's own count refuses requests beyond the engine's capacity (running + waiting) without
+    asking the engine, which may be stalled; the engine's own refusal is a busy error too."""
+    m = Model()
+    m.client.info.capacity = 2
+    try:
+        senders = [Sender() for _ in range(3)]
+        m.execute([Request(s, rid=f"r{i}") for i, s in enumerate(senders)])
+        (response, flags), = senders[2].sent
+        assert response["error"].startswith("test: server busy") and response["error"].code == "UNAVAILABLE"
+        assert [rid for rid, *_ in m.client.added] == ["r0", "r1"]
+        m.on_engine_message(0, ("rejected", "r1", "server busy: 1 requests running", "busy"))
+        assert senders[1].finished.wait(5)
+        assert senders[1].sent[0][0]["error"] == "test: server busy: 1 requests running"
+        assert senders[1].sent[0][0]["error"].code == "UNAVAILABLE"
+        m.on_engine_message(0, ("outputs", [delta("r0", [1], "length")], IDLE))
+        assert senders[0].finished.wait(5)
+        late = Sender()  # room again
+        m.execute([Request(late, rid="late")])
+        assert late.sent == [] and m.client.added[-1][0] == "late"
+    finally:
+        m.close_streams("closed")
 
 
 def test_lost_engine_ends_open_requests_and_refuses_new_ones(model):
@@ -259,7 +329,7 @@ def test_watcher_never_asks_a_finished_request():
 ])
 def test_bad_response_conversion_ends_the_request_and_aborts_it(error, message):
     class Failing(Model):
-        def response_arrays(self, fields):
+        def response_arrays(self, fields, rid):
             raise error
 
     m = Failing()

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 log = logging.getLogger("ouro_backend.serving")
 
 
 class CancelWatcher:
-    """Every `interval_s`: `on_cancel(s)` for each stream of `streams()` whose client is gone.
-    A stream has `sender`, `send_lock` and `done` (FINAL sent)."""
+    """Every `interval_s`: `on_expired(s)` for each stream of `streams()` past its `deadline` (a monotonic
+    time, or None), else `on_cancel(s)` if its client is gone. A stream has `sender`, `send_lock`, `done`
+    (FINAL sent) and `deadline`."""
 
-    def __init__(self, interval_s: float, streams: Callable[[], list], on_cancel: Callable[[Any], None]):
+    def __init__(self, interval_s: float, streams: Callable[[], list], on_cancel: Callable[[Any], None],
+                 on_expired: Callable[[Any], None]):
         self.interval_s = interval_s
         self._streams = streams
         self._on_cancel = on_cancel
+        self._on_expired = on_expired
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ouro-cancel-watcher", daemon=True)
         self._thread.start()
@@ -28,8 +32,11 @@ class CancelWatcher:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
+                now = time.monotonic()
                 for s in self._streams():
-                    if self._client_cancelled(s):
+                    if s.deadline is not None and now >= s.deadline:
+                        self._on_expired(s)
+                    elif self._client_cancelled(s):
                         self._on_cancel(s)
             except Exception:
                 log.exception("cancellation check failed")

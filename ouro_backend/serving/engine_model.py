@@ -7,7 +7,8 @@ ouro_backend.serving.streams.
 
 * The engine processes report metrics here (they see every request, the front's too); a reporter thread
   publishes them through pb_utils.MetricFamily, one series per engine (ouro_backend.serving.metrics).
-* A control request with `abort_request_id` aborts a running request by id (on every engine).
+* A control request with `abort_request_id` aborts one of this model's running requests by the id it
+  generated for it (its `request_id` output); client-chosen ids cannot be aborted by id.
 * If an engine process dies, its open requests get an error response and a new process is started on its
   device; the other engines serve on. Requests go to the live engines meanwhile (refused with a clear
   error only while none is live); the front reconnects by itself.
@@ -23,6 +24,7 @@ import uuid
 from typing import Any, Optional
 
 from ..config import ConfigError, EngineConfig
+from ..sampling_params import RequestError
 from . import protocol
 from .engine_pool import EnginePool, EngineRouter, resolve_devices
 from .engine_process import EngineClient, EngineProcessError
@@ -32,6 +34,7 @@ from .options import (ServingOptions, decoupled_model_config, engine_options, re
 from .streams import StreamingModel
 
 log = logging.getLogger("ouro_backend.serving")
+GENERATED_ID_PREFIX = "ouro-engine-"  # + 32 hex digits: the ids this model makes for requests without one
 
 
 class EngineModel(StreamingModel):
@@ -108,13 +111,28 @@ class EngineModel(StreamingModel):
         parsed = protocol.parse_request(inputs, specs=protocol.ENGINE_INPUTS, prompt_input="input_ids",
                                         model=self.model_name)
         if parsed.abort_request_id is not None:
-            live = [c for i in range(len(self.router)) if (c := self.router.live(i)) is not None]
-            if not live:
-                raise EngineProcessError("no engine process is running (restarting); see the server log")
-            for client in live:  # the id names a request of one of them; the others ignore it
-                client.abort(parsed.abort_request_id)
+            self._abort_by_id(parsed.abort_request_id)
             return None
-        return parsed, parsed.prompt, parsed.request_id or f"ouro-engine-{uuid.uuid4().hex}"
+        if parsed.request_id is not None and parsed.request_id.startswith(GENERATED_ID_PREFIX):
+            raise RequestError(f"request_id may not start with {GENERATED_ID_PREFIX!r} (the model's own ids)")
+        return parsed, parsed.prompt, parsed.request_id or f"{GENERATED_ID_PREFIX}{uuid.uuid4().hex}"
+
+    def _abort_by_id(self, rid: str) -> None:
+        """Abort one of this model's requests by the id it generated for it. NOTE: a generated id is a
+        128-bit secret that only its request's responses carry, so holding it is what makes a caller the
+        request's owner; a client-chosen request_id proves nothing (another client may know or guess it)
+        and is refused. A generated id that is no longer running is a no-op (it may have just finished)."""
+        if not rid.startswith(GENERATED_ID_PREFIX):
+            raise RequestError(f"abort_request_id {rid!r} is not an id this model generated: only the request_id "
+                               "output of a request started without request_id can be aborted by id (cancel "
+                               "the call itself to stop a request that chose its own)")
+        with self._lock:
+            stream = self._streams.get(rid)
+        if stream is not None:
+            self._cancel(stream)
+
+    def response_arrays(self, fields: dict, rid: str) -> dict:
+        return {**protocol.engine_response_arrays(**fields), "request_id": protocol.string_array(rid)}
 
     def finalize(self) -> None:
         self.close_streams(f"{self.model_name}: the model is being unloaded")

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ..config import ConfigError, EngineConfig
-from .engine_process import EngineClient, EngineProcessError, engine_address, private_dir, start_engine_process
+from .engine_process import (EngineClient, EngineProcessError, ServerBusy, engine_address, private_dir,
+                             start_engine_process)
 
 
 def visible_gpus() -> list[str]:
@@ -137,6 +138,7 @@ class EnginePool:
                       for i, d in enumerate(devices)]
         self.clients: list[Optional[EngineClient]] = [None] * len(devices)
         self.processes: list = [None] * len(devices)
+        self.restarts = [0] * len(devices)
         self._unloading = False
 
     def start(self) -> None:
@@ -179,17 +181,30 @@ class EnginePool:
             threading.Thread(target=self._restart, args=(index,), name=f"ouro-engine-restart-{index}",
                              daemon=True).start()
 
+    RESTART_BACKOFF_S = (1.0, 30.0)  # the first retry's wait, doubled after each failure up to the second
+
     def _restart(self, index: int) -> None:
+        """Start engine `index` again, retrying with backoff until it serves or the model is unloaded.
+        NOTE: a start that fails (the new process died too, or was killed while it loaded) is retried
+        the same way: the device is never left without an engine while the model is loaded."""
+        slot = self.slots[index]
         code = self.processes[index].wait()
-        self._log("error", f"engine {index} ({self.slots[index].device}): process {self.processes[index].pid} "
+        self._log("error", f"engine {index} ({slot.device}): process {self.processes[index].pid} "
                            f"exited with code {code}; starting a new one")
-        try:
-            self._start(index)
-        except Exception as e:
-            self._log("error", f"engine {index}: the engine process could not be restarted ({e}); reload the model")
+        wait, attempt = self.RESTART_BACKOFF_S[0], 1
+        while not self._unloading:
+            try:
+                self._start(index)
+            except Exception as e:
+                self._log("error", f"engine {index} ({slot.device}): restart attempt {attempt} failed ({e}); "
+                                   f"retrying in {wait:.0f}s")
+                time.sleep(wait)
+                wait, attempt = min(2 * wait, self.RESTART_BACKOFF_S[1]), attempt + 1
+                continue
+            self.restarts[index] += 1
+            self._log("info", f"engine {index} ({slot.device}): engine process {self.clients[index].info.pid} "
+                              f"ready (restart {self.restarts[index]})")
             return
-        self._log("info", f"engine {index} ({self.slots[index].device}): engine process "
-                          f"{self.clients[index].info.pid} ready")
 
     def close(self) -> None:
         """Stop every engine process (each exits when its owner channel closes)."""
@@ -254,6 +269,12 @@ class EngineRouter:
             raise EngineProcessError(f"{what} gone (exited and restarting); see the server log")
         with self._lock:
             i, client = min(live, key=lambda ic: (self._mine[ic[0]] + self._others[ic[0]], self._kv[ic[0]], ic[0]))
+            if self._mine[i] + self._others[i] >= client.info.capacity:
+                # NOTE: a stalled engine reports nothing, so this client's own count is what refuses here; the
+                # engine process refuses too (it counts every client's requests: EngineServer._add).
+                raise ServerBusy(f"server busy: every engine holds its max_num_seqs={client.info.max_num_seqs} "
+                                 f"running and max_waiting_requests={client.info.max_waiting_requests} waiting "
+                                 f"requests; retry later")
             self._mine[i] += 1
         return i, client
 

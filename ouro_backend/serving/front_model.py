@@ -51,6 +51,7 @@ class FrontModel(StreamingModel):
         self.router: Optional[EngineRouter] = None
         self._tokenizer = None
         self._tokenizer_path: Optional[str] = None
+        self._prompt_limit = (0, 0)  # (bytes, tokens): the longest prompt the engine's context can take
         self._connect_lock = threading.Lock()
         self.setup_streams(pb_utils, self.options)
         # Connect (and load the tokenizer) now if the engines are up, so the first request does not wait.
@@ -102,6 +103,8 @@ class FrontModel(StreamingModel):
 
             self._tokenizer = load_tokenizer(client.info.model_path)
             self._tokenizer_path = client.info.model_path
+            context = client.info.max_model_len
+            self._prompt_limit = (protocol.prompt_byte_limit(self._tokenizer, context), context)
         self.pb.Logger.log_info(f"{self.model_name}: connected to engine {index} ({slot.device}, process "
                                 f"{client.info.pid}) of {self.options.engine_model} ({client.info.model_path})")
         return client
@@ -109,12 +112,13 @@ class FrontModel(StreamingModel):
     def parse(self, request: Any) -> tuple[protocol.ParsedRequest, list[int], str]:
         inputs = tensor_arrays(self.pb.get_input_tensor_by_name, request, protocol.CLIENT_INPUTS)
         protocol.check_parameters(request.parameters(), self.model_name)
-        parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS, model=self.model_name)
         self._connect_all()  # the tokenizer comes with the connections
+        protocol.check_prompt_bytes(inputs, "text_input", *self._prompt_limit)
+        parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS, model=self.model_name)
         ids = protocol.tokenize_arrays(self._tokenizer, parsed.prompt)["input_ids"].reshape(-1).tolist()
         return parsed, ids, f"{self.model_name}-{uuid.uuid4().hex}"
 
-    def response_arrays(self, fields: dict) -> dict:
+    def response_arrays(self, fields: dict, rid: str) -> dict:
         # Through the engine's tensors and `postprocessing`'s function, although building the client's
         # tensors straight from the fields costs 8.8 instead of 54 us of Python a response: on the H200 that
         # direct path cut load.py's served throughput at C64 from 5.8-6.2K to 3.5-3.6K tok/s (same device

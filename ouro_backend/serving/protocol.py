@@ -38,24 +38,28 @@ def _spec(*specs: InputSpec) -> dict[str, InputSpec]:
 
 # Per-request options, shared by the client-facing models (`ouro`, `ouro_ensemble`) and `ouro_engine`.
 # Names follow the TensorRT-LLM / vLLM backends so genai-perf, perf_analyzer and the OpenAI frontend work.
+# NOTE: integers are INT64, not TensorRT-LLM's INT32: Triton's JSON layer casts a JSON number to the
+# declared type without a range check (max_tokens 4294967299 arrived as 3), and with INT64 the model sees
+# the value and refuses it. Clients that take types from the model metadata (perf_analyzer, genai-perf) are
+# unaffected; a client that sends INT32 tensors gets Triton's "unexpected datatype" error.
 SAMPLING_INPUTS = _spec(
-    InputSpec("max_tokens", "INT32", "int", doc="tokens to generate (default 16)"),
-    InputSpec("min_tokens", "INT32", "int", doc="generate at least this many tokens before EOS / stop words"),
+    InputSpec("max_tokens", "INT64", "int", doc="tokens to generate (default 16)"),
+    InputSpec("min_tokens", "INT64", "int", doc="generate at least this many tokens before EOS / stop words"),
     InputSpec("stream", "BOOL", "bool", doc="one response per new piece of text (default false: one response)"),
     InputSpec("temperature", "FP32", "float", doc="0: greedy (default 1.0)"),
     InputSpec("top_p", "FP32", "float"),
-    InputSpec("top_k", "INT32", "int", doc="0 or -1: off"),
+    InputSpec("top_k", "INT64", "int", doc="0 or -1: off"),
     InputSpec("seed", "UINT64", "uint", doc="per-request sampling seed"),
     InputSpec("random_seed", "UINT64", "uint", doc="alias of seed (TensorRT-LLM's name)"),
     InputSpec("stop_words", "STRING", "str", is_list=True, doc="stop strings (not included in the output)"),
     InputSpec("ignore_eos", "BOOL", "bool"),
     InputSpec("exclude_input_in_output", "BOOL", "bool",
               doc="non-streaming only: do not echo the prompt before the generated text"),
-    InputSpec("min_loops", "INT32", "int", doc="Ouro: a token runs at least this many loops (default 1)"),
-    InputSpec("max_loops", "INT32", "int", doc="Ouro: a token runs at most this many loops (default: the model's)"),
+    InputSpec("min_loops", "INT64", "int", doc="Ouro: a token runs at least this many loops (default 1)"),
+    InputSpec("max_loops", "INT64", "int", doc="Ouro: a token runs at most this many loops (default: the model's)"),
     InputSpec("exit_threshold", "FP32", "float",
               doc="Ouro: exit when the gate's exit probability reaches it (1.0: fixed depth max_loops)"),
-    InputSpec("exit_trace", "INT32", "int", is_list=True, doc="Ouro: depths to replay (engine exit_mode=trace)"),
+    InputSpec("exit_trace", "INT64", "int", is_list=True, doc="Ouro: depths to replay (engine exit_mode=trace)"),
 )
 RETURN_FLAGS = _spec(
     InputSpec("return_num_input_tokens", "BOOL", "bool"),
@@ -80,7 +84,8 @@ ENGINE_INPUTS = _spec(
     InputSpec("request_id", "STRING", "str",
               doc="engine request id to use (unique among running requests); default: generated"),
     InputSpec("abort_request_id", "STRING", "str",
-              doc="control request: abort the running request with this id (input_ids may be empty)"),
+              doc="control request: abort the running request whose request_id output this is (input_ids may "
+                  "be empty); only ids the model generated, not ones a client chose"),
 )
 ENGINE_OUTPUTS = {
     "output_ids": "INT32",  # the new token ids of this response
@@ -100,6 +105,8 @@ ENGINE_OUTPUTS = {
     "return_spec_counts": "BOOL",
     "return_num_cached_tokens": "BOOL",
 }
+# `ouro_engine` also returns each request's id: the `abort_request_id` that aborts it (engine_model.py).
+ENGINE_ID_OUTPUT = {"request_id": "STRING"}
 POST_INPUTS = _spec(
     InputSpec("output_ids", "INT32", "int", is_list=True),
     InputSpec("prefix_ids", "INT32", "int", is_list=True),
@@ -250,6 +257,22 @@ def check_known_inputs(inputs: Iterable[str], specs: Mapping[str, InputSpec], mo
         raise RequestError(f"unknown input(s){where}: {', '.join(unknown)}; known inputs: {', '.join(specs)}")
 
 
+def timeout_parameter_us(parameters: Union[str, Mapping[str, Any], None]) -> int:
+    """The request's `timeout` parameter in microseconds (0: none). Triton 2.51 leaves a /generate JSON
+    field `timeout` there instead of setting the request's own timeout."""
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters) if parameters else {}
+        except ValueError:
+            return 0
+    value = (parameters or {}).get("timeout", 0)
+    if value == 0:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise RequestError(f"timeout must be a positive number of microseconds, got {value!r}")
+    return int(value)
+
+
 def check_parameters(parameters: Union[str, Mapping[str, Any], None], model: str = "") -> None:
     """Reject request parameters the model does not know (e.g. an unknown JSON field of /generate, which
     Triton turns into a request parameter instead of an input)."""
@@ -348,8 +371,10 @@ def _scalar_int(v: int) -> np.ndarray:
     return np.asarray([[v]], dtype=np.int32)
 
 
-def _string(s: str) -> np.ndarray:
+def string_array(s: str) -> np.ndarray:
+    """A [1, 1] STRING tensor."""
     return np.asarray([[s.encode("utf-8")]], dtype=np.object_)
+
 
 
 def finish_reason_name(reason: Optional[str]) -> str:
@@ -381,11 +406,11 @@ def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int],
         "trim_chars": _scalar_int(trim_chars),
         "num_input_tokens": _scalar_int(num_input_tokens),
         "num_output_tokens": _scalar_int(len(output_ids)),
-        "finish_reason": _string(finish_reason_name(finish_reason)),
+        "finish_reason": string_array(finish_reason_name(finish_reason)),
         "num_spec_drafted_tokens": _scalar_int(spec_counts[0]),
         "num_spec_accepted_tokens": _scalar_int(spec_counts[1]),
         "num_cached_tokens": _scalar_int(num_cached_tokens),
-        "echo_text": _string(echo_text or ""),
+        "echo_text": string_array(echo_text or ""),
         **{name: np.asarray([[bool(v)]], dtype=np.bool_) for name, v in zip(RETURN_FLAGS, return_flags)},
     }
 
@@ -418,13 +443,13 @@ def client_response_arrays(tokenizer, output_ids: Sequence[int], prefix_ids: Seq
     _check_return_flags(return_flags)
     want = dict(zip(RETURN_FLAGS, return_flags))
     text = detokenize(tokenizer, output_ids, prefix_ids, trim_chars, final=bool(finish_reason), prompt_text=echo_text)
-    out = {"text_output": _string(text), "exit_depths": _ints(exit_depths)}
+    out = {"text_output": string_array(text), "exit_depths": _ints(exit_depths)}
     if want["return_num_input_tokens"]:
         out["num_input_tokens"] = _scalar_int(num_input_tokens)
     if want["return_num_output_tokens"]:
         out["num_output_tokens"] = _scalar_int(len(output_ids) if num_output_tokens is None else num_output_tokens)
     if want["return_finish_reason"]:
-        out["finish_reason"] = _string(finish_reason_name(finish_reason))
+        out["finish_reason"] = string_array(finish_reason_name(finish_reason))
     if want["return_spec_counts"]:
         out["num_spec_drafted_tokens"] = _scalar_int(spec_counts[0])
         out["num_spec_accepted_tokens"] = _scalar_int(spec_counts[1])
@@ -448,6 +473,25 @@ def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.nda
         echo_text=scalar("echo_text", ""), return_flags=tuple(bool(scalar(f, False)) for f in RETURN_FLAGS),
         spec_counts=(scalar("num_spec_drafted_tokens", 0), scalar("num_spec_accepted_tokens", 0)),
         num_cached_tokens=scalar("num_cached_tokens", 0), num_output_tokens=scalar("num_output_tokens", None))
+
+
+def prompt_byte_limit(tokenizer, context_tokens: int) -> int:
+    """The most UTF-8 bytes a prompt that fits `context_tokens` tokens can have: no token stands for more
+    than 4 bytes per character of the longest vocabulary entry."""
+    longest = max((len(t) for t in tokenizer.get_vocab(with_added_tokens=True)), default=1)
+    return context_tokens * 4 * longest
+
+
+def check_prompt_bytes(inputs: Mapping[str, Any], name: str, limit: int, context_tokens: int) -> None:
+    """Refuse a prompt too long to fit the context by its byte count alone, before it is decoded or
+    tokenized (a multi-megabyte prompt would hold a stub for seconds and grow its memory)."""
+    arr = inputs.get(name)
+    if arr is None:
+        return
+    size = sum(len(v) for v in np.asarray(arr).reshape(-1) if isinstance(v, (bytes, str)))
+    if size > limit:
+        raise RequestError(f"{name} is {size} bytes: longer than any prompt that fits the {context_tokens}-token "
+                           f"context ({limit} bytes at most with this tokenizer)")
 
 
 def tokenize_arrays(tokenizer, text: str) -> dict[str, np.ndarray]:

@@ -99,12 +99,13 @@ def render() -> dict[str, str]:
 ouro_engine: the decoupled model that owns the Ouro engine (ouro_backend/serving/engine_model.py).
 Callable directly with token ids: input_ids [1, n] plus the optional sampling / Ouro inputs. One response
 per step with new tokens when stream=true, else one response; the last carries FINAL. Control request:
-abort_request_id (with empty input_ids) aborts a running request that was started with request_id.
+abort_request_id (with empty input_ids) aborts a running request: the request_id output of a request
+started without one (the model's own, unguessable ids; a chosen request_id cannot be aborted by id).
 Engine options: the parameters below (empty = default), then $OURO_ENGINE_ARGS, then $OURO_MODEL_PATH.""")
         + 'name: "ouro_engine"\nbackend: "python"\nmax_batch_size: 1\n'
         + "model_transaction_policy { decoupled: true }\n"
         + _inputs(protocol.ENGINE_INPUTS.values(), required=["input_ids"])
-        + _outputs(protocol.ENGINE_OUTPUTS, engine_lists)
+        + _outputs({**protocol.ENGINE_OUTPUTS, **protocol.ENGINE_ID_OUTPUT}, engine_lists)
         + "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
         + _params(ENGINE_PARAMETERS, "Engine options (ouro_backend/config.py EngineConfig); empty: default")
         + _params(option_docs(ServingOptions), "Serving options")

@@ -29,7 +29,7 @@ from ..sampling_params import RequestError
 from . import protocol
 from .cancellation import CancelWatcher
 from .engine_pool import EngineRouter
-from .engine_process import Delta, EngineProcessError
+from .engine_process import Delta, EngineProcessError, ServerBusy
 from .options import StreamOptions
 from .request_trace import RequestTrace
 
@@ -42,11 +42,11 @@ class Stream:
     out crashes tritonserver 2.51 (the response factory is gone)."""
 
     __slots__ = ("rid", "sender", "parsed", "num_input", "data_lock", "send_lock", "done", "cancelled",
-                 "ids", "depths", "prefix", "trim", "reason", "error", "queued", "worker", "spec_counts",
-                 "num_cached", "engine", "responded")
+                 "ids", "depths", "prefix", "trim", "reason", "error", "error_code", "queued", "worker",
+                 "spec_counts", "num_cached", "engine", "responded", "timeout_s", "deadline")
 
     def __init__(self, rid: str, sender: Any, parsed: protocol.ParsedRequest, num_input: int, worker: int,
-                 engine: int):
+                 engine: int, received: float = 0.0, timeout_s: Optional[float] = None):
         self.rid = rid
         self.sender = sender
         self.parsed = parsed
@@ -61,12 +61,16 @@ class Stream:
         self.trim = 0
         self.reason: Optional[str] = None  # set with the engine's last delta
         self.error: Optional[str] = None
+        self.error_code: Optional[str] = None  # a pb_utils.TritonError code name (None: the default)
         self.queued = False
         self.worker = worker
         self.spec_counts = (0, 0)
         self.num_cached = 0
         self.engine = engine  # the index of the engine process that runs it
         self.responded = False  # a response with tokens went out
+        self.timeout_s = timeout_s
+        # time.monotonic() after which it ends with a timeout error; None: never
+        self.deadline = None if timeout_s is None else received + timeout_s
 
 
 class SendQueue:
@@ -110,7 +114,7 @@ class StreamingModel(abc.ABC):
                          for i, q in enumerate(self._queues)]
         for t in self._senders:
             t.start()
-        self._watcher = CancelWatcher(serving.cancel_check_interval_s, self._open_streams, self._cancel)
+        self._watcher = CancelWatcher(serving.cancel_check_interval_s, self._open_streams, self._cancel, self._expire)
         self._trace = RequestTrace.from_env("front")  # None unless $OURO_REQUEST_TRACE asks for the hops
 
     # ---------------------------------------------------------------- what a subclass provides
@@ -119,9 +123,9 @@ class StreamingModel(abc.ABC):
         """(parsed request, prompt ids, request id), or None when the request was a control request that
         is already answered. Raises RequestError for bad input."""
 
-    def response_arrays(self, fields: dict) -> dict:
-        """One response's tensors from its fields (`protocol.engine_response_arrays`'s arguments): the
-        engine's tensors here; the front returns the client's directly (it detokenizes)."""
+    def response_arrays(self, fields: dict, rid: str) -> dict:
+        """One response's tensors from its fields (`protocol.engine_response_arrays`'s arguments) for
+        request `rid`: the engine's tensors here; the front returns the client's directly (it detokenizes)."""
         return protocol.engine_response_arrays(**fields)
 
     def count_error(self) -> None:
@@ -143,7 +147,11 @@ class StreamingModel(abc.ABC):
                     trace.mark(parsed[2], "parsed")
                     if request.request_id():
                         trace.alias(request.request_id(), parsed[2])
-                self._submit(sender, *parsed)
+                self._submit(sender, *parsed, received=received,
+                             timeout_us=request.timeout() or protocol.timeout_parameter_us(request.parameters()))
+            except ServerBusy as e:
+                self.count_error()
+                self.send_error(sender, f"{self.model_name}: {e}", code="UNAVAILABLE")
             except RequestError as e:
                 self.count_error()
                 self.send_error(sender, f"{self.model_name}: invalid request: {e}")
@@ -154,9 +162,13 @@ class StreamingModel(abc.ABC):
                 self.send_error(sender, f"{self.model_name}: internal error: {type(e).__name__}: {e}")
         return None
 
-    def _submit(self, sender: Any, parsed: protocol.ParsedRequest, prompt_ids: list[int], rid: str) -> None:
+    def _submit(self, sender: Any, parsed: protocol.ParsedRequest, prompt_ids: list[int], rid: str,
+                received: float, timeout_us: int = 0) -> None:
         index, client = self.router.pick()
-        stream = Stream(rid, sender, parsed, len(prompt_ids), zlib.crc32(rid.encode()) % len(self._queues), index)
+        # The server's request_timeout_s, or the request's own Triton `timeout` (microseconds) if shorter.
+        limits = [t for t in (client.info.request_timeout_s, timeout_us / 1e6) if t > 0]
+        stream = Stream(rid, sender, parsed, len(prompt_ids), zlib.crc32(rid.encode()) % len(self._queues), index,
+                        received, min(limits) if limits else None)
         with self._lock:
             if rid in self._streams:
                 self.router.release(index)
@@ -185,7 +197,10 @@ class StreamingModel(abc.ABC):
             if router is not None:
                 router.report(index, msg[1])
         elif kind == "rejected":
-            self._end_with_error(msg[1], f"{self.model_name}: invalid request: {msg[2]}")
+            if msg[3] == "busy":
+                self._end_with_error(msg[1], f"{self.model_name}: {msg[2]}", code="UNAVAILABLE")
+            else:
+                self._end_with_error(msg[1], f"{self.model_name}: invalid request: {msg[2]}")
         elif kind == "failed":
             for rid in msg[1]:
                 self._end_with_error(rid, f"{self.model_name}: {msg[2]}")
@@ -222,14 +237,14 @@ class StreamingModel(abc.ABC):
             s.queued = True
         self._queues[s.worker].put(s, first=not s.responded)
 
-    def _end_with_error(self, rid: str, message: str) -> None:
+    def _end_with_error(self, rid: str, message: str, code: Optional[str] = None) -> None:
         with self._lock:
             s = self._streams.pop(rid, None)
         if s is None:
             return
         self.router.release(s.engine)
         with s.data_lock:
-            s.error = message
+            s.error, s.error_code = message, code
             if s.queued:
                 return
             s.queued = True
@@ -250,7 +265,7 @@ class StreamingModel(abc.ABC):
         """One response with everything the stream got since its previous one."""
         with s.data_lock:
             s.queued = False
-            error, reason, trim = s.error, s.reason, s.trim
+            error, error_code, reason, trim = s.error, s.error_code, s.reason, s.trim
             ids, depths, prefix, spec_counts = s.ids, s.depths, s.prefix or [], s.spec_counts
             s.ids, s.depths, s.prefix = [], [], None
         pb = self.pb
@@ -258,7 +273,7 @@ class StreamingModel(abc.ABC):
             with s.send_lock:
                 if not s.done:
                     s.done = True
-                    self.send_error(s.sender, error)
+                    self.send_error(s.sender, error, error_code)
             return
         final = reason is not None
         p = s.parsed
@@ -269,7 +284,7 @@ class StreamingModel(abc.ABC):
                                     p.return_spec_counts, p.return_num_cached_tokens),
                       spec_counts=spec_counts, num_cached_tokens=s.num_cached)
         try:
-            arrays = self.response_arrays(fields)
+            arrays = self.response_arrays(fields, s.rid)
             response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()])
         except Exception as e:  # e.g. the front's detokenizer: end the request, stop the engine
             if not isinstance(e, RequestError):
@@ -294,11 +309,12 @@ class StreamingModel(abc.ABC):
         if self._trace is not None and ids:
             self._trace.mark(s.rid, "responded")
 
-    def send_error(self, sender: Any, message: str) -> None:
+    def send_error(self, sender: Any, message: str, code: Optional[str] = None) -> None:
+        """A FINAL error response; `code` names a pb_utils.TritonError code (UNAVAILABLE: HTTP 503)."""
         pb = self.pb
         try:
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
-                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            error = pb.TritonError(message) if code is None else pb.TritonError(message, getattr(pb.TritonError, code))
+            sender.send(pb.InferenceResponse(output_tensors=[], error=error), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as e:
             log.debug("error response failed: %s", e)
 
@@ -306,6 +322,13 @@ class StreamingModel(abc.ABC):
     def _open_streams(self) -> list[Stream]:
         with self._lock:
             return [s for s in self._streams.values() if not s.cancelled]
+
+    def _expire(self, s: Stream) -> None:
+        """Past its deadline: abort it in the engine and end it with a timeout error."""
+        self._cancel(s)
+        self.count_error()
+        self._end_with_error(s.rid, f"{self.model_name}: request timed out: not finished "
+                                    f"{s.timeout_s:g}s after it arrived", code="UNAVAILABLE")
 
     def _cancel(self, s: Stream) -> None:
         if s.cancelled:

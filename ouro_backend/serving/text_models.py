@@ -39,6 +39,7 @@ class _TokenizerModel(abc.ABC):
             from ..model.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(path)
+            self.model_path = path
         except ConfigError as e:
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
         pb_utils.Logger.log_info(f"{self.model_name}: tokenizer from {path}")
@@ -74,10 +75,19 @@ class PreprocessingModel(_TokenizerModel):
 
     input_specs = protocol.CLIENT_INPUTS
 
+    def initialize(self, args: dict) -> None:
+        super().initialize(args)
+        from ..model.checkpoint import load_config
+
+        # The checkpoint's positions bound every engine's context (max_model_len <= max_position_embeddings).
+        context = load_config(self.model_path).max_position_embeddings
+        self.prompt_limit = (protocol.prompt_byte_limit(self.tokenizer, context), context)
+
     def process(self, inputs: dict, request) -> dict:
         # An unknown /generate JSON field arrives as a request parameter: reject it here so the ensemble
         # fails fast with a clear message (the `ouro` front checks its own request).
         protocol.check_parameters(request.parameters())
+        protocol.check_prompt_bytes(inputs, "text_input", *self.prompt_limit)
         parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS)
         return protocol.tokenize_arrays(self.tokenizer, parsed.prompt)
 
