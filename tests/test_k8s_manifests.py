@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import inspect
 import re
 import shutil
 import socket
@@ -343,7 +342,7 @@ def test_model_volume(deployment, container, rendered, serve_args):
     assert [v["persistentVolumeClaim"]["claimName"] for v in loader["spec"]["volumes"]] == [pvc["metadata"]["name"]]
 
 
-def test_security_context(deployment, container):
+def test_security_context(deployment, container, serve_args):
     pod = deployment["spec"]["template"]["spec"]
     psc, csc = pod.get("securityContext", {}), container["securityContext"]
     assert psc.get("runAsNonRoot") is True or csc.get("runAsNonRoot") is True
@@ -352,8 +351,8 @@ def test_security_context(deployment, container):
     assert csc["allowPrivilegeEscalation"] is False
     assert csc.get("privileged", False) is False
     assert csc["capabilities"]["drop"] == ["ALL"] and not csc["capabilities"].get("add")
-    # SIGTERM -> ouro-serve stops tritonserver gracefully, waiting up to TritonServer.stop's timeout.
-    stop_timeout = inspect.signature(serve.TritonServer.stop).parameters["timeout"].default
+    # SIGTERM -> ouro-serve stops tritonserver gracefully, waiting up to --stop-grace seconds.
+    stop_timeout = serve_args.stop_grace
     pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
     pre_stop_s = int(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0
     assert pod["terminationGracePeriodSeconds"] > stop_timeout + pre_stop_s

@@ -21,6 +21,9 @@ engine_pool) and `device` (`cuda:<i>` or `cpu`). Names (vLLM-like):
   ouro_spec_mean_accepted_length           gauge      self-speculation: tokens per row and step (1 + accepted)
   ouro_engine_stat{stat}                   gauge      every other numeric counter of engine.stats()
                                                       (launches, rounds, host_syncs, steps...)
+  ouro_server_restarts_total               counter    times ouro-serve's supervisor restarted tritonserver
+                                                      before this one ($OURO_SERVER_RESTARTS; labels model,
+                                                      version only)
 
 The engine process counts into a `MetricsBuffer` (plain numbers) and sends a `MetricsSnapshot` to the
 `ouro_engine` model every `metrics_interval_s`; there a reporter thread publishes it through
@@ -29,6 +32,7 @@ pb_utils.MetricFamily (each update is an IPC message to the server, so no hot th
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +50,14 @@ GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_
               "num_waiting": "ouro_num_requests_waiting", "num_swapped": "ouro_num_requests_swapped",
               "spec_acceptance_rate": "ouro_spec_acceptance_rate", "prefix_cache_hit_rate": "ouro_prefix_cache_hit_rate",
               "spec_mean_accepted_length": "ouro_spec_mean_accepted_length"}
+RESTARTS_ENV = "OURO_SERVER_RESTARTS"  # set by ouro-serve (entrypoints/serve.py Supervisor) for each server
+
+
+def server_restarts() -> int:
+    try:
+        return max(0, int(os.environ.get(RESTARTS_ENV, "0")))
+    except ValueError:
+        return 0
 
 
 @dataclass
@@ -173,6 +185,12 @@ class EngineMetrics:
         ]}
         success = family("ouro_request_success_total", "Finished requests by finish reason", MF.COUNTER)
         stat = family("ouro_engine_stat", "Engine counters from LLMEngine.stats()", MF.GAUGE)
+        # A counter that a new server starts at the count so far: it only grows while ouro-serve runs.
+        restarts = family("ouro_server_restarts_total", "tritonserver restarts by ouro-serve before this server",
+                          MF.COUNTER)
+        self._restarts = restarts.Metric(labels={"model": model_name, "version": str(model_version)})
+        if server_restarts():
+            self._restarts.increment(server_restarts())
         self._series = [_Series({"model": model_name, "version": str(model_version), "engine": str(i),
                                  "device": device}, counters, hists, gauges, success, stat)
                         for i, device in enumerate(devices)]
@@ -211,6 +229,7 @@ class EngineMetrics:
             self.enabled = False
             # Metrics before their families (the stub refuses the other order).
             self._series = []
+            self._restarts = None
             self._families = []
 
 

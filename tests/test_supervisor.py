@@ -1,0 +1,357 @@
+"""`ouro-serve`'s supervision and local privacy against a REAL tritonserver (Triton 2.51) on the toy checkpoint.
+
+One supervised server for the first three tests (entrypoints/serve.py Supervisor, in a thread, with an admin
+key and `private_shm="off"`: its shared-memory regions are in this host's /dev/shm, chmod 0600 by the
+launcher), in order: a 4.5 MB form POST crashes tritonserver (Triton 2.51's SIGSEGV) and the supervisor
+serves again; a killed `ouro` stub drops its clients and the server is restarted; a second local user can
+neither read the regions nor use the shared-memory API without the key. The last test runs `ouro-serve`
+itself (a private /dev/shm in a mount namespace where it can make one) and stops it with SIGTERM.
+
+The 60 s / 10 s / 15 s bounds are the requirements under test, not measurements of speed.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from client.ouro_client import generate, request_options
+from helpers import wait_for
+from ouro_backend.entrypoints.serve import (ADMIN_HEADER, GRPC_ADMIN_HEADER, ServerError, Supervisor, TritonServer, child_stubs,
+                                            find_tritonserver, free_port, group_members)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.timeout(300)
+
+ENGINE_ARGS = {"device": "cpu", "dtype": "float32"}
+PROMPT = "Once upon a time there was a little robot who"
+KEY = "test-admin-key-0123456789"
+OTHER_USER = "ouro-test-other"
+SHORT = request_options(max_tokens=8, temperature=0.0, stream=True)
+
+
+def _tritonserver_or_skip() -> None:
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(f"no tritonserver available: {e}")
+
+
+def restarts_metric(server: TritonServer) -> float:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    found = re.findall(r'^ouro_server_restarts_total\{[^}]*model="ouro_engine"[^}]*\} (\S+)$', text, re.M)
+    assert found, "no ouro_server_restarts_total on the metrics port"
+    return float(found[0])
+
+
+def shm_regions(server_pid: int) -> dict[int, str]:
+    """{stub pid: its shared-memory region's name} (the stub's argv[2], what `ps` shows anyone)."""
+    out = {}
+    for pid in child_stubs(server_pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        out[pid] = argv[2].decode().lstrip("/")
+    return out
+
+
+def group_alive(pgid: int) -> bool:
+    return bool(group_members(pgid))
+
+
+def served(url: str) -> bool:
+    r = generate(url, "ouro", PROMPT, SHORT, timeout=60)
+    return r.error is None and r.num_tokens == 8
+
+
+def other_user() -> str:
+    """A second local user (created when missing); skips unless this runs as root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run commands as a second local user")
+    if not shutil.which("runuser"):
+        pytest.skip("no runuser")
+    if subprocess.run(["id", "-u", OTHER_USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                       check=True, capture_output=True)
+    return OTHER_USER
+
+
+def as_other(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", other_user(), "--", *cmd], capture_output=True, text=True, timeout=60,
+                          cwd="/")
+
+
+@pytest.fixture(scope="module")
+def supervised(toy_path, request):
+    _tritonserver_or_skip()
+    server = TritonServer(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1", http_port=free_port(),
+                          grpc_port=free_port(), metrics_port=free_port(), admin_key=KEY, private_shm="off")
+    print(f"\ntritonserver log: {server.log_file}", flush=True)
+    sup = Supervisor(server, ready_timeout=240)
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", sup.run()), name="supervisor", daemon=True)
+    thread.start()
+    failed_before = request.session.testsfailed
+    try:
+        assert sup.ready.wait(240), f"not ready; log {server.log_file}:\n{server.log_tail()}"
+        yield sup
+    finally:
+        last_pid = server.pid
+        sup.request_stop()
+        thread.join(60)
+        if request.session.testsfailed > failed_before:
+            print(f"\n--- tritonserver log tail ({server.log_file}) ---\n{server.log_tail(100)}")
+        assert not thread.is_alive(), "the supervisor did not stop"
+        assert result.get("code") == 0
+        assert server.stale_files() == [], "stop() left files behind"
+        assert not group_alive(last_pid)
+
+
+def test_large_form_post_crash_is_restarted_and_cleaned(supervised):
+    """Triton 2.51 dies with SIGSEGV on a form-encoded POST body of ~4 MB or more; the supervisor removes
+    what the dead server left (engine socket, key, manifest; shared-memory regions), restarts it, and it
+    serves again within 60 s, with the restart counted in ouro_server_restarts_total."""
+    server = supervised.server
+    pid, before = server.pid, supervised.restarts
+    regions = shm_regions(pid)
+    assert regions and all(name.startswith(server.shm_prefix) for name in regions.values())
+    for name in regions.values():  # made 0600 by the launcher's guard (Triton makes them 0644)
+        assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o600, name
+    stale = server.stale_files()
+    assert {re.sub(r".*engine-\d+-ouro_engine", "", p) for p in stale} >= {"-0.sock", "-0.sock.key", ".json"}, stale
+    assert served(server.grpc_url)
+
+    crashed = time.monotonic()
+    body = b"a" * 4_500_000
+    req = urllib.request.Request(f"http://{server.http_url}/v2/health/ready", data=body,
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen(req, timeout=30)
+    assert wait_for(lambda: server.pid != pid, timeout=30), "tritonserver did not die (or was not restarted)"
+    # Removed before the new server starts, and nothing of the old process group is left.
+    assert [p for p in stale if os.path.exists(p)] == []
+    assert [n for n in regions.values() if os.path.exists(f"/dev/shm/{n}")] == []
+    assert not group_alive(pid)
+
+    assert wait_for(lambda: supervised.ready.is_set() and served(server.grpc_url), timeout=60 - (time.monotonic() - crashed),
+                    interval=0.5), f"not serving 60 s after the crash; log {server.log_file}:\n{server.log_tail()}"
+    print(f"\ncrash -> ready: {supervised.recoveries[-1]:.1f} s; crash -> served: {time.monotonic() - crashed:.1f} s")
+    assert supervised.restarts == before + 1
+    assert restarts_metric(server) == supervised.restarts
+    assert "exited with code -11 (SIGSEGV)" in server.log_text() or "Signal (11)" in server.log_text()
+
+
+def test_killed_stub_drops_its_streams_and_the_server_is_restarted(supervised):
+    """A dead `ouro` stub leaves Triton 2.51 unable to serve while it says ready: the supervisor kills the
+    server's process group, so every open stream ends with an error within 10 s, and serves again."""
+    server = supervised.server
+    pid, before = server.pid, supervised.restarts
+    ouro_stubs = [p for p, (_, model) in child_stubs(pid).items() if model == "ouro"]
+    assert len(ouro_stubs) == 2, child_stubs(pid)
+    opts = request_options(max_tokens=1900, ignore_eos=True, temperature=0.0, stream=True)
+    n = 3
+    started = [threading.Event() for _ in range(n)]
+    results: dict = {}
+
+    def run(i):
+        results[i] = generate(server.grpc_url, "ouro", PROMPT, opts, timeout=60, on_chunk=lambda c: started[i].set())
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    assert all(e.wait(60) for e in started), "the streams did not start"
+    killed = time.monotonic()
+    os.kill(ouro_stubs[0], signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=30)
+    for i in range(n):
+        r = results[i]
+        assert r.error is not None, f"stream {i} ended without an error ({r.num_tokens} tokens)"
+        assert r.end - killed < 10, f"stream {i} failed only {r.end - killed:.1f} s after the kill: {r.error}"
+    print(f"\nstub killed -> every stream failed: {max(r.end for r in results.values()) - killed:.1f} s "
+          f"({results[0].error[:80]!r})")
+    assert wait_for(lambda: supervised.ready.is_set() and server.pid != pid and served(server.grpc_url),
+                    timeout=120, interval=0.5), server.log_tail()
+    assert supervised.restarts == before + 1
+    assert "Python backend stub of model 'ouro'" in server.log_text()
+    assert not group_alive(pid)
+
+
+def test_second_local_user_cannot_read_shm_or_use_admin_apis(supervised):
+    """Another local user sees the shared-memory regions' names (`ps`) but cannot read them, and the
+    shared-memory API refuses anyone without the admin key (HTTP and gRPC); with the key it works."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+    from tritonclient.utils import InferenceServerException
+
+    server = supervised.server
+    regions = shm_regions(server.pid)
+    assert regions
+    for name in regions.values():
+        r = as_other("cat", f"/dev/shm/{name}")
+        assert r.returncode != 0 and "Permission denied" in r.stderr, (name, r.returncode, r.stderr)
+
+    def post(path: str, *headers: str) -> str:
+        r = as_other("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H",
+                     "Content-Type: application/json", *[a for h in headers for a in ("-H", h)], "-d",
+                     json.dumps({"key": "/ouro_test_region", "offset": 0, "byte_size": 64}),
+                     f"http://{server.http_url}{path}")
+        return r.stdout
+
+    assert post("/v2/systemsharedmemory/region/x/register") == "403"
+    assert post("/v2/cudasharedmemory/region/x/register") == "403"
+    assert post("/v2/repository/index") == "403"
+    assert post("/v2/systemsharedmemory/region/x/register", f"{ADMIN_HEADER}: wrong") == "403"
+    assert post("/v2/systemsharedmemory/region/x/register", f"{ADMIN_HEADER}: {KEY}") != "403"
+
+    region = shm.create_shared_memory_region("ouro_test_region", "/ouro_test_region", 64)
+    try:
+        http = httpclient.InferenceServerClient(server.http_url)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        for client in (http, grpc):
+            with pytest.raises(InferenceServerException, match="restricted"):
+                client.register_system_shared_memory("r", "/ouro_test_region", 64)
+        # gRPC: tritonserver expects the header with its prefix triton-grpc-protocol-.
+        with pytest.raises(InferenceServerException, match="restricted"):
+            grpc.register_system_shared_memory("r", "/ouro_test_region", 64, headers={ADMIN_HEADER: KEY})
+        grpc.register_system_shared_memory("r", "/ouro_test_region", 64, headers={GRPC_ADMIN_HEADER: KEY})
+        assert "/ouro_test_region" in json.dumps(http.get_system_shared_memory_status(headers={ADMIN_HEADER: KEY}))
+        http.unregister_system_shared_memory("r", headers={ADMIN_HEADER: KEY})
+        # Inference, health, metadata, statistics and model config stay open.
+        assert http.is_server_ready() and http.get_model_metadata("ouro") and http.get_model_config("ouro")
+        assert http.get_inference_statistics("ouro")
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
+def test_sigterm_stops_ouro_serve_cleanly(toy_path, tmp_path):
+    """`ouro-serve` with defaults (a private /dev/shm where possible, a random admin key in a private file):
+    both models serve; a SIGTERM stops it within 15 s, exit code 0, with no file or process left."""
+    _tritonserver_or_skip()
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "OURO_ADMIN_KEY"}
+    cmd = [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--model", toy_path, "--address", "127.0.0.1",
+           "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--devices", "cpu",
+           "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--log-file", str(tmp_path / "log")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: "queue.Queue[str]" = queue.Queue()
+    output: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            output.append(line)
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 240
+        ready = None
+        while ready is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            ready = re.search(r"ouro-serve: ready \(tritonserver pid (\d+)", line)
+        assert ready, "".join(output) + (tmp_path / "log").read_text(errors="replace")[-4000:]
+        time.sleep(0.5)  # the banner's remaining lines
+        text = "".join(output)
+        server_pid = int(ready.group(1))
+        key_file = re.search(r"the key in (\S+)", text).group(1)
+        assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+        key = open(key_file).read().strip()
+        assert len(key) >= 32 and key not in text
+        namespace = "private /dev/shm (mount namespace)" in text
+        regions = shm_regions(server_pid)
+        assert regions
+        for stub, name in regions.items():
+            if namespace:  # only inside the server's mount namespace
+                assert not os.path.exists(f"/dev/shm/{name}")
+                assert os.path.exists(f"/proc/{stub}/root/dev/shm/{name}")
+                if os.geteuid() == 0:
+                    r = as_other("cat", f"/proc/{stub}/root/dev/shm/{name}")
+                    assert r.returncode != 0, r
+            else:
+                assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o600
+        for model in ("ouro", "ouro_ensemble"):
+            r = generate(f"127.0.0.1:{grpc}", model, PROMPT, SHORT, timeout=60)
+            assert r.error is None and r.num_tokens == 8, (model, r.error)
+        engine_files = glob.glob(f"/tmp/ouro-triton-{os.getuid()}/engine-{server_pid}-*")
+        assert engine_files
+
+        stopping = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - stopping
+        print(f"\nSIGTERM -> exit: {took:.1f} s (private /dev/shm: {namespace})")
+        assert code == 0, "".join(output)
+        assert took < 15, f"ouro-serve took {took:.1f} s to stop"
+        assert [p for p in engine_files if os.path.exists(p)] == []
+        assert glob.glob(f"/tmp/ouro-triton-{os.getuid()}/engine-{server_pid}-*") == []
+        assert [n for n in regions.values() if os.path.exists(f"/dev/shm/{n}")] == []
+        assert not os.path.exists(key_file)
+        assert not group_alive(server_pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_restricted_api_options_and_a_users_own(toy_path):
+    """With a key, tritonserver gets both restricted-API options; a user's own option for one protocol
+    replaces ours there (tritonserver refuses an API named twice), and each start has its own shm prefix."""
+    _tritonserver_or_skip()
+    ours, _ = TritonServer(model=toy_path, admin_key=KEY).command()
+    assert [a for a in ours if "restricted" in a] == [
+        f"--http-restricted-api=shared-memory,model-repository,logging,trace:{ADMIN_HEADER}={KEY}",
+        f"--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:{ADMIN_HEADER}={KEY}"]
+    mine = "--http-restricted-api=shared-memory:my-key=1"
+    server = TritonServer(model=toy_path, admin_key=KEY, extra_args=[mine])
+    cmd, _ = server.command()
+    assert [a for a in cmd if "restricted" in a] == [
+        f"--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:{ADMIN_HEADER}={KEY}", mine]
+    assert not any("restricted" in a for a in TritonServer(model=toy_path).command()[0])
+    with pytest.raises(ServerError, match="admin key"):
+        TritonServer(model=toy_path, admin_key="a key with spaces")
+    first = server.shm_prefix
+    assert f"--backend-config=python,shm-region-prefix-name={first}" in cmd
+    assert TritonServer(model=toy_path).shm_prefix != first
+
+
+def test_gives_up_after_consecutive_failed_restarts(toy_path):
+    """A server that dies and then cannot start again (here tritonserver refuses an option) is retried
+    `max_failed_starts` times, then run() gives up with exit code 1 and says so."""
+    _tritonserver_or_skip()
+    server = TritonServer(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1", http_port=free_port(),
+                          grpc_port=free_port(), metrics_port=free_port())
+    said: list[str] = []
+    sup = Supervisor(server, ready_timeout=240, max_failed_starts=2, backoff_s=0.1, log=said.append)
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", sup.run()), daemon=True)
+    thread.start()
+    try:
+        assert sup.ready.wait(240), server.log_tail()
+        server.extra_args.append("--no-such-option=1")  # every later start fails at once
+        os.kill(server.pid, signal.SIGKILL)
+        thread.join(240)
+        assert not thread.is_alive()
+    finally:
+        sup.request_stop()
+        thread.join(60)
+    assert result["code"] == 1, said
+    assert sup.restarts == 2 and "giving up: 2 restart(s) in a row did not reach readiness" in said[-1], said
+    assert "exited with code -9 (SIGKILL)" in said[0]
+    assert "exited with code 1 before it was ready" in said[1], said
+    assert server.proc is None and server.stale_files() == []
