@@ -16,7 +16,8 @@ from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.engine import round_trace
 from ouro_backend.engine.round_trace import summarize
-from ouro_backend.serving.engine_process import EngineClient, EngineProcessError, engine_address, start_engine_process
+from ouro_backend.serving.engine_process import (EngineClient, EngineProcessError, engine_address, key_path,
+                                                start_engine_process)
 
 GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
 LONG = 1000  # tokens: far more than a test waits for, within the toy's context
@@ -242,18 +243,23 @@ def test_engine_process_exits_when_its_owner_is_killed(toy_path, tmp_path):
 def test_killed_engine_process_is_reported(toy_path):
     inbox = Inbox()
     config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=2)
-    client, proc = start_engine_process(config, engine_address("killed", os.getpid()), inbox.on_message,
-                                        inbox.on_close)
-    client.add("x", [5, 6], SamplingParams(max_tokens=LONG, ignore_eos=True, temperature=0.0))
-    inbox.pump(lambda: "x" in inbox.tokens)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while not inbox.closed and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert inbox.closed
-    with pytest.raises(EngineProcessError, match="gone"):
-        client.add("y", [5], SamplingParams())
+    address = engine_address("killed", os.getpid())
+    client, proc = start_engine_process(config, address, inbox.on_message, inbox.on_close)
+    try:
+        client.add("x", [5, 6], SamplingParams(max_tokens=LONG, ignore_eos=True, temperature=0.0))
+        inbox.pump(lambda: "x" in inbox.tokens)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not inbox.closed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert inbox.closed
+        with pytest.raises(EngineProcessError, match="gone"):
+            client.add("y", [5], SamplingParams())
+    finally:  # a killed engine cannot remove its socket and key (ouro-serve's supervisor does, for a server)
+        for path in (address, key_path(address)):
+            if os.path.lexists(path):
+                os.unlink(path)
 
 
 def test_overlap_hook_runs_every_launch_and_changes_nothing(toy_path):
