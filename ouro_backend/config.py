@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 
@@ -70,19 +70,12 @@ class OuroConfig:
     eos_token_id: tuple[int, ...] = ()
 
     @property
-    def num_loops(self) -> int:
-        return self.total_ut_steps
-
-    @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
-
-    def kv_bytes_per_token_plane(self, dtype_bytes: int) -> int:
-        return self.num_hidden_layers * 2 * self.kv_size * dtype_bytes
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "OuroConfig":
@@ -179,8 +172,7 @@ class EngineConfig:
     eos_token_ids: Optional[list[int]] = None  # None: generation_config.json / config.json
     seed: int = 0  # seeds random_lookahead's gate and unseeded sampling
     cuda_graphs: bool = True  # capture the recurrent core per row/token bucket (CUDA + triton backend)
-    # Larger rounds run eagerly. Eager rounds are bound by the host launching ~220 kernels: on the H200 an
-    # eager 2,048-token round took 13-22 ms against 9 ms as a graph (benchmarks/round_anatomy.py).
+    # Rounds with more prompt tokens than this run eagerly (docs/engine.md, "CUDA graphs").
     cuda_graph_max_tokens: int = 2048
     # Launch N+1 before reading launch N's tokens back, so host work overlaps the GPU (docs/engine.md).
     # Exits are decided on the device, so no round waits for the host. False: every launch is read back
@@ -199,7 +191,7 @@ class EngineConfig:
     # (exact under both layouts; when it is full, recompute). auto: recompute for last_exited, swap for shared.
     preemption_mode: str = "auto"
     # Share full prompt blocks between requests by content (docs/kv-memory.md); last_exited only. None: on
-    # under last_exited (measured on the H200: no loss on unshared prompts), off under shared.
+    # under last_exited, off under shared.
     enable_prefix_caching: Optional[bool] = None
     swap_space_gib: float = 4.0
     # Self-speculative decoding (docs/engine.md): the first `spec_draft_loops` loops draft `spec_tokens`
@@ -217,7 +209,6 @@ class EngineConfig:
     # running ones, and more are refused at once as busy (Triton UNAVAILABLE, HTTP 503).
     request_timeout_s: float = 600.0
     max_waiting_requests: int = 256
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_model_path(self) -> Optional[str]:
         return self.model or os.environ.get(MODEL_PATH_ENV) or None
@@ -291,7 +282,7 @@ class EngineConfig:
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+        return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
     def from_strings(cls, values: dict[str, str]) -> "EngineConfig":
@@ -299,7 +290,7 @@ class EngineConfig:
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, raw in values.items():
-            if key not in types or key == "extra":
+            if key not in types:
                 raise ConfigError(f"unknown engine option {key!r}; known options: {', '.join(cls.field_names())}")
             kwargs[key] = parse_value(key, str(raw).strip(), str(types[key]))
         return cls(**kwargs).validate()

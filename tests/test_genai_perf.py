@@ -22,7 +22,7 @@ REQUESTS, CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS = 6, 2, 16, 8
 
 
 @pytest.mark.timeout(480)  # server start (shared by the module) + genai-perf's start (transformers) + the run
-def test_genai_perf_recipe_against_server(server, toy_path, tmp_path):
+def test_genai_perf_recipe_against_server(server, toy_path, tmp_path):  # noqa: F811 (the fixture)
     try:
         report = recipe.run(server.grpc_url, "ouro", concurrency=CONCURRENCY, request_count=REQUESTS,
                             input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, tokenizer=toy_path,

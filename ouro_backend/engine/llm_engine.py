@@ -26,7 +26,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, StopChecker
 from .speculation import mean_accepted_length
 
-log = logging.getLogger("ouro_backend")
+log = logging.getLogger(__name__)
 Prompt = Union[str, list[int]]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -8,7 +8,7 @@ import torch
 from ..config import ConfigError
 from ..model.attention import AttentionMetadata
 
-log = logging.getLogger("ouro_backend")
+log = logging.getLogger(__name__)
 RESERVE_BYTES = 1 << 30  # CUDA graph pools, cuBLAS workspaces, fragmentation
 
 

@@ -36,7 +36,7 @@ from .sequence import Sequence
 from .speculation import REC_ACCEPTED, REC_DRAFTED, spec_record, spec_step
 from .swap import SwapStore
 
-log = logging.getLogger("ouro_backend")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -613,9 +613,7 @@ class ModelRunner:
         """Inside a capture: copy the graph's outputs (prompt tokens' loop output, decode rows' logits) into
         buffers that all graphs share, so that its own, in the graphs' memory pool, are free when the
         capture ends and later graphs reuse that memory. A launch reads its graph's outputs before the next
-        launch replays another. The graphs took 9.6 GiB at max_num_seqs=512 on the H200 (3.4 GiB at 256)
-        when each kept its own, about what the fp32 logits [rows, vocab] of every bucket and sampler mode add
-        up to (9.4 and 3.2 GiB); with shared buffers, 1.8 GiB (0.9 GiB)."""
+        launch replays another (docs/engine.md, "Measurements behind the design": graph memory)."""
         if out is not None:
             out = self.g_out[: out.shape[0]].copy_(out)
         if logits is not None:

@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Optional
 
-log = logging.getLogger("ouro_backend.engine.round_trace")
+log = logging.getLogger(__name__)
 
 ENV = "OURO_ENGINE_TRACE"
 COLUMNS = ["start_s", "step_s", "prefill_tokens", "decode_rows", "rounds", "emitted", "running"]

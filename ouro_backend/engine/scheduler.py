@@ -38,7 +38,7 @@ from .kv_cache import KVCache
 from .sequence import Sequence, Status
 from .speculation import SpecPolicy
 
-log = logging.getLogger("ouro_backend")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -45,7 +45,7 @@ from ..engine.llm_engine import LLMEngine
 from ..engine.speculation import mean_accepted_length
 from ..sampling_params import SamplingParams
 
-log = logging.getLogger("ouro_backend.entrypoints.bench")
+log = logging.getLogger(__name__)
 
 
 def ensure_shape_checkpoint(shape: str, loop_change: float = 1.0) -> str:

@@ -18,8 +18,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine options (see ouro_backend/config.py)")
     taken = set(parser._option_string_actions)
     for f in dataclasses.fields(EngineConfig):
-        if f.name == "extra":
-            continue
         flag = "--" + f.name.replace("_", "-")
         if flag in taken:  # a per-request flag of the same name exists: the engine's gets a prefix
             flag = "--engine-" + f.name.replace("_", "-")

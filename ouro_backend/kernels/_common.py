@@ -10,7 +10,6 @@ and bf16 tensor-core dots are used; the code paths differ only in those two plac
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -50,10 +49,6 @@ def sm_count(device: torch.device) -> int:
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
-
-
-def interpreter_env() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit

@@ -18,7 +18,6 @@ On CPU tensors without ``TRITON_INTERPRET=1`` the public functions fall back to 
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -385,6 +384,3 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         )
     return out
 
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)

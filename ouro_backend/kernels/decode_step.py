@@ -3,10 +3,8 @@ owns the state and its torch twins (``ouro_backend/engine/decode_step.py``, same
 calls these on CUDA; the state's layout comes in as ``cols`` (column name -> index), so the kernels need
 nothing from the engine.
 
-In torch the two steps are dozens of small launches a round (counted from the code: about seventy);
-with them a 64-row decode graph replayed alone took 1.895 ms on the H200, against 1.66 ms for the previous
-engine's graph (benchmarks/results/2026-12-01-h200-device-state/), and full depth ran 4-7% slower. With
-these kernels full depth was back at the previous engine's speed (same results folder, fused/).
+In torch the two steps are dozens of small launches a round (about seventy); fused, they are two
+(docs/engine.md, "Measurements behind the design").
 
 ``prepare`` writes the loop's inputs (position, KV slot, sequence length, the plane's block table, the
 input row: the token's embedding at loop 1, else the carried hidden state, and the slot of the position
@@ -24,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..config import ExitMode
-from ._common import next_pow2, use_triton
+from ._common import next_pow2
 
 _MODES = {ExitMode.OURO: 0, ExitMode.OURO_DELAYED: 1, ExitMode.RANDOM_LOOKAHEAD: 2, ExitMode.TRACE: 3,
           ExitMode.FIXED: 4}
@@ -68,11 +66,6 @@ def _prepare_kernel(
         e = tl.load(embed_ptr + tok * stride_emb + hh, mask=hh < H)
         x = tl.load(hidden_ptr + s * stride_hid + hh, mask=hh < H)
         tl.store(h_ptr + i * stride_h + hh, tl.where(first, e, x), mask=hh < H)
-
-
-def usable(t: torch.Tensor) -> bool:
-    """Whether the kernels can run on tensors like `t` (CUDA, or Triton's interpreter)."""
-    return use_triton(_prepare_kernel, t)
 
 
 def prepare(state, idx: torch.Tensor, embed: torch.Tensor, block_size: int, last_exited: bool,

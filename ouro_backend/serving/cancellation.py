@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable
 
-log = logging.getLogger("ouro_backend.serving")
+log = logging.getLogger(__name__)
 
 
 class CancelWatcher:

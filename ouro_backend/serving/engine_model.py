@@ -33,7 +33,7 @@ from .options import (ServingOptions, decoupled_model_config, engine_options, re
                       typed_options)
 from .streams import StreamingModel
 
-log = logging.getLogger("ouro_backend.serving")
+log = logging.getLogger(__name__)
 GENERATED_ID_PREFIX = "ouro-engine-"  # + 32 hex digits: the ids this model makes for requests without one
 
 

@@ -1,10 +1,8 @@
 """The engine in a process of its own, reached over sockets (the shape of vLLM V1's EngineCore).
 
 Why a process: inside a Python-backend stub, the engine loop would share one GIL with every request and
-response IPC of Triton (each `send()` and `is_cancelled()` is a round trip to the server). The design
-before this one (engine thread in a stub, BLS front) reached 19% of engine-direct on the H200; that cost
-was measured but not profiled (benchmarks/results/2026-11-29-h200/RESULTS.md). Here the child owns the
-GPU and runs `LLMEngine.step()` back to back; the Triton models only parse, route and send.
+response IPC of Triton (each `send()` and `is_cancelled()` is a round trip to the server). Here the child
+owns the GPU and runs `LLMEngine.step()` back to back; the Triton models only parse, route and send.
 
 Who talks to it:
 * the owner (the `ouro_engine` model) spawns it and holds a socketpair to it. That channel carries the
@@ -61,7 +59,7 @@ from ..sampling_params import RequestError, SamplingParams
 from .metrics import MetricsBuffer
 from .request_trace import RequestTrace
 
-log = logging.getLogger("ouro_backend.serving.engine_process")
+log = logging.getLogger(__name__)
 
 
 class Delta(NamedTuple):
@@ -374,10 +372,9 @@ class EngineServer:
     def serve(self) -> None:
         """The step loop, on the main thread. Each step's outputs are routed, counted and sent during the
         next step, while the GPU runs its loop (`ModelRunner.overlap`): host work the step loop does
-        anyway, hidden behind the GPU. A thread for it was slower: it contends for the GIL with the
-        host-bound step loop, which then stalls on every hand-back (a full decode round took 4.24 ms
-        instead of 3.22 ms; RESULTS.md). Sending a step's tokens one round later costs them that round of
-        latency, which time to first token would pay too: a request's first token therefore goes out as
+        anyway, hidden behind the GPU. Not on a thread of its own: it would contend for the GIL with the
+        host-bound step loop, which then stalls on every hand-back. Sending a step's tokens one round later
+        costs them that round of latency, which time to first token would pay too: a request's first token therefore goes out as
         soon as its step returns (a few a step; the next launch is already running, asynchronous scheduling)."""
         threading.Thread(target=self._accept, name="accept", daemon=True).start()
         threading.Thread(target=self._read, args=(self.owner,), name="owner", daemon=True).start()

@@ -32,7 +32,7 @@ from .engine_process import EngineClient, EngineProcessError
 from .options import FrontOptions, decoupled_model_config, model_config_parameters, tensor_arrays, typed_options
 from .streams import StreamingModel
 
-log = logging.getLogger("ouro_backend.serving")
+log = logging.getLogger(__name__)
 
 
 class FrontModel(StreamingModel):
@@ -119,13 +119,8 @@ class FrontModel(StreamingModel):
         return parsed, ids, f"{self.model_name}-{uuid.uuid4().hex}"
 
     def response_arrays(self, fields: dict, rid: str) -> dict:
-        # Through the engine's tensors and `postprocessing`'s function, although building the client's
-        # tensors straight from the fields costs 8.8 instead of 54 us of Python a response: on the H200 that
-        # direct path cut load.py's served throughput at C64 from 5.8-6.2K to 3.5-3.6K tok/s (same device
-        # call; benchmarks/results/2026-12-01-h200-served/). The senders then sent more, smaller responses,
-        # and load.py, then one Python process, fell behind reading them (two front instances later showed the
-        # same until load.py used several processes: benchmarks/results/2026-12-01-h200-served-ttft/). The
-        # direct path has not been measured since.
+        # Through the engine's tensors and `postprocessing`'s function: the same text as the ensemble's by
+        # construction (why not the cheaper direct path: serving/README.md, "Why `ouro` is not a BLS front").
         return protocol.postprocess_arrays(self._tokenizer, protocol.engine_response_arrays(**fields))
 
     def count_error(self) -> None:

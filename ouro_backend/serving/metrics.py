@@ -40,7 +40,7 @@ from typing import Any, Optional
 
 from .protocol import finish_reason_name
 
-log = logging.getLogger("ouro_backend.serving")
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0]

@@ -20,11 +20,8 @@ from .options import FrontOptions, ServingOptions, option_docs
 REPO_DIR = Path(__file__).resolve().parents[2] / "model_repository"
 PRE_POST_MAX_BATCH = 64
 INSTANCES = 2
-# Two stub processes for the `ouro` front: one Python process (one GIL) runs every execute() one after the other,
-# and a C64 wave of new requests waited 14.5 ms (median) on its way in. With two, 5.1 ms, and the front's own hops
-# went from 7.4 to 1.2 ms; four did no better. Those were separate H200 calls with a one-process load.py that
-# itself lagged; the same-call before/after, together with first-responses-first, is served TTFT p50 74.7 ->
-# 54.3 ms (benchmarks/results/2026-12-01-h200-served-ttft/).
+# Two stub processes for the `ouro` front: one Python process (one GIL) runs every execute() one after the
+# other (serving/README.md, "Where served TTFT goes").
 FRONT_INSTANCES = 2
 
 # Engine options listed (empty = the default) in ouro_engine/config.pbtxt; all of EngineConfig works.

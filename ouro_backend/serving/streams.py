@@ -33,7 +33,7 @@ from .engine_process import Delta, EngineProcessError, ServerBusy
 from .options import StreamOptions
 from .request_trace import RequestTrace
 
-log = logging.getLogger("ouro_backend.serving")
+log = logging.getLogger(__name__)
 
 
 class Stream:
@@ -76,8 +76,8 @@ class Stream:
 class SendQueue:
     """One sender thread's streams with a response due, oldest first; streams whose first response is due
     go before the others. On a busy server a sender is always behind (that is how responses coalesce), and
-    in a plain FIFO a first token waited for every stream queued before it: 11.8-20.5 ms of served TTFT at
-    C64 on the H200 (benchmarks/results/2026-12-01-h200-served-ttft/)."""
+    in a plain FIFO a first token would wait for every stream queued before it (serving/README.md, "Where
+    served TTFT goes")."""
 
     def __init__(self):
         self._ready = threading.Condition()

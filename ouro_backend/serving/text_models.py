@@ -21,7 +21,7 @@ from ..sampling_params import RequestError
 from . import protocol
 from .options import engine_options, resolve_model_path, tensor_arrays
 
-log = logging.getLogger("ouro_backend.serving")
+log = logging.getLogger(__name__)
 
 
 class _TokenizerModel(abc.ABC):

@@ -1,6 +1,6 @@
 """GPU check + benchmark of ``ouro_backend.kernels`` at Ouro-1.4B shapes.
 
-    python -m ouro_backend.kernels.bench_kernels [--out results.json] [--quick] [--sweep] [--no-graph]
+    python benchmarks/kernels/bench_kernels.py [--out results.json] [--quick] [--sweep] [--no-graph]
 
 For every kernel: run it once against its torch reference (bf16, H=16, kvh=16, hd=128, hidden 2048,
 intermediate 5632, block_size 16), then time it with ``triton.testing.do_bench`` (median, L2 flushed
@@ -144,7 +144,7 @@ class Runner:
 
 
 def bench_decode_attention(run: Runner, dev, gen):
-    from . import auto_num_splits, paged_attention, paged_attention_ref
+    from ouro_backend.kernels import auto_num_splits, paged_attention, paged_attention_ref
 
     ctx = CTX
     batches = DECODE_BATCHES[:2] if run.args.quick else DECODE_BATCHES
@@ -171,13 +171,13 @@ def bench_decode_attention(run: Runner, dev, gen):
                            nbytes, {"rel_err": err1}, err1 < 2e-2)
             if run.args.sweep:
                 _sweep_attention(run, name, q, kc, vc, cu, sl, bt, scale, 1, nbytes, decode=True)
-            del q, kc, vc, k_d, v_d
+            q = kc = vc = k_d = v_d = None  # the GPU memory goes before the next batch takes its own
         except Exception as e:
             run.error(name, e)
 
 
 def bench_prefill_attention(run: Runner, dev, gen):
-    from . import paged_attention, paged_attention_ref
+    from ouro_backend.kernels import paged_attention, paged_attention_ref
 
     R, n = PREFILL
     name = f"prefill_attn {R}x{n}"
@@ -197,7 +197,7 @@ def bench_prefill_attention(run: Runner, dev, gen):
                    nbytes, {"rel_err": err}, err < 2e-2, torch_fn=sdpa, flops=flops)
         if run.args.sweep:
             _sweep_attention(run, name, q, kc, vc, cu, sl, bt, scale, n, nbytes, decode=False, flops=flops)
-        del q, kc, vc, k_d, v_d
+        q = kc = vc = k_d = v_d = None  # the GPU memory goes before the next benchmark
     except Exception as e:
         run.error(name, e)
     # a mixed round: one 512-token prompt chunk (after 512 cached) + 63 decode rows at ctx 1152
@@ -220,7 +220,7 @@ def bench_prefill_attention(run: Runner, dev, gen):
 
 
 def _sweep_attention(run, name, q, kc, vc, cu, sl, bt, scale, max_q, nbytes, decode, flops=None):
-    from . import paged_attention
+    from ouro_backend.kernels import paged_attention
 
     if decode:
         grid = [dict(block_n=bn, num_warps=w, num_stages=s, num_splits=sp)
@@ -255,7 +255,7 @@ def _sweep_attention(run, name, q, kc, vc, cu, sl, bt, scale, max_q, nbytes, dec
 
 
 def bench_norms(run: Runner, dev, gen):
-    from . import rms_norm, rms_norm_ref, sandwich_norm, sandwich_norm_ref
+    from ouro_backend.kernels import rms_norm, rms_norm_ref, sandwich_norm, sandwich_norm_ref
 
     for N in TOKENS:
         name = f"rms_norm N={N}"
@@ -286,7 +286,7 @@ def bench_norms(run: Runner, dev, gen):
 
 
 def bench_rope_kv(run: Runner, dev, gen):
-    from . import build_cos_sin_cache, rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref, write_kv, write_kv_ref
+    from ouro_backend.kernels import build_cos_sin_cache, rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref, write_kv, write_kv_ref
 
     cache = build_cos_sin_cache(MAX_POS, HD, 1e6, device=dev)
     for N in TOKENS:
@@ -344,7 +344,7 @@ def bench_rope_kv(run: Runner, dev, gen):
 
 
 def bench_silu_copy(run: Runner, dev, gen):
-    from . import copy_kv_slots, copy_kv_slots_ref, silu_mul, silu_mul_ref
+    from ouro_backend.kernels import copy_kv_slots, copy_kv_slots_ref, silu_mul, silu_mul_ref
 
     for N in TOKENS:
         name = f"silu_mul N={N} I={INTER}"
@@ -382,7 +382,7 @@ def check_cuda_graph(run: Runner, dev, gen):
 
 
 def _check_cuda_graph(run: Runner, dev, gen, B):
-    from . import (auto_num_splits, build_cos_sin_cache, paged_attention, paged_attention_ref, rope_and_write_kv,
+    from ouro_backend.kernels import (auto_num_splits, build_cos_sin_cache, paged_attention, paged_attention_ref, rope_and_write_kv,
                    rope_and_write_kv_ref, sandwich_norm, sandwich_norm_ref)
 
     name = f"cuda_graph decode B={B}"

@@ -1,7 +1,7 @@
 """Compile every kernel for an NVIDIA target without a GPU (Triton's bundled ptxas), to catch code that
 runs under the CPU interpreter but does not compile for the device.
 
-    python -m ouro_backend.kernels.aot_check [--arch 90] [--ptxas-v]
+    python benchmarks/kernels/aot_check.py [--arch 90] [--ptxas-v]
 
 Signatures mimic what a real launch specialises at Ouro-1.4B shapes (bf16, H=kvh=16, hd=128, block 16):
 unit strides become constants, pointers and the other strides are marked 16-divisible. ``--ptxas-v``
@@ -46,7 +46,7 @@ def _strides(prefix: str, dims: str, unit_last=True) -> dict:
 
 def configs():
     """(label, kernel, args, launch options) for every kernel at the configs the wrappers pick."""
-    from . import activation, attention, norm, rope
+    from ouro_backend.kernels import activation, attention, norm, rope
 
     H = KVH = 16
     HD, D, BS = 128, 2048, 16
