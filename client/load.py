@@ -19,7 +19,7 @@ genai-perf cannot do: it reads Ouro's own outputs (exact token counts from `num_
 genai-perf re-tokenizes `text_output` with a Hugging Face tokenizer, and the mean loop exit depth from
 `exit_depths`), counts failed requests with samples and goes on (one failed request ends a genai-perf run),
 times its own ends of each request's hops through the server when `OURO_REQUEST_TRACE` is set
-(ouro_backend/serving/request_trace.py), and it needs neither perf_analyzer nor a tokenizer (`run_load` is a plain function; tests/test_server.py
+(ouro_backend/serving/request_trace.py), and it needs neither perf_analyzer nor a tokenizer (`run_load` is a plain function; tests/test_server_generation.py
 calls it, benchmarks/served.py runs this script).
 """
 from __future__ import annotations

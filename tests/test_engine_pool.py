@@ -2,7 +2,7 @@
 names, what each engine process sees, the manifest clients find the engines by, and a pool of two engine
 processes on the toy checkpoint: requests spread over both with the offline engine's tokens, and a killed
 engine comes back while the other serves on. Routing and per-engine streams: tests/test_streams.py; the
-same through a real tritonserver: tests/test_server.py."""
+same through a real tritonserver: tests/test_server_engines.py."""
 from __future__ import annotations
 
 import os

@@ -3,7 +3,7 @@
 checkpoint on free ports, with the toy's own tokenizer and no network (HF_HUB_OFFLINE=1).
 
 genai-perf comes from the `test` extra; a missing genai-perf fails these tests. They skip only when
-perf_analyzer cannot be located or fetched (client/perf_analyzer/locate.py, the rule of tests/test_server.py's
+perf_analyzer cannot be located or fetched (client/perf_analyzer/locate.py, the rule of tests/test_server_metrics.py's
 perf_analyzer test) or when there is no tritonserver (as every real-server test does).
 """
 from __future__ import annotations
@@ -12,8 +12,6 @@ import json
 import os
 
 import pytest
-# The real-server fixture of tests/test_server.py (module-scoped: this module starts its own server with it).
-from test_server import server  # noqa: F401
 
 from client.genai_perf import run_genai_perf as recipe
 from client.perf_analyzer.locate import PerfAnalyzerUnavailable
@@ -22,7 +20,7 @@ REQUESTS, CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS = 6, 2, 16, 8
 
 
 @pytest.mark.timeout(480)  # server start (shared by the module) + genai-perf's start (transformers) + the run
-def test_genai_perf_recipe_against_server(server, toy_path, tmp_path):  # noqa: F811 (the fixture)
+def test_genai_perf_recipe_against_server(server, toy_path, tmp_path):
     try:
         report = recipe.run(server.grpc_url, "ouro", concurrency=CONCURRENCY, request_count=REQUESTS,
                             input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, tokenizer=toy_path,

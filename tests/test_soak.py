@@ -27,7 +27,8 @@ import time
 import pytest
 
 from client.ouro_client import build_inputs, generate, request_options
-from test_server import _server_or_skip, metrics, wait_for
+from helpers import wait_for
+from server_common import metrics, server_or_skip
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -128,7 +129,7 @@ def test_soak_churn_preemption_and_cancellation(soak_model):
     # Prefix caching on: the shared-prefix prompts hit it, under preemption and cancellation.
     engine_args = dict(device="cpu", dtype="float32", num_blocks=1100, max_num_seqs=CLIENTS,
                        enable_prefix_caching="true")
-    srv = _server_or_skip(model=soak_model, engine_args=engine_args, address="127.0.0.1")
+    srv = server_or_skip(model=soak_model, engine_args=engine_args, address="127.0.0.1")
     specs = request_specs()
     try:
         srv.start(timeout=300)
