@@ -50,6 +50,7 @@ class ExitPolicy:
         """fp32 [rows] gate values for the rows of h."""
         if self.mode is ExitMode.RANDOM_LOOKAHEAD:
             w = self.lookahead_w
+            assert w is not None  # set in __init__ for this mode
             return torch.sigmoid(h.float() @ w[:-1] + w[-1])
         return model.gate(h)
 
@@ -59,11 +60,13 @@ def exit_rule(mode: ExitMode, x: ExitInputs, lam: Optional[torch.Tensor]) -> tup
     no gate). The returned state is what loop r+1 carries; a row that exits starts afresh."""
     r = x.loop
     if mode is ExitMode.TRACE:
+        assert x.trace_depth is not None  # the trace mode's inputs carry it
         return r >= x.trace_depth, x.remaining, x.pending
     at_max = r >= x.max_loops
     if mode is ExitMode.FIXED:
         return at_max, x.remaining, x.pending
     gated = x.threshold < 1.0
+    assert lam is not None  # the gated modes read the gate (ExitPolicy.needs_gate)
     if mode is ExitMode.RANDOM_LOOKAHEAD:
         fire = lam.double() >= x.threshold
         exit_now = at_max | (gated & x.pending & (r >= x.min_loops))

@@ -23,6 +23,8 @@ import torch
 from ..config import KVLayout
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .prefix_cache import PrefixCache
 
 
@@ -97,7 +99,7 @@ class KVCache:
         can ever hold)."""
         return sum(self.blocks_for(self._plane_len(p, prompt_len, horizon)) for p in range(self.num_loops))
 
-    def allocate(self, prompt_len: int, horizon: int, shared: tuple = ()) -> list[list[int]]:
+    def allocate(self, prompt_len: int, horizon: int, shared: Sequence[tuple[int, ...]] = ()) -> list[list[int]]:
         """One block table per plane (T of them; SHARED's first T-1 cover only the prompt). `shared`: leading
         blocks that are already there (prefix-cache hits), one tuple per block with one id per plane."""
         return [[b[p] for b in shared] + self.take(self.blocks_for(self._plane_len(p, prompt_len, horizon))

@@ -6,7 +6,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Optional, Sequence as Seq, Union
+from typing import Optional, Sequence as Seq, Union, cast
 
 import torch
 
@@ -236,8 +236,8 @@ class LLMEngine:
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
-        for seq in inbox:
-            self.scheduler.add(seq)
+        for new in inbox:
+            self.scheduler.add(new)
         changed: dict[str, Sequence] = {}
         failed: dict[str, tuple[Sequence, str]] = {}  # request id -> (request, message): ended with an error
         for rid in aborts:
@@ -259,9 +259,9 @@ class LLMEngine:
             else:
                 done = launched
             emitted = self.runner.collect(done) if done is not None else []
-        except Exception as e:
+        except Exception as exc:
             log.exception("engine step: the launch failed; ending its requests")
-            message = _message(e)
+            message = _message(exc)
             for seq in self._requests_of(plan, done):
                 self._fail(seq, message, failed)
             self._in_flight = None
@@ -334,6 +334,7 @@ class LLMEngine:
             if (e.token in self.eos_ids and not p.ignore_eos) or e.token in p.stop_token_ids:
                 reason = "stop"
             elif stop_text:
+                assert seq.stop.cut is not None  # set when a stop string matched
                 seq.trim_chars = len(seq.stop.text) - seq.stop.cut
                 reason = "stop"
         if reason is None and (n >= p.max_tokens or len(seq.prompt_ids) + n >= self.max_model_len):
@@ -384,8 +385,11 @@ class LLM:
     def generate(self, prompts: Union[Prompt, Seq[Prompt]],
                  params: Union[SamplingParams, Seq[SamplingParams], None] = None) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params_list = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+            prompts = [cast(Prompt, prompts)]  # one prompt: a string or token ids
+        prompts = cast("Seq[Prompt]", prompts)
+        # One SamplingParams (or None) for every prompt, else a list or tuple of one per prompt.
+        params_list = (list(params) if isinstance(params, (list, tuple))
+                       else [cast(Optional[SamplingParams], params) or SamplingParams()] * len(prompts))
         if len(params_list) != len(prompts):
             raise RequestError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
         ids = [f"offline-{next(self._counter)}" for _ in prompts]

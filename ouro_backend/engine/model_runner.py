@@ -89,7 +89,7 @@ class HostStaging:
         self.halves = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         self.views = [h.numpy() for h in self.halves]
         self.back = [torch.empty(size // 8, dtype=torch.float32, pin_memory=True) for _ in range(2)]
-        self.events = [None, None]
+        self.events: list[Optional[torch.cuda.Event]] = [None, None]
         self.cur, self.off, self.back_off = 0, 0, 0
 
     def next_round(self) -> None:
@@ -98,10 +98,11 @@ class HostStaging:
         self.events[self.cur] = ev
         self.cur ^= 1
         self.off = self.back_off = 0
-        if self.events[self.cur] is not None:
-            self.events[self.cur].synchronize()
+        prev = self.events[self.cur]
+        if prev is not None:
+            prev.synchronize()
 
-    def put(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+    def put(self, data: list | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         n = len(data)
         if self.off + n > self.views[self.cur].shape[0]:
             return torch.tensor(data, dtype=dtype).to(self.device)  # oversized: plain (synchronous) copy
@@ -150,7 +151,7 @@ class _Graph:
     tokens: int  # prompt tokens (mixed graphs)
     rows: int  # decode rows
     rec: torch.Tensor  # [rounds, 4, slots] records
-    logits: torch.Tensor  # the last round's decode-row logits [rows, V]
+    logits: Optional[torch.Tensor]  # the last round's decode-row logits [rows, V] (None: speculative graphs)
     out: Optional[torch.Tensor] = None  # mixed graphs: [tokens, H] loop output of the prompt tokens
     prefill_rows: int = 0  # mixed graphs: prompt chunks it can take
 
@@ -312,8 +313,8 @@ class ModelRunner:
             self.carry.pop(slot, None)
         if plan.released:
             self.state.release(self._to_dev(plan.released, torch.long))
-        for s in plan.swap_in:
-            own(s.seq, self.swap.restore, s.key, s.slot, s.tables)
+        for si in plan.swap_in:
+            own(si.seq, self.swap.restore, si.key, si.slot, si.tables)
         if plan.table_growth:
             slots, planes, index, blocks = zip(*plan.table_growth)
             self.state.tables.index_put_((self._to_dev(list(slots), torch.long), self._to_dev(list(planes), torch.long),
@@ -337,6 +338,7 @@ class ModelRunner:
     def _admission_row(self, seq: Sequence) -> tuple[list, list, list, list]:
         """An admitted request's host values for `DecodeState.admit` (raises for a value its row cannot hold)."""
         p = seq.params
+        assert seq.slot is not None  # admitted: it holds a slot
         row = NewRow(seq.slot, len(seq.prompt_ids), p, p.max_loops or self.num_loops,
                      self.exit_threshold if p.exit_threshold is None else p.exit_threshold, seq.seed,
                      seq.block_tables, (seq.output_ids[-1], len(seq.output_ids)) if seq.resuming else None)
@@ -373,11 +375,13 @@ class ModelRunner:
             graph.graph.replay()
             self.stats.graph_launches += 1
             if self.record_logits:  # one round a launch then: the graph keeps the last round's logits
+                assert rows is not None and graph.logits is not None  # a decode graph was picked for these rows
                 launch.logits.append([(rows, graph.logits.float().clone())])
             return graph.rec
         rec = self.state.new_record(rounds)
         logits = self._decode_steps(self._to_dev(plan.decode_slots, torch.long), rec, plan.sampler)
         if self.record_logits:  # one round a launch then
+            assert logits is not None  # rounds >= 1
             launch.logits.append([(plan.decode_slots, logits.float())])
         self.stats.eager_launches += 1
         return rec
@@ -395,6 +399,8 @@ class ModelRunner:
         N = sum(c.n for c in plan.prefill)
         graph = self._pick_mixed_graph(N, len(plan.prefill), plan.sampler)
         D = graph.rows if graph is not None else len(plan.decode_slots)
+        positions: list[int]
+        slots: list[int]
         positions, slots, cu, lens, tables, ids, first_row = [], [], list(range(D + 1)), [], [], [], []
         fill_src, fill_dst = [], []  # recomputed positions whose recorded depth is this loop: exit fill
         for c in plan.prefill:
@@ -421,6 +427,7 @@ class ModelRunner:
         parts, used = [], 0
         for c in plan.prefill:
             if c.loop == 1:
+                assert embedded is not None  # loop-1 chunks put their tokens in `ids`
                 parts.append(embedded[used: used + c.n])
                 used += c.n
             else:
@@ -438,6 +445,7 @@ class ModelRunner:
             pre.lens.copy_(self._to_dev(lens + [1] * pad_rows, torch.int32))
             pre.tables[:P].copy_(self._to_dev(tables, torch.int32).view(P, self.max_blocks))
             graph.graph.replay()
+            assert graph.out is not None  # mixed graphs have it
             out, rec = graph.out[:N].clone(), graph.rec
             self.stats.graph_launches += 1
             logits = graph.logits
@@ -455,7 +463,10 @@ class ModelRunner:
         if fill_src:
             self.model.backend.copy_kv_slots(self.kv.kv, self._to_dev(fill_src, torch.long),
                                              self._to_dev(fill_dst, torch.long))
-        round_logits = [(dec_slots, logits)] if D else []
+        round_logits: list[tuple[list[int], torch.Tensor]] = []
+        if D:
+            assert logits is not None  # the round had decode rows
+            round_logits.append((dec_slots, logits))
         done = [i for i, c in enumerate(plan.prefill) if c.loop == T and c.start + c.n == c.seq.prefill_target]
         resumed = [plan.prefill[i].slot for i in done if plan.prefill[i].seq.resuming]
         if resumed:  # the row already holds its next token: it only starts decoding
@@ -477,17 +488,19 @@ class ModelRunner:
         """One loop over decode rows `idx` (from the state; None: none) followed by prompt tokens `pre`;
         advances the decode rows and returns the prompt tokens' loop output and the decode rows' logits."""
         D = 0 if idx is None else idx.shape[0]
-        dec = self._decode_inputs(idx) if D else None
+        dec = self._decode_inputs(idx) if idx is not None and D else None  # (D > 0: idx is not None)
         cat = (lambda a, b: torch.cat([a, b])) if D else (lambda a, b: b)  # noqa: E731
-        meta = AttentionMetadata(pre.cu, cat(dec.seq_lens if D else None, pre.lens),
-                                 cat(dec.tables if D else None, pre.tables), cat(dec.slot if D else None, pre.slot),
+        # Below, `dec is not None` is D > 0.
+        meta = AttentionMetadata(pre.cu, cat(dec.seq_lens if dec is not None else None, pre.lens),
+                                 cat(dec.tables if dec is not None else None, pre.tables),
+                                 cat(dec.slot if dec is not None else None, pre.slot),
                                  max_seqlen_q=pre.max_q, max_seqlen_k=self.max_model_len,
                                  cu_seqlens_q_host=pre.cu_host,
                                  seq_lens_host=pre.lens_host if not D else None,
                                  decode_rows=D, cu_prefill=pre.cu[D:] - D if D else None)
-        out = self.model.loop(cat(dec.h if D else None, pre.h), cat(dec.pos if D else None, pre.pos), meta,
-                              self.kv.kv)
-        logits = self._advance_decode(idx, dec, out[:D], rec, mode) if D else None
+        out = self.model.loop(cat(dec.h if dec is not None else None, pre.h),
+                              cat(dec.pos if dec is not None else None, pre.pos), meta, self.kv.kv)
+        logits = self._advance_decode(idx, dec, out[:D], rec, mode) if idx is not None and dec is not None else None
         return out[D:], logits
 
     @torch.inference_mode()
@@ -500,6 +513,7 @@ class ModelRunner:
                 launch.ready.synchronize()
         elif launch is self._newest and self.device.type == "cuda":
             self.stats.host_syncs += 1
+        assert launch.host is not None  # set by launch()
         rec = launch.host.numpy()  # pinned host memory (CUDA) or the CPU record itself
         rounds, slots = np.nonzero(rec[:, ds.REC_EMITTED])
         if launch.speculative:
@@ -576,7 +590,7 @@ class ModelRunner:
         # Reserved, not allocated: what a graph uses inside itself is free to the allocator after its
         # capture yet stays in the graphs' pool for its replays.
         before = torch.cuda.memory_reserved(dev)
-        self._pool = None
+        self._pool: Optional[torch.cuda._POOL_HANDLE] = None  # the graphs' memory pool, from the first capture
         # A collection during a capture would run Python finalizers (and their CUDA frees) mid-capture and
         # costs seconds over hundreds of captures: collect once, then pause the collector until done.
         gc.collect()
@@ -640,7 +654,7 @@ class ModelRunner:
         return _PrefillInputs(self.g_h[:tokens], self.g_pos[:tokens], self.g_slot[:tokens], self.g_cu[: D + rows + 1],
                               self.g_lens[:rows], self.g_tables[:rows], tokens)
 
-    def _decode_steps(self, idx: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> torch.Tensor:
+    def _decode_steps(self, idx: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> Optional[torch.Tensor]:
         logits = None
         for r in range(rec.shape[0]):
             rows = self._decode_inputs(idx)
@@ -658,6 +672,7 @@ class ModelRunner:
         fits = [b for b in sizes if b >= n]
         if not fits:
             return None
+        b: Optional[int]
         b = min(fits)
         rows = list(plan.decode_slots)
         if b > n:  # decode slots have owners, so the free slots are the others

@@ -30,7 +30,7 @@ import heapq
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, cast
 
 from ..config import EngineConfig, KVLayout
 from ..model.sampler import SamplerMode
@@ -51,7 +51,9 @@ class PrefillChunk:
 
     @property
     def slot(self) -> int:
-        return self.seq.slot
+        slot = self.seq.slot
+        assert slot is not None  # a chunk's request is running: it holds its slot until the chunk is dropped
+        return slot
 
 
 @dataclass
@@ -128,7 +130,8 @@ class Scheduler:
         self.num_recomputes = 0  # preemptions that freed the KV (the others swapped it out)
         self._swap_sizes: dict[str, tuple[list[int], int]] = {}  # request id -> (blocks per plane, bytes)
         self._dropped: list[str] = []
-        self.chunks: dict[int, PrefillChunk] = {}  # slot -> the prompt chunk in flight
+        # slot -> the prompt chunk in flight; keyed by `Sequence.slot`, which is set while the request runs
+        self.chunks: dict[Optional[int], PrefillChunk] = {}
         self.free_slots = list(range(cfg.max_num_seqs))
         self.owners: list[Optional[Sequence]] = [None] * cfg.max_num_seqs
         self._released: list[int] = []
@@ -174,6 +177,7 @@ class Scheduler:
         counts = [len(t) for t in seq.block_tables]
         size = sum(counts) * self.kv.block_bytes
         slot = seq.slot
+        assert slot is not None  # a running request
         self.running.remove(seq)
         self._release_slot(seq)
         self.num_preemptions += 1
@@ -211,6 +215,7 @@ class Scheduler:
             self.swap_used -= size
             seq.block_tables = [self.kv.take(n) for n in need]
             self._take_slot(seq)
+            assert seq.slot is not None
             swap_in.append(SwapIn(seq, seq.slot, seq.block_tables))
 
     def _take_slot(self, seq: Sequence) -> None:
@@ -220,10 +225,12 @@ class Scheduler:
         self.running.append(seq)
 
     def _release_slot(self, seq: Sequence) -> None:
-        self.chunks.pop(seq.slot, None)
-        self._released.append(seq.slot)
-        self.owners[seq.slot] = None
-        heapq.heappush(self.free_slots, seq.slot)
+        slot = seq.slot
+        assert slot is not None  # only running requests are released
+        self.chunks.pop(slot, None)
+        self._released.append(slot)
+        self.owners[slot] = None
+        heapq.heappush(self.free_slots, slot)
         seq.slot = None
 
     def schedule(self) -> SchedulerOutput:
@@ -235,7 +242,8 @@ class Scheduler:
         preempted = self.num_preemptions > before
         if not preempted:  # a step that preempts does not resume anyone (no thrashing)
             self._swap_in(swap_in)
-        decode = [s.slot for s in self.running if s.slot not in self.chunks and not s.in_prefill]
+        # Running requests hold slots (no per-row check on this path).
+        decode = cast("list[int]", [s.slot for s in self.running if s.slot not in self.chunks and not s.in_prefill])
         budget = self.max_tokens - len(decode)
         prefill: list[PrefillChunk] = []
         for seq in self.running:
@@ -254,12 +262,18 @@ class Scheduler:
             seq.prefill_target = len(seq.prompt_ids) + max(0, len(seq.output_ids) - 1)
             hits = self._prefix_hits(seq)
             need = self.kv.blocks_needed(seq.prefill_target, self._horizon(seq)) - len(hits) * self.num_loops
-            available = self.kv.num_available - (self.kv.prefix.idle_blocks(hits) if hits else 0)
+            available = self.kv.num_available
+            if hits:
+                assert self.kv.prefix is not None  # hits come from the prefix cache
+                available -= self.kv.prefix.idle_blocks(hits)
             # The watermark keeps room for running requests to grow; alone, a request may take everything.
             if need > available - (self.watermark if self.running else 0):
                 break  # FCFS: later requests wait too, so the head cannot starve
             self.waiting.popleft()
-            shared = self.kv.prefix.acquire(hits) if hits else ()
+            shared: list[tuple[int, ...]] = []
+            if hits:
+                assert self.kv.prefix is not None
+                shared = self.kv.prefix.acquire(hits)
             seq.block_tables = self.kv.allocate(seq.prefill_target, self._horizon(seq), shared)
             seq.cached_keys = list(hits)
             seq.num_prefilled = len(hits) * self.kv.block_size
@@ -276,7 +290,9 @@ class Scheduler:
         released, self._released = self._released, []
         sampler = (SamplerMode.SAMPLE if any(s.params.temperature > 0 for s in self.running)
                    else SamplerMode.GREEDY)
-        speculate = bool(self.spec_tokens and decode and not prefill and self.spec_policy.decide(len(decode)))
+        # (spec_policy is set exactly when spec_tokens > 0)
+        speculate = bool(self.spec_policy is not None and decode and not prefill
+                         and self.spec_policy.decide(len(decode)))
         if speculate:
             rounds = 1
         dropped, self._dropped = self._dropped, []
@@ -297,14 +313,17 @@ class Scheduler:
         """The prompt's full blocks, computed now, become cache entries this request holds, in order, up to
         the first whose key another request registered meanwhile (its blocks stay private)."""
         prefix = self.kv.prefix
-        for i in range(len(seq.cached_keys), len(seq.prompt_keys or ())):
-            if not prefix.insert(seq.prompt_keys[i], tuple(t[i] for t in seq.block_tables)):
+        assert prefix is not None  # called only with prefix caching on
+        keys = seq.prompt_keys or []
+        for i in range(len(seq.cached_keys), len(keys)):
+            if not prefix.insert(keys[i], tuple(t[i] for t in seq.block_tables)):
                 return
-            seq.cached_keys.append(seq.prompt_keys[i])
+            seq.cached_keys.append(keys[i])
 
     def _free_kv(self, seq: Sequence) -> None:
         self.kv.free(seq.block_tables, keep=len(seq.cached_keys))
         if seq.cached_keys:
+            assert self.kv.prefix is not None  # cached keys are entries of the prefix cache
             self.kv.prefix.release(seq.cached_keys)
             seq.cached_keys = []
 

@@ -67,12 +67,15 @@ class EngineModel(StreamingModel):
         except EngineProcessError as e:
             self.close_streams("")
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
-        for i, client in enumerate(self.pool.clients):
-            self.router.set_client(i, client)
-        info = self.pool.clients[0].info
+        for index, client in enumerate(self.pool.clients):
+            self.router.set_client(index, client)
+        first = self.pool.clients[0]
+        assert first is not None  # start() connected every engine
+        info = first.info
         self.metrics = EngineMetrics(pb_utils, self.model_name, args.get("model_version", "1"), info.num_loops,
                                      serving.metrics_interval_s, tuple(devices))
         for slot, client in zip(self.pool.slots, self.pool.clients):
+            assert client is not None
             i = client.info
             pb_utils.Logger.log_info(
                 f"{self.model_name}: engine {slot.index} ready on {slot.device} (process {i.pid}): "
@@ -95,6 +98,7 @@ class EngineModel(StreamingModel):
             self.metrics.add("errors", 1)
 
     def _on_closed(self, index: int) -> None:
+        assert self.router is not None  # made before the pool starts
         self.router.set_client(index, None)
         self.on_engine_closed(index)
 
@@ -115,6 +119,7 @@ class EngineModel(StreamingModel):
             return None
         if parsed.request_id is not None and parsed.request_id.startswith(GENERATED_ID_PREFIX):
             raise RequestError(f"request_id may not start with {GENERATED_ID_PREFIX!r} (the model's own ids)")
+        assert isinstance(parsed.prompt, list)  # input_ids: token ids
         return parsed, parsed.prompt, parsed.request_id or f"{GENERATED_ID_PREFIX}{uuid.uuid4().hex}"
 
     def _abort_by_id(self, rid: str) -> None:

@@ -202,7 +202,9 @@ class EnginePool:
                 wait, attempt = min(2 * wait, self.RESTART_BACKOFF_S[1]), attempt + 1
                 continue
             self.restarts[index] += 1
-            self._log("info", f"engine {index} ({slot.device}): engine process {self.clients[index].info.pid} "
+            client = self.clients[index]
+            assert client is not None  # _start() set it
+            self._log("info", f"engine {index} ({slot.device}): engine process {client.info.pid} "
                               f"ready (restart {self.restarts[index]})")
             return
 

@@ -312,7 +312,8 @@ class FirstTokens:
 
     def split(self, outputs: list) -> tuple[list, list]:
         """(first-token outputs, the others)."""
-        now, later = [], []
+        now: list = []
+        later: list = []
         for out in outputs:
             (now if out.new_token_ids and out.request_id not in self.started else later).append(out)
         return now, later
@@ -416,8 +417,8 @@ class EngineServer:
                 outputs = [out for out in outputs if out.error is None]
                 self._first.sent(failed)
                 self._fail([(out.request_id, out.error) for out in failed])
-            now, self._pending = self._first.split(outputs)
-            self._send(now)
+            first, self._pending = self._first.split(outputs)
+            self._send(first)
         self._send_pending()
         self.listener.close()
         if trace:

@@ -24,13 +24,16 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import protocol
 from .engine_pool import EngineRouter, EngineSlot, read_manifest
 from .engine_process import EngineClient, EngineProcessError
 from .options import FrontOptions, decoupled_model_config, model_config_parameters, tensor_arrays, typed_options
 from .streams import StreamingModel
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class FrontModel(StreamingModel):
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
         self._slots: list[EngineSlot] = []
         self.router: Optional[EngineRouter] = None
-        self._tokenizer = None
+        self._tokenizer: Optional[Tokenizer] = None
         self._tokenizer_path: Optional[str] = None
         self._prompt_limit = (0, 0)  # (bytes, tokens): the longest prompt the engine's context can take
         self._connect_lock = threading.Lock()
@@ -115,6 +118,7 @@ class FrontModel(StreamingModel):
         self._connect_all()  # the tokenizer comes with the connections
         protocol.check_prompt_bytes(inputs, "text_input", *self._prompt_limit)
         parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS, model=self.model_name)
+        assert isinstance(parsed.prompt, str)  # text_input
         ids = protocol.tokenize_arrays(self._tokenizer, parsed.prompt)["input_ids"].reshape(-1).tolist()
         return parsed, ids, f"{self.model_name}-{uuid.uuid4().hex}"
 
@@ -126,7 +130,9 @@ class FrontModel(StreamingModel):
     def count_error(self) -> None:
         """The metrics live in `ouro_engine`: an engine process counts this error for it."""
         router = self.router
-        for i in range(len(router) if router is not None else 0):
+        if router is None:
+            return
+        for i in range(len(router)):
             client = router.clients[i]
             if client is not None and not client.closed:
                 try:
@@ -137,5 +143,6 @@ class FrontModel(StreamingModel):
 
     def finalize(self) -> None:
         self.close_streams(f"{self.model_name}: the model is being unloaded")
-        if getattr(self, "router", None) is not None:
-            self.router.close()  # each engine process aborts this connection's requests
+        router = getattr(self, "router", None)
+        if router is not None:
+            router.close()  # each engine process aborts this connection's requests

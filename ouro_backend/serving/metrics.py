@@ -82,7 +82,7 @@ class MetricsBuffer:
         self._snap = MetricsSnapshot()
         self._engine_counters = dict.fromkeys(ENGINE_COUNTERS, 0)  # their values at the last take(stats)
 
-    def add(self, key: str, n: float) -> None:
+    def add(self, key: str, n: int) -> None:
         with self._lock:
             self._snap.counters[key] += n
 
@@ -197,7 +197,7 @@ class EngineMetrics:
         self._thread = threading.Thread(target=self._run, name="ouro-metrics", daemon=True)
         self._thread.start()
 
-    def add(self, key: str, n: float) -> None:
+    def add(self, key: str, n: int) -> None:
         """Count `n` into counter `key`: what this model finds itself (errors of requests that never reached an
         engine) counts on engine 0's series."""
         if self.enabled:  # nothing would ever take it otherwise

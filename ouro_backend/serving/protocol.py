@@ -467,8 +467,10 @@ def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.nda
     scalar = lambda name, default: read_scalar(inputs, name, POST_INPUTS, default)  # noqa: E731
     ids = read_list(inputs, "output_ids", POST_INPUTS)
     depths = read_list(inputs, "exit_depths", POST_INPUTS)
+    prefix = read_list(inputs, "prefix_ids", POST_INPUTS)
+    assert ids is not None and prefix is not None  # required: checked above
     return client_response_arrays(
-        tokenizer, ids, read_list(inputs, "prefix_ids", POST_INPUTS), depths if depths is not None else [],
+        tokenizer, ids, prefix, depths if depths is not None else [],
         scalar("trim_chars", 0), scalar("num_input_tokens", 0), scalar("finish_reason", ""),
         echo_text=scalar("echo_text", ""), return_flags=tuple(bool(scalar(f, False)) for f in RETURN_FLAGS),
         spec_counts=(scalar("num_spec_drafted_tokens", 0), scalar("num_spec_accepted_tokens", 0)),

@@ -164,6 +164,8 @@ class StreamingModel(abc.ABC):
 
     def _submit(self, sender: Any, parsed: protocol.ParsedRequest, prompt_ids: list[int], rid: str,
                 received: float, timeout_us: int = 0) -> None:
+        assert self.router is not None  # set before the model takes requests
+        assert parsed.params is not None  # only control requests have none, and parse() answers those
         index, client = self.router.pick()
         # The server's request_timeout_s, or the request's own Triton `timeout` (microseconds) if shorter.
         limits = [t for t in (client.info.request_timeout_s, timeout_us / 1e6) if t > 0]
@@ -191,6 +193,7 @@ class StreamingModel(abc.ABC):
         if kind == "outputs":
             for delta in msg[1]:
                 self._deliver(delta)
+            assert self.router is not None  # outputs are for requests sent through it
             self.router.report(index, msg[2])
         elif kind == "load":
             router = self.router  # None while the front still connects (no request of its own yet)
@@ -220,6 +223,7 @@ class StreamingModel(abc.ABC):
         if s is None:
             return
         if d.finish_reason is not None:
+            assert self.router is not None  # the stream was sent through it
             self.router.release(s.engine)
         if self._trace is not None and d.ids:
             self._trace.mark(d.rid, "delivered")
@@ -242,6 +246,7 @@ class StreamingModel(abc.ABC):
             s = self._streams.pop(rid, None)
         if s is None:
             return
+        assert self.router is not None  # the stream was sent through it
         self.router.release(s.engine)
         with s.data_lock:
             s.error, s.error_code = message, code
@@ -334,6 +339,7 @@ class StreamingModel(abc.ABC):
         if s.cancelled:
             return
         s.cancelled = True
+        assert self.router is not None  # the stream was sent through it
         client = self.router.clients[s.engine]
         if client is None:
             return

@@ -89,6 +89,7 @@ class PreprocessingModel(_TokenizerModel):
         protocol.check_parameters(request.parameters())
         protocol.check_prompt_bytes(inputs, "text_input", *self.prompt_limit)
         parsed = protocol.parse_request(inputs, specs=protocol.CLIENT_INPUTS)
+        assert isinstance(parsed.prompt, str)  # text_input
         return protocol.tokenize_arrays(self.tokenizer, parsed.prompt)
 
 
