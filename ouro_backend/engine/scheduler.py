@@ -82,7 +82,7 @@ class SwapIn:
         return self.seq.request_id
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SchedulerOutput:
     """One launch's plan. The runner turns it into device work; the host state stays here."""
     prefill: list[PrefillChunk]
@@ -296,8 +296,9 @@ class Scheduler:
         if speculate:
             rounds = 1
         dropped, self._dropped = self._dropped, []
-        return SchedulerOutput(prefill, decode, rounds, admitted, released, sampler, list(self.owners), speculate,
-                               swap_out, swap_in, dropped, growth)
+        return SchedulerOutput(prefill=prefill, decode_slots=decode, num_rounds=rounds, admitted=admitted,
+                               released=released, sampler=sampler, owners=list(self.owners), speculate=speculate,
+                               swap_out=swap_out, swap_in=swap_in, swap_dropped=dropped, table_growth=growth)
 
     def _prefix_hits(self, seq: Sequence) -> list[bytes]:
         """Cached leading blocks of the prompt, keeping at least its last token to compute (its logits give
