@@ -19,15 +19,11 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1):
 
 def processes() -> Iterator[tuple[int, list[bytes]]]:
     """(pid, argv) of every process this user can see, from /proc."""
+    from ouro_backend.entrypoints.serve import process_argv
+
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        yield int(entry), argv
+        if entry.isdigit() and (argv := process_argv(int(entry))) is not None:
+            yield int(entry), argv
 
 
 def find_engine_process(address_part: str, known=frozenset()) -> int:

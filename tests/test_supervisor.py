@@ -30,8 +30,8 @@ import pytest
 
 from client.ouro_client import generate, request_options
 from helpers import wait_for
-from ouro_backend.entrypoints.serve import (ADMIN_HEADER, GRPC_ADMIN_HEADER, ServerError, Supervisor, TritonServer, child_stubs,
-                                            find_tritonserver, free_port, group_members)
+from ouro_backend.entrypoints.serve import (ADMIN_HEADER, GRPC_ADMIN_HEADER, ServerError, Supervisor, TritonServer,
+                                            child_stubs, find_tritonserver, free_port, group_members, process_argv)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)
@@ -61,9 +61,9 @@ def shm_regions(server_pid: int) -> dict[int, str]:
     """{stub pid: its shared-memory region's name} (the stub's argv[2], what `ps` shows anyone)."""
     out = {}
     for pid in child_stubs(server_pid):
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        out[pid] = argv[2].decode().lstrip("/")
+        argv = process_argv(pid)
+        if argv is not None:
+            out[pid] = argv[2].decode().lstrip("/")
     return out
 
 

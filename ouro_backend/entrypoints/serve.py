@@ -249,6 +249,15 @@ def group_members(pgid: int) -> list[int]:
     return [pid for pid in _pids() if (st := _proc_stat(pid)) is not None and st[3] == pgid and st[0] != "Z"]
 
 
+def process_argv(pid: int) -> Optional[list[bytes]]:
+    """The command line of process `pid` from /proc, or None if it is gone (or not readable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return None
+
+
 def child_stubs(server_pid: int) -> dict[int, tuple[int, str]]:
     """The live Python backend stubs of tritonserver `server_pid`: {pid: (start time, model)}, from /proc.
     A stub's argv is `triton_python_backend_stub <repository>/<model>/<version>/model.py <shm region> ...`;
@@ -258,10 +267,8 @@ def child_stubs(server_pid: int) -> dict[int, tuple[int, str]]:
         st = _proc_stat(entry)
         if st is None or st[1] != server_pid or st[0] == "Z":
             continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
+        argv = process_argv(entry)
+        if argv is None:
             continue
         if os.path.basename(argv[0].decode(errors="replace")) == STUB:
             parts = Path(argv[1].decode(errors="replace")).parts if len(argv) > 1 else ()
