@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import time
 from typing import Iterator
 
@@ -34,3 +35,43 @@ def find_engine_process(address_part: str, known=frozenset()) -> int:
                 any(address_part.encode() in a for a in argv):
             return pid
     return 0
+
+
+class Inbox:
+    """Collects the messages of one engine-process connection (EngineClient's on_message / on_close);
+    `pump(until)` files them until `until()` holds. A request that "failed" must get no output after it."""
+
+    def __init__(self):
+        self.q: queue.Queue = queue.Queue()
+        self.closed = False
+        self.tokens: dict[str, list] = {}
+        self.depths: dict[str, list] = {}
+        self.reasons: dict[str, str] = {}
+        self.rejected: dict[str, str] = {}
+        self.failed: dict[str, str] = {}
+        self.stats: list = []
+
+    def on_message(self, msg):
+        self.q.put(msg)
+
+    def on_close(self):
+        self.closed = True
+
+    def pump(self, until, timeout=120.0):
+        deadline = time.monotonic() + timeout
+        while not until():
+            msg = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
+            if msg[0] == "outputs":
+                for d in msg[1]:
+                    assert d.rid not in self.failed, f"{d.rid}: an output after its failure"
+                    self.tokens.setdefault(d.rid, []).extend(d.ids)
+                    self.depths.setdefault(d.rid, []).extend(d.depths)
+                    if d.finish_reason is not None:
+                        self.reasons[d.rid] = d.finish_reason
+            elif msg[0] == "rejected":
+                self.rejected[msg[1]] = msg[2]
+            elif msg[0] == "failed":
+                for rid in msg[1]:
+                    self.failed[rid] = msg[2]
+            elif msg[0] == "stats":
+                self.stats.append(msg[1])

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import time
 from collections import Counter
 
 import pytest
 
+from helpers import Inbox
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.engine import round_trace
@@ -21,40 +21,6 @@ from ouro_backend.serving.engine_process import (EngineClient, EngineProcessErro
 
 GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
 LONG = 1000  # tokens: far more than a test waits for, within the toy's context
-
-
-class Inbox:
-    """Collects one connection's messages; `finals()` waits for the given requests to end."""
-
-    def __init__(self):
-        self.q: queue.Queue = queue.Queue()
-        self.closed = False
-        self.tokens: dict[str, list] = {}
-        self.depths: dict[str, list] = {}
-        self.reasons: dict[str, str] = {}
-        self.rejected: dict[str, str] = {}
-        self.stats: list = []
-
-    def on_message(self, msg):
-        self.q.put(msg)
-
-    def on_close(self):
-        self.closed = True
-
-    def pump(self, until, timeout=60.0):
-        deadline = time.monotonic() + timeout
-        while not until():
-            msg = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
-            if msg[0] == "outputs":
-                for d in msg[1]:
-                    self.tokens.setdefault(d.rid, []).extend(d.ids)
-                    self.depths.setdefault(d.rid, []).extend(d.depths)
-                    if d.finish_reason is not None:
-                        self.reasons[d.rid] = d.finish_reason
-            elif msg[0] == "rejected":
-                self.rejected[msg[1]] = msg[2]
-            elif msg[0] == "stats":
-                self.stats.append(msg[1])
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,11 @@ add_request. The KV cache is whole afterwards."""
 from __future__ import annotations
 
 import os
-import queue
 import re
 import subprocess
-import time
 
 import pytest
+from helpers import Inbox
 from test_exact_exits import PROMPTS, alone, assert_same, drive, make_engine
 
 from ouro_backend import LLM, RequestError, SamplingParams
@@ -209,34 +208,6 @@ def test_a_field_changed_after_construction_is_checked_again(trace_engine):
 
 
 # ---- through the engine process
-class Inbox:
-    def __init__(self):
-        self.q: queue.Queue = queue.Queue()
-        self.tokens: dict[str, list] = {}
-        self.reasons: dict[str, str] = {}
-        self.failed: dict[str, str] = {}
-        self.stats: list = []
-
-    def on_message(self, msg):
-        self.q.put(msg)
-
-    def pump(self, until, timeout=120.0):
-        deadline = time.monotonic() + timeout
-        while not until():
-            msg = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
-            if msg[0] == "outputs":
-                for d in msg[1]:
-                    assert d.rid not in self.failed, "no output after the failure"
-                    self.tokens.setdefault(d.rid, []).extend(d.ids)
-                    if d.finish_reason is not None:
-                        self.reasons[d.rid] = d.finish_reason
-            elif msg[0] == "failed":
-                for rid in msg[1]:
-                    self.failed[rid] = msg[2]
-            elif msg[0] == "stats":
-                self.stats.append(msg[1])
-
-
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faulty_engine_process.py")
 
 

@@ -162,7 +162,7 @@ def test_integers_past_32_bits_are_seen_and_refused(server, field, value, match)
         assert re.search(match, body["error"]), body
 
 
-def test_top_k_past_32_bits_is_not_wrapped(server, llm):
+def test_top_k_past_32_bits_is_not_wrapped(server):
     """2^32 + 1 must not become top_k=1 (greedy): it is refused or means what it says."""
     status, body = generate(server, "ouro", {"text_input": PROMPT, "max_tokens": 3, "top_k": 2**32 + 1})
     assert status == 400 and "top_k" in body["error"], body

@@ -91,9 +91,9 @@ class EngineInfo:
     kv_blocks: int
     pid: int
     # The serving limits of its EngineConfig, which the Triton models enforce (serving/streams.py).
-    max_num_seqs: int = 64
-    max_waiting_requests: int = 256
-    request_timeout_s: float = 600.0
+    max_num_seqs: int
+    max_waiting_requests: int
+    request_timeout_s: float
 
     @property
     def capacity(self) -> int:
