@@ -34,7 +34,7 @@ eng = LLMEngine(EngineConfig.from_strings(options))
 r = eng.runner
 
 alone = {}
-for key, g in sorted(r.decode_graphs.items()):
+for key, g in sorted(r.graphs.decode.items()):
     ts = []
     for i in range(55):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -79,9 +79,9 @@ def main() -> None:
     head_bytes = m.lm_head.numel() * m.lm_head.element_size()
     report = dict(loop_weight_bytes=loop_bytes, floor_loop_ms=loop_bytes / args.hbm_tb_s / 1e9,
                   lm_head_bytes=head_bytes, floor_lm_head_ms=head_bytes / args.hbm_tb_s / 1e9, graphs={})
-    picks = [(f"decode {b} rows", r.decode_graphs[(b, 1, SamplerMode.GREEDY)]) for b in (1, 64)]
-    picks.append(("prompt 128 tokens", r.mixed_graphs[(128, SamplerMode.GREEDY)]))
-    ones = {b: g for (b, rounds, mode), g in r.decode_graphs.items() if rounds == 1 and mode == SamplerMode.GREEDY}
+    picks = [(f"decode {b} rows", r.graphs.decode[(b, 1, SamplerMode.GREEDY)]) for b in (1, 64)]
+    picks.append(("prompt 128 tokens", r.graphs.mixed[(128, SamplerMode.GREEDY)]))
+    ones = {b: g for (b, rounds, mode), g in r.graphs.decode.items() if rounds == 1 and mode == SamplerMode.GREEDY}
     report["round_ms_by_rows"] = {b: round(timed(ones[b].graph), 4) for b in sorted(ones)}
     print("round ms by rows", report["round_ms_by_rows"])
     for name, g in picks:

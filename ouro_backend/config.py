@@ -70,6 +70,11 @@ class OuroConfig:
     eos_token_id: tuple[int, ...] = ()
 
     @property
+    def num_loops(self) -> int:
+        """How many times a token runs the layer stack at full depth (the checkpoint's `total_ut_steps`)."""
+        return self.total_ut_steps
+
+    @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
 

@@ -1,8 +1,20 @@
 """What the engine hands back: one `RequestOutput` per request that made progress in a step."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Optional
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended. `RequestOutput.finish_reason` carries the value (a plain string)."""
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens
+    ABORT = "abort"  # aborted by its client
+    ERROR = "error"  # the engine ended it with an error (`RequestOutput.error`)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -16,7 +28,7 @@ class RequestOutput:
     logprobs: list[float]
     text: str  # on the final output: detokenized, special tokens skipped, cut at a matched stop string
     finished: bool = False
-    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: Optional[str] = None  # a FinishReason value: "stop" | "length" | "abort" | "error"
     # The part of the stream that is new since the previous output for this request. Tokens that might
     # still turn into a stop string are held back until that is decided.
     new_token_ids: list[int] = field(default_factory=list)

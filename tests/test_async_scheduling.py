@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from ouro_backend import SamplingParams
-from test_engine_oracle import PROMPTS, make_engine
+from engine_helpers import make_recording_engine as make_engine
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
 
 WORKLOAD = [  # (prompt, params): greedy and seeded sampling, gate and trace exits, EOS and stop-token stops
     (PROMPTS[0], SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)),
@@ -36,7 +37,7 @@ def run(toy_path, async_scheduling, workload, eos=None, device="cpu", **kw):
         for o in step_outs:
             if o.finished:
                 outs[o.request_id] = o
-    assert eng.kv.num_available == eng.kv.num_blocks, "KV blocks leaked"
+    assert eng.kv.pool.num_available == eng.kv.num_blocks, "KV blocks leaked"
     assert eng._in_flight is None
     return [outs[str(i)] for i in range(len(workload))], steps_to_first
 
@@ -95,4 +96,4 @@ def test_abort_with_a_round_in_flight(toy_path):
             outs.setdefault(o.request_id, []).append(o)
     assert outs["a"][-1].finish_reason == "abort" and len(outs["a"]) == 1  # nothing after the abort
     assert outs["b"][-1].finish_reason == "length" and len(outs["b"][-1].token_ids) == 30
-    assert eng.kv.num_available == eng.kv.num_blocks
+    assert eng.kv.pool.num_available == eng.kv.num_blocks

@@ -1,60 +1,13 @@
 """The engine against the dense fp32 oracle: prefill logits, greedy decode, early exit, both KV layouts."""
-import numpy as np
 import pytest
 import torch
 
-from ouro_backend import LLMEngine, SamplingParams
-from ouro_backend.config import EngineConfig
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import check_exits_against_oracle, ouro_exit, run_all
+from engine_helpers import make_recording_engine as make_engine
+from ouro_backend import SamplingParams
 
 LAYOUTS = ["last_exited", "shared"]
-PROMPTS = [[5, 17, 300, 42, 9, 77, 120, 8, 64, 3, 250, 11, 90],  # 13 tokens
-           [400, 23, 7],
-           [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
-
-
-def make_engine(toy_path, **kw) -> LLMEngine:
-    kw.setdefault("num_blocks", 512)
-    kw.setdefault("max_num_seqs", 8)
-    kw.setdefault("device", "cpu")
-    kw.setdefault("dtype", "float32")
-    eng = LLMEngine(EngineConfig(model=toy_path, block_size=4, **kw))
-    eng.runner.record_logits = True
-    eng.recorded = {}
-    collect = eng.runner.collect
-
-    def recording_collect(rnd):
-        emitted = collect(rnd)
-        for e in emitted:
-            if not e.seq.finished:  # tokens of a request that already stopped are dropped
-                eng.recorded.setdefault(e.seq.request_id, []).append(e.logits)
-        return emitted
-
-    eng.runner.collect = recording_collect
-    return eng
-
-
-def run_all(eng, prompts, params):
-    for i, p in enumerate(prompts):
-        eng.add_request(str(i), p, params if isinstance(params, SamplingParams) else params[i])
-    outs = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                outs[o.request_id] = o
-    assert eng.kv.num_available == eng.kv.num_blocks, "KV blocks leaked"
-    return [outs[str(i)] for i in range(len(prompts))]
-
-
-def ouro_exit(threshold, min_loops=1, max_loops=4):
-    """The ouro exit rule computed independently from the oracle's gate values (fp32)."""
-    def fn(gates):
-        remaining = np.float32(1.0)
-        for r, lam in enumerate(gates, start=1):
-            remaining = np.float32(remaining * (np.float32(1.0) - np.float32(lam)))
-            if r >= max_loops or (threshold < 1 and r >= min_loops and np.float32(1.0) - remaining >= threshold):
-                return r
-        return len(gates)
-    return fn
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -77,24 +30,6 @@ def test_greedy_full_depth_matches_oracle(toy_path, oracle, layout):
         tokens, depths = oracle.generate(prompt, 6, layout=layout)
         assert out.token_ids == tokens
         assert out.exit_depths == depths == [4] * 6
-
-
-def check_exits_against_oracle(eng, oracle, prompts, threshold, layout, max_tokens=8) -> set[int]:
-    """Batch `prompts` with the gate at `threshold`: tokens and exit depths equal the oracle's, and every
-    step's logits equal a fresh oracle pass with the engine's own depths (fp32, 1e-4). Returns the depths."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
-    outs = run_all(eng, prompts, params)
-    all_depths = set()
-    for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        tokens, depths = oracle.generate(prompt, max_tokens, exit_fn=ouro_exit(threshold), layout=layout)
-        assert (out.token_ids, out.exit_depths) == (tokens, depths), (layout, threshold, i)
-        all_depths |= set(depths[1:])
-        seq = prompt + out.token_ids
-        loops = [4] * len(prompt) + out.exit_depths[1:] + [4]
-        ref = oracle.forward(seq[:-1], len(prompt), loops[:len(seq) - 1], layout)
-        for k, got in enumerate(eng.recorded[str(i)]):
-            assert torch.allclose(got, ref.logits[len(prompt) - 1 + k], atol=1e-4, rtol=0)
-    return all_depths
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

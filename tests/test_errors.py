@@ -5,7 +5,9 @@ import shutil
 import pytest
 
 from ouro_backend import ConfigError, EngineConfig, LLMEngine, RequestError, SamplingParams
-from test_engine_oracle import PROMPTS, make_engine, run_all
+from engine_helpers import make_recording_engine as make_engine
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import run_all
 
 
 @pytest.fixture(scope="module")

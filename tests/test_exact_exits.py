@@ -19,117 +19,22 @@ import numpy as np
 import pytest
 import torch
 
+from engine_helpers import BATCH_PROMPTS as PROMPTS
+from engine_helpers import ENGINE_THRESHOLD, Run, alone, assert_same, drive
+from engine_helpers import make_plain_engine as make_engine
 from ouro_backend import LLMEngine, SamplingParams
-from ouro_backend.config import EngineConfig
 
 T = 4  # the toy model's loops (total_ut_steps)
 LAYOUTS = ["last_exited", "shared"]
 MODES = ["ouro", "ouro_delayed", "random_lookahead", "trace", "fixed"]
 ASYNC = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
-ENGINE_THRESHOLD = 0.7  # the engine's exit_threshold, used by requests that leave theirs as None
-
-PROMPTS = [
-    [5, 17, 300, 42, 9, 77, 120, 8, 64, 3, 250, 11, 90],
-    [400, 23, 7],
-    [1, 2, 3, 4, 5, 6, 7, 8],
-    [611, 12, 903, 44, 5],
-    [77, 77, 78, 79, 1000, 2],
-    [250, 251, 3, 9, 10, 500, 600, 700, 800, 12],
-    [33, 900, 4],
-]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def make_engine(toy_path, *, kv_layout="last_exited", exit_mode="ouro", async_scheduling=False,
-                **kw) -> LLMEngine:
-    """A small fp32 CPU engine on the toy checkpoint. Defaults: one prompt in one chunk, room for 8 rows."""
-    cfg = dict(model=toy_path, device="cpu", dtype="float32", block_size=4, num_blocks=256, max_num_seqs=8,
-               max_num_batched_tokens=64, exit_threshold=ENGINE_THRESHOLD, seed=0)
-    cfg.update(kw)
-    return LLMEngine(EngineConfig(kv_layout=kv_layout, exit_mode=exit_mode, async_scheduling=async_scheduling,
-                                  **cfg))
-
-
 def busy_engine(toy_path, **kw) -> LLMEngine:
     """An engine that must interleave: at most 4 running requests, prompts in chunks of 5 tokens."""
     kw = dict(dict(max_num_seqs=4, max_num_batched_tokens=16, prefill_chunk_size=5), **kw)
     return make_engine(toy_path, **kw)
-
-
-class Run:
-    """Everything a driven engine handed back."""
-
-    def __init__(self):
-        self.streams: dict[str, list] = {}  # request id -> its RequestOutputs in order
-        self.final: dict[str, object] = {}  # request id -> its finished RequestOutput
-        self.final_step: dict[str, int] = {}
-        self.max_running = 0
-        self.steps = 0
-        self.midstream_at_arrival: dict[str, int] = {}  # requests already streaming when this one arrived
-
-    def streamed(self, rid) -> list[int]:
-        return [t for o in self.streams.get(rid, []) for t in o.new_token_ids]
-
-
-def drive(eng, requests, arrivals=None, hook=None, max_steps=3000) -> Run:
-    """Step `eng` until every request has finished and check the stream invariants.
-
-    requests: [(rid, prompt, params)]; arrivals: rid -> the step before which it is added (default 0).
-    hook(eng, step, run) runs before every step, after that step's arrivals were added (aborts go here).
-    Checks: exactly one finished output per request and nothing after it; the deltas add up to the final
-    output; no KV block is left allocated.
-    """
-    arrivals = arrivals or {}
-    pending = sorted(requests, key=lambda r: arrivals.get(r[0], 0))
-    run = Run()
-    step = 0
-    while pending or eng.has_unfinished_requests():
-        while pending and arrivals.get(pending[0][0], 0) <= step:
-            rid, prompt, params = pending.pop(0)
-            run.midstream_at_arrival[rid] = sum(1 for r, outs in run.streams.items()
-                                                if r not in run.final and any(o.new_token_ids for o in outs))
-            eng.add_request(rid, prompt, params)
-        if hook is not None:
-            hook(eng, step, run)
-        for o in eng.step():
-            assert o.request_id not in run.final, f"output for {o.request_id} after it finished"
-            run.streams.setdefault(o.request_id, []).append(o)
-            if o.finished:
-                run.final[o.request_id] = o
-                run.final_step[o.request_id] = step
-        run.max_running = max(run.max_running, eng.stats()["num_running"])
-        step += 1
-        assert step < max_steps, "engine does not finish"
-    run.steps = step
-    assert sorted(run.final) == sorted(r[0] for r in requests)
-    for rid, out in run.final.items():
-        assert run.streamed(rid) == out.token_ids, rid
-        assert [d for o in run.streams[rid] for d in o.new_exit_depths] == out.exit_depths, rid
-        assert len(out.logprobs) == len(out.token_ids) == len(out.exit_depths)
-    assert eng.kv.num_available == eng.kv.num_blocks, "KV blocks leaked"
-    stats = eng.stats()
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-    return run
-
-
-_ALONE: dict = {}
-
-
-def alone(toy_path, prompt, params, **engine_kw):
-    """The request's output alone in a fresh synchronous engine (cached: many tests share references)."""
-    key = (tuple(prompt), repr(params), repr(sorted(engine_kw.items())))
-    if key not in _ALONE:
-        eng = make_engine(toy_path, **engine_kw)
-        _ALONE[key] = drive(eng, [("alone", prompt, params)]).final["alone"]
-    return _ALONE[key]
-
-
-def assert_same(got, ref, what=""):
-    """Same tokens, depths and finish reason; logprobs equal up to fp32 reduction order."""
-    assert got.token_ids == ref.token_ids, what
-    assert got.exit_depths == ref.exit_depths, what
-    assert got.finish_reason == ref.finish_reason, what
-    assert np.allclose(got.logprobs, ref.logprobs, atol=1e-5, rtol=0), what
 
 
 def assert_prefix(got, ref, n, what=""):

@@ -1,7 +1,9 @@
 """Exit rules: hand-computed hazards, loop bounds, delayed decisions, trace replay, random lookahead."""
 import pytest
 import torch
-from test_engine_oracle import PROMPTS, make_engine, ouro_exit, run_all
+from engine_helpers import make_recording_engine as make_engine
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import ouro_exit, run_all
 
 from ouro_backend import SamplingParams
 from ouro_backend.config import ExitMode

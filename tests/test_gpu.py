@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from ouro_backend import SamplingParams
-from test_engine_oracle import PROMPTS, make_engine, ouro_exit, run_all
+from engine_helpers import make_recording_engine as make_engine
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import ouro_exit, run_all
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 LAYOUTS = ["last_exited", "shared"]
@@ -76,7 +78,7 @@ def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, layout, mo
     for i, (thr, lo, hi) in enumerate(specs):
         tokens, depths = oracle.generate(PROMPTS[i % 3], 7 + i, exit_fn=rule(thr, lo, hi), layout=layout)
         assert (outs[str(i)].token_ids, outs[str(i)].exit_depths) == (tokens, depths), (mode, i)
-    assert eng.kv.num_available == eng.kv.num_blocks
+    assert eng.kv.pool.num_available == eng.kv.num_blocks
     assert eng.stats()["eager_launches"] == 0
 
 

@@ -440,7 +440,7 @@ def test_kernels_compile_for_sm90():
 
 
 # ---------------------------------------------------------------------------------------------------
-# the decode state machine: fused kernels vs their torch twins (ouro_backend/engine/decode_step.py)
+# the decode state machine: fused kernels vs their torch twins (DecodeState, ouro_backend/engine/decode_state.py)
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -448,7 +448,7 @@ def _random_state(dtype, gen, slots=7, T=4, blocks=6, H=40, V=50):
     from ouro_backend.engine import decode_state as ds
     from ouro_backend.engine.decode_state import DecodeState
 
-    st = DecodeState(slots, T, blocks, H, dtype, torch.device(DEV))
+    st = DecodeState(slots, T, blocks, H, dtype, torch.device(DEV), block_size=4, last_exited=True, eos_ids=[])
     r = lambda lo, hi: torch.randint(lo, hi, (slots,), generator=gen)  # noqa: E731
     ints = torch.zeros(slots, ds.NUM_INTS, dtype=torch.int64)
     ints[:, ds.ACTIVE] = r(0, 2)
@@ -474,29 +474,33 @@ def _random_state(dtype, gen, slots=7, T=4, blocks=6, H=40, V=50):
     return st, embed
 
 
-def _clone_state(st):
-    import copy
+def _clone_state(st, last_exited=True, eos_ids=()):
+    """A copy of `st` (its tensors cloned) whose methods run the torch twins (the kernels here are this
+    module's interpreted copy, called directly)."""
+    from ouro_backend.engine.decode_state import DecodeState
 
-    c = copy.copy(st)
+    c = DecodeState(st.num_slots, st.num_loops, st.max_blocks, st.hidden.shape[1], st.hidden.dtype, st.device,
+                    block_size=st.block_size, last_exited=last_exited, eos_ids=list(eos_ids), fused=False)
     for name in ("ints", "floats", "remaining", "trace", "tables", "hidden"):
-        setattr(c, name, getattr(st, name).clone())
+        getattr(c, name).copy_(getattr(st, name))
     return c
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("last_exited", [True, False])
 def test_decode_prepare_matches_twin(dtype, last_exited):
-    from ouro_backend.engine import decode_state as ds, decode_step as twin
-
     gen = torch.Generator().manual_seed(5)
     st, embed = _random_state(dtype, gen)
     idx = torch.tensor([4, 0, 6, 2, 3], device=DEV)
-    got = twin.DecodeInputs(*K.decode_step.prepare(st, idx, embed, 4, last_exited, ds.COLUMNS))
-    want = twin.prepare(st, idx, embed, 4, last_exited)
-    for name in ("pos", "slot", "seq_lens", "tables", "h", "slots_all"):
+    from ouro_backend.engine import decode_state as ds
+    from ouro_backend.engine.decode_state import DecodeInputs
+
+    got = DecodeInputs(*K.decode_step.prepare(st, idx, embed, 4, last_exited, ds.COLUMNS))
+    want = _clone_state(st, last_exited).decode_inputs(idx, embed)
+    for name in ("pos", "kv_slot", "seq_lens", "tables", "h", "kv_slots"):
         g, w = getattr(got, name), getattr(want, name)
         assert g.dtype == w.dtype and torch.equal(g.cpu(), w.cpu()), name
-    assert (want.slot == -1).any() and (want.slot >= 0).any()
+    assert (want.kv_slot == -1).any() and (want.kv_slot >= 0).any()
 
 
 @pytest.mark.parametrize("mode", ["ouro", "ouro_delayed", "random_lookahead", "trace", "fixed"])
@@ -505,10 +509,10 @@ def test_decode_advance_matches_twin(mode, last_exited):
     """Every column of the next state, the hazard, the record and the fill pairs, bit for bit, over rows
     that exit, continue, stop on max_tokens or EOS, and idle rows."""
     from ouro_backend.config import ExitMode
-    from ouro_backend.engine import decode_state as ds, decode_step as twin
+    from ouro_backend.engine import decode_state as ds
 
     gen = torch.Generator().manual_seed(11)
-    exits = 0
+    exits, stops = 0, set()
     for trial in range(4):
         st, _ = _random_state(torch.float32, gen)
         idx = torch.tensor([1, 5, 0, 3, 6, 2], device=DEV)
@@ -517,12 +521,12 @@ def test_decode_advance_matches_twin(mode, last_exited):
         tok = torch.randint(0, 50, (S,), generator=gen).to(DEV)
         lp = -torch.rand(S, generator=gen).to(DEV)
         slots_all = torch.randint(0, 100, (S, T), generator=gen).to(DEV)
-        eos = torch.tensor([int(tok[0]), int(tok[3])], device=DEV)
-        a, b = _clone_state(st), _clone_state(st)
+        eos = [int(tok[0]), int(tok[3])]
+        a, b = _clone_state(st, last_exited, eos), _clone_state(st, last_exited, eos)
         rec_a, rec_b = a.new_record(1)[0], b.new_record(1)[0]
-        sa, da = K.decode_step.advance(a, idx, lam, tok, lp, slots_all, eos, rec_a, ExitMode(mode), last_exited,
+        sa, da = K.decode_step.advance(a, idx, lam, tok, lp, slots_all, a.eos, rec_a, ExitMode(mode), last_exited,
                                        ds.COLUMNS)
-        sb, db = twin.advance(b, idx, lam, tok, lp, slots_all, eos, rec_b, ExitMode(mode), last_exited)
+        sb, db = b.advance(idx, lam, tok, lp, slots_all, rec_b, ExitMode(mode))
         for name in ("ints", "remaining"):
             assert torch.equal(getattr(a, name).cpu(), getattr(b, name).cpu()), (trial, name)
         idle = idx[st.ints[idx, ds.ACTIVE] == 0]  # rows waiting to resume ride along masked in graphs
@@ -530,5 +534,7 @@ def test_decode_advance_matches_twin(mode, last_exited):
         assert torch.equal(b.ints[idle].cpu(), st.ints[idle].cpu()), "an idle row's next step changed"
         assert torch.equal(b.remaining[idle].cpu(), st.remaining[idle].cpu()), "an idle row's hazard changed"
         assert torch.equal(rec_a.cpu(), rec_b.cpu()) and torch.equal(sa.cpu(), sb.cpu()) and torch.equal(da.cpu(), db.cpu())
-        exits += int(rec_b[0].sum())
+        exits += int((rec_b[0] > 0).sum())
+        stops |= set(rec_b[0].tolist())
     assert exits > 0
+    assert {ds.EMIT_EOS, ds.EMIT_LENGTH} & stops, "the trials should cover the device's stop rules"

@@ -5,7 +5,8 @@ nothing leaked."""
 from __future__ import annotations
 
 import pytest
-from test_exact_exits import alone, assert_same, drive, make_engine
+from engine_helpers import alone, assert_same, drive
+from engine_helpers import make_plain_engine as make_engine
 
 from ouro_backend import SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
@@ -220,9 +221,9 @@ def test_prefix_cache_under_pressure_evicts_and_stays_exact(toy_path):
     assert st["num_preemptions"] > 0 and any(o.num_cached_tokens > 0 for o in run.final.values())
     for rid, prompt, p in reqs:
         assert_same(run.final[rid], alone(toy_path, prompt, p), f"request {rid}")
-    assert all(e.refs == 0 for e in eng.kv.prefix.entries.values())
-    assert eng.kv.prefix.num_evictable == sum(len(e.blocks) for e in eng.kv.prefix.entries.values())
-    assert st["prefix_cache_blocks"] == eng.kv.prefix.num_evictable > 0
+    pool = eng.kv.pool
+    assert pool.num_idle_blocks == pool.num_cached_blocks  # no request holds an entry any more
+    assert st["prefix_cache_blocks"] == pool.num_idle_blocks > 0
     check_clean(eng)
 
 
@@ -233,9 +234,9 @@ def test_prefix_caching_under_shared_is_refused():
 
 def test_prefix_caching_defaults_to_the_layouts_support(toy_path):
     """Unset, it is on under LAST_EXITED and off under SHARED; false turns it off; a non-bool is refused."""
-    assert make_engine(toy_path).kv.prefix is not None
-    assert make_engine(toy_path, kv_layout="shared").kv.prefix is None
-    assert make_engine(toy_path, enable_prefix_caching=False).kv.prefix is None
+    assert make_engine(toy_path).kv.pool.enable_prefix_caching
+    assert not make_engine(toy_path, kv_layout="shared").kv.pool.enable_prefix_caching
+    assert not make_engine(toy_path, enable_prefix_caching=False).kv.pool.enable_prefix_caching
     assert EngineConfig.from_strings({"enable_prefix_caching": "false"}).prefix_caching is False
     assert EngineConfig.from_strings({"enable_prefix_caching": ""}).prefix_caching is True
     with pytest.raises(ConfigError, match="enable_prefix_caching"):

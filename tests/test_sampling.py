@@ -2,7 +2,9 @@
 import math
 
 import torch
-from test_engine_oracle import PROMPTS, make_engine, run_all
+from engine_helpers import make_recording_engine as make_engine
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import run_all
 
 from ouro_backend import SamplingParams
 from ouro_backend.model.sampler import filter_top_k_top_p

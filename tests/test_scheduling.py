@@ -1,9 +1,9 @@
 """KV accounting, admission under KV pressure, aborts at any point, and the batching itself."""
-from types import SimpleNamespace
 
 import pytest
-import torch
-from test_engine_oracle import PROMPTS, make_engine, run_all
+from engine_helpers import make_recording_engine as make_engine
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import run_all
 
 from ouro_backend import SamplingParams
 
@@ -39,7 +39,7 @@ def test_kv_all_free_after_finish_and_abort(toy_path, layout):
     drain(eng, outs=outs)
     assert {k: v[-1].finish_reason for k, v in outs.items()} == {
         "r0": "abort", "r1": "abort", "r2": "length", "r3": "length", "r4": "length", "r5": "abort"}
-    assert eng.kv.num_available == total
+    assert eng.kv.pool.num_available == total
     assert eng.stats()["kv_usage"] == 0.0 and eng.stats()["num_aborted"] == 3
 
 
@@ -54,7 +54,7 @@ def test_admission_waits_for_kv_and_resumes(toy_path):
     outs = drain(eng)
     assert all(outs[str(i)][-1].finish_reason == "length" for i in range(3))
     assert outs["0"][-1].token_ids == outs["1"][-1].token_ids == outs["2"][-1].token_ids
-    assert eng.kv.num_available == 30
+    assert eng.kv.pool.num_available == 30
 
 
 def test_request_larger_than_cache_is_rejected(toy_path):
@@ -112,25 +112,3 @@ def test_prefill_interleaves_with_decode_under_token_budget(toy_path):
     drain(eng)
     assert max(n for n, _, _ in sizes) <= 8
     assert any(p and d for _, p, d in sizes), "a prompt chunk should share rounds with decode rows"
-
-
-def test_row_graphs_run_the_decode_rows_not_a_slot_range(toy_path):
-    """A decode graph of b rows runs the plan's decode slots padded with free ones, so a drained run's last
-    requests pay for their own rows, not for every slot below the highest they hold; with too few free slots
-    it falls back to a slot range that covers every row."""
-    r = make_engine(toy_path, max_num_seqs=8).runner
-    r.g_rows, r._bound = torch.arange(8), list(range(8))  # what capture_graphs sets up (CUDA only)
-    busy = object()
-
-    def plan(decode, owned=()):
-        owners = [busy if s in decode or s in owned else None for s in range(8)]
-        return SimpleNamespace(decode_slots=decode, owners=owners)
-
-    sizes = [1, 2, 4, 8]
-    assert r._bind_rows(plan([6]), sizes) == [6]
-    assert r._bind_rows(plan([7, 2, 5]), sizes) == [7, 2, 5, 0]  # padded with the lowest free slot
-    assert r.g_rows[:4].tolist() == [7, 2, 5, 0]
-    # Slots 0-4 held by requests between prompt chunks: no free slot to pad rows 5-7 to the one graph
-    # there is, of 8 rows; they run as the range 0-7 (the held slots' rows are idle, so masked).
-    assert r._bind_rows(plan([5, 6, 7], owned=(0, 1, 2, 3, 4)), [2, 8]) == list(range(8))
-    assert r._bind_rows(plan([0, 1, 2]), [1, 2]) is None  # no graph that large: eager

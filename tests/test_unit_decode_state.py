@@ -1,15 +1,18 @@
-"""Model-free unit tier: the decode state's host packing (`DecodeState.host_row`) and row writes (`admit`,
-`release`, `slots_at`, `trace_depth`) on a 3-slot CPU state (tests/conftest.py, tier `unit`)."""
+"""Model-free unit tier: the decode state on a 3-slot CPU state (tests/conftest.py, tier `unit`): its host
+packing (`DecodeState.host_row`), the host's row writes (`admit`, `release`, `activate`, `extend_tables`,
+`save_row` / `restore_row`), its reads (`kv_slots_at`, `trace_depth`, `sampling_rows`) and the round
+transitions (`advance`, `emit_first`, `restart_at_loop_one`) with the exact next state and record."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ouro_backend.config import ExitMode
 from ouro_backend.engine import decode_state as ds
 from ouro_backend.engine.decode_state import COLUMNS, MAX_TRACE, NUM_FLOATS, NUM_INTS, DecodeState, NewRow
 from ouro_backend.sampling_params import SamplingParams
 
-T, MAX_BLOCKS = 4, 3
+T, MAX_BLOCKS, EOS = 4, 3, 7
 TABLES = [[1, 2], [3, 4], [5], [6, 7]]
 
 
@@ -83,7 +86,7 @@ def test_host_row_refuses_values_that_do_not_fit():
 
 def _state() -> DecodeState:
     return DecodeState(num_slots=3, num_loops=T, max_blocks=MAX_BLOCKS, hidden_size=2, dtype=torch.float32,
-                       device=torch.device("cpu"))
+                       device=torch.device("cpu"), block_size=4, last_exited=True, eos_ids=[EOS])
 
 
 def _admit(st: DecodeState, rows: list[NewRow]):
@@ -121,7 +124,8 @@ def test_admit_writes_only_the_given_slots_and_release_switches_rows_off():
     assert st.tables.tolist() == [[[9, 0, 0], [10, 0, 0], [11, 0, 0], [12, 0, 0]], [[0, 0, 0]] * T,
                                   [[1, 2, 0], [3, 4, 0], [5, 6, 0], [7, 8, 0]]]
     # Rows are admitted inactive (their prompt's last chunk activates them); say they became active.
-    st.ints[:, ds.ACTIVE] = 1
+    st.activate(torch.tensor([0, 1, 2]))
+    assert st.ints[:, ds.ACTIVE].tolist() == [1, 1, 1]
     st.release(torch.tensor([2]))
     assert st.ints[:, ds.ACTIVE].tolist() == [1, 1, 0]
     assert st.ints[2, ds.TOKEN:].tolist() == [0, 4, 1, 0, 0, 2, 3, 9, 2, 1, 3, 42, 1]  # the rest stays
@@ -129,11 +133,11 @@ def test_admit_writes_only_the_given_slots_and_release_switches_rows_off():
     assert st.ints[:, ds.ACTIVE].tolist() == [0, 0, 0]
 
 
-def test_slots_at_and_trace_depth():
+def test_kv_slots_at_and_trace_depth():
     st = _state()
     _admit(st, [row(slot=1, tables=[[1, 2], [3, 4], [5, 6], [7, 8]],
                     params=SamplingParams(exit_trace=[2, 3, 1]))])
-    slots = st.slots_at(torch.tensor([1, 1]), torch.tensor([0, 6]), block_size=4)
+    slots = st.kv_slots_at(torch.tensor([1, 1]), torch.tensor([0, 6]))
     # pos 0: block 0 of each plane, offset 0; pos 6: block 1, offset 2.
     assert slots.tolist() == [[4, 12, 20, 28], [10, 18, 26, 34]]
     rows = torch.tensor([1])
@@ -142,3 +146,102 @@ def test_slots_at_and_trace_depth():
         st.ints[1, ds.NGEN] = ngen
         depths.append(st.trace_depth(st.ints[rows], rows).item())
     assert depths == [2, 3, 1, 2, 3]
+
+
+# --------------------------------------------------------------------------------------- transitions
+
+
+def _decoding(params: SamplingParams, slot=0, max_loops=4, threshold=1.0, ngen=0, token=5) -> DecodeState:
+    """A state whose row `slot` decodes: admitted at prompt length 5, then switched on."""
+    st = _state()
+    _admit(st, [NewRow(slot, 5, params, max_loops, threshold, 3, [[1, 2], [3, 4], [5, 6], [7, 8]],
+                       (token, ngen) if ngen else None)])
+    st.activate(torch.tensor([slot]))
+    return st
+
+
+def _advance(st, tok, lam=None, mode=ExitMode.FIXED, rows=(0,)):
+    idx = torch.tensor(list(rows))
+    rec = st.new_record(1)[0]
+    kv_slots = st.kv_slots_at(idx, st.ints[idx, ds.POS])
+    src, dst = st.advance(idx, lam, torch.tensor([tok] * len(rows)), torch.tensor([-0.5] * len(rows)), kv_slots, rec,
+                          mode)
+    return rec, src, dst
+
+
+def test_advance_runs_loops_then_emits_and_fills_the_deeper_planes():
+    st = _decoding(SamplingParams(max_tokens=4), max_loops=2)
+    rec, src, dst = _advance(st, 9)  # loop 1 of 2: no token
+    assert rec[:, 0].tolist() == [ds.EMIT_NONE, 9, 1, -0.5]
+    assert st.ints[0, [ds.ACTIVE, ds.TOKEN, ds.POS, ds.LOOP, ds.NGEN]].tolist() == [1, 0, 4, 2, 0]
+    assert (src == -1).all() and (dst == -1).all()
+    rec, src, dst = _advance(st, 9)  # loop 2: token 9 exits at depth 2
+    assert rec[:, 0].tolist() == [ds.EMIT_TOKEN, 9, 2, -0.5]
+    assert st.ints[0, [ds.ACTIVE, ds.TOKEN, ds.POS, ds.LOOP, ds.NGEN]].tolist() == [1, 9, 5, 1, 1]
+    # Position 4 lives in block 1 of each plane at offset 0: plane 1's slot (block 4) fills planes 2-3.
+    assert src.tolist() == [[-1, -1, 16, 16]] and dst.tolist() == [[-1, -1, 24, 32]]
+
+
+def test_advance_records_which_stop_rule_ended_the_row():
+    st = _decoding(SamplingParams(max_tokens=2), max_loops=1)
+    rec, _, _ = _advance(st, 9)
+    assert rec[0, 0] == ds.EMIT_TOKEN and st.ints[0, ds.ACTIVE] == 1
+    rec, _, _ = _advance(st, 9)  # the second token reaches max_tokens
+    assert rec[0, 0] == ds.EMIT_LENGTH and st.ints[0, ds.ACTIVE] == 0 and st.ints[0, ds.NGEN] == 2
+    st = _decoding(SamplingParams(max_tokens=1), max_loops=1)
+    rec, _, _ = _advance(st, EOS)  # EOS on the last allowed token: EOS wins
+    assert rec[0, 0] == ds.EMIT_EOS and st.ints[0, ds.ACTIVE] == 0
+    # ignore_eos, or EOS before min_tokens, does not stop.
+    for params in (SamplingParams(max_tokens=4, ignore_eos=True), SamplingParams(max_tokens=4, min_tokens=2)):
+        st = _decoding(params, max_loops=1)
+        rec, _, _ = _advance(st, EOS)
+        assert rec[0, 0] == ds.EMIT_TOKEN and st.ints[0, ds.ACTIVE] == 1
+
+
+def test_an_idle_row_keeps_its_state():
+    st = _decoding(SamplingParams(max_tokens=4), slot=1, max_loops=1)
+    st.remaining[2] = 0.5
+    before = st.ints[2].clone()
+    rec, src, _ = _advance(st, 9, rows=(1, 2))
+    assert rec[0].tolist() == [0, ds.EMIT_TOKEN, 0] and torch.equal(st.ints[2], before)
+    assert st.remaining[2] == 0.5 and (src[1] == -1).all()
+
+
+def test_the_gate_exits_when_the_hazard_crosses_the_threshold():
+    st = _decoding(SamplingParams(max_tokens=4), threshold=0.5)
+    rec, _, _ = _advance(st, 9, lam=torch.tensor([0.3]), mode=ExitMode.OURO)  # cdf 0.3: continue
+    assert rec[0, 0] == ds.EMIT_NONE and st.remaining[0].item() == pytest.approx(0.7)
+    rec, _, _ = _advance(st, 9, lam=torch.tensor([0.3]), mode=ExitMode.OURO)  # cdf 0.51: exit at loop 2
+    assert rec[:3, 0].tolist() == [ds.EMIT_TOKEN, 9, 2] and st.remaining[0] == 1.0
+
+
+def test_emit_first_samples_at_full_depth_and_starts_decoding():
+    st = _state()
+    _admit(st, [row(slot=2, params=SamplingParams(max_tokens=3))])
+    rec = st.new_record(1)[0]
+    st.emit_first(torch.tensor([2]), torch.tensor([11]), torch.tensor([-1.25]), rec)
+    assert rec[:, 2].tolist() == [ds.EMIT_TOKEN, 11, T, -1.25]
+    assert st.ints[2, [ds.ACTIVE, ds.TOKEN, ds.POS, ds.LOOP, ds.NGEN]].tolist() == [1, 11, 5, 1, 1]
+
+
+def test_extend_tables_save_restore_and_restart():
+    st = _decoding(SamplingParams(max_tokens=4), slot=1)
+    st.extend_tables(torch.tensor([1, 1]), torch.tensor([0, 3]), torch.tensor([2, 2]),
+                     torch.tensor([20, 21], dtype=torch.int32))
+    assert st.tables[1].tolist() == [[1, 2, 20], [3, 4, 0], [5, 6, 0], [7, 8, 21]]
+    st.hidden[1] = torch.tensor([0.5, -2.0])
+    saved = st.save_row(1)
+    st.release(torch.tensor([1]))
+    st.restore_row(0, saved, torch.arange(T * MAX_BLOCKS, dtype=torch.int32).view(T, MAX_BLOCKS))
+    assert st.ints[0].tolist() == saved.ints.tolist() and st.ints[0, ds.ACTIVE] == 1
+    assert st.hidden[0].tolist() == [0.5, -2.0] and st.tables[0, 3].tolist() == [9, 10, 11]
+    st.ints[0, ds.LOOP] = 3
+    st.restart_at_loop_one(torch.tensor([0]))
+    assert st.ints[0, ds.LOOP] == 1
+
+
+def test_sampling_rows():
+    st = _state()
+    _admit(st, [row(slot=1)])
+    temperature, top_k, top_p, seed, counter = st.sampling_rows(torch.tensor([1]), offset=2)
+    assert (temperature.item(), top_k.item(), top_p.item(), seed.item(), counter.item()) == (0.5, 3, 0.9, 42, 2)

@@ -14,10 +14,10 @@ import torch
 
 from ouro_backend.config import EngineConfig, KVLayout
 from ouro_backend.engine.kv_cache import KVCache
-from ouro_backend.engine.prefix_cache import PrefixCache
 from ouro_backend.engine.scheduler import PrefillChunk, Scheduler, SchedulerOutput
 from ouro_backend.engine.sequence import Sequence, Status, StopChecker
 from ouro_backend.model.sampler import SamplerMode
+from ouro_backend.outputs import FinishReason
 from ouro_backend.sampling_params import SamplingParams
 
 BS, T = 4, 4
@@ -28,9 +28,8 @@ def make(num_blocks=32, layout="last_exited", prefix=False, **kw) -> Scheduler:
     kw.setdefault("kv_watermark", 0.0)
     cfg = EngineConfig(block_size=BS, kv_layout=layout, enable_prefix_caching=prefix, **kw).validate()
     assert cfg.model is None  # nothing here resolves or loads a model
-    kv = KVCache(2, num_blocks, BS, 1, 2, T, KVLayout(layout), torch.float32, torch.device("cpu"))
-    if cfg.prefix_caching:
-        kv.prefix = PrefixCache(kv.allocator, BS)
+    kv = KVCache(2, num_blocks, BS, 1, 2, T, KVLayout(layout), torch.float32, torch.device("cpu"),
+                 enable_prefix_caching=cfg.prefix_caching)
     return Scheduler(cfg, kv, T)
 
 
@@ -94,7 +93,7 @@ def test_add_find_and_finish_a_waiting_request():
     s.add(b)
     assert s.has_unfinished() and s.num_unfinished == 2 and ids(s.waiting) == ["a", "b"]
     assert s.find("b") is b and s.find("zz") is None
-    s.finish(a, "abort")
+    s.finish(a, FinishReason.ABORT)
     assert a.finished and a.finish_reason == "abort" and ids(s.waiting) == ["b"]
     assert s.find("a") is None
 
@@ -115,7 +114,7 @@ def test_admission_order_slots_and_blocks():
     assert a.block_tables == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert b.block_tables == [[8, 9], [10, 11], [12, 13], [14, 15]]
     assert c.block_tables == [[16, 17, 18], [19, 20, 21], [22, 23, 24], [25, 26, 27]]
-    assert s.kv.allocator.num_free == 4
+    assert s.kv.pool.num_free == 4
     assert chunks(plan) == [("a", 0, 0, 6, 1), ("b", 1, 0, 3, 1), ("c", 2, 0, 9, 1)]
     assert plan.decode_slots == [] and plan.released == [] and plan.table_growth == []
     assert plan.owners == [a, b, c] and plan.has_work
@@ -129,7 +128,7 @@ def test_fcfs_head_blocks_later_requests_that_would_fit():
         s.add(x)
     plan = s.schedule()
     assert ids(plan.admitted) == ["a"]  # 3 blocks x 4 planes = 12
-    assert s.kv.allocator.num_free == 4
+    assert s.kv.pool.num_free == 4
     # b needs 12 > 4; c needs 4 and would fit, but waits behind b (the head cannot starve).
     assert ids(s.waiting) == ["b", "c"]
     for _ in range(3):
@@ -144,12 +143,12 @@ def test_watermark_applies_only_while_others_run():
         s.add(x)
     plan = s.schedule()
     # a: 8 blocks of 20. b: 8 <= 12 - 4. c: 4 > 4 - 4.
-    assert ids(plan.admitted) == ["a", "b"] and ids(s.waiting) == ["c"] and s.kv.allocator.num_free == 4
+    assert ids(plan.admitted) == ["a", "b"] and ids(s.waiting) == ["c"] and s.kv.pool.num_free == 4
 
     alone = make(num_blocks=20, max_num_seqs=4, max_num_batched_tokens=32, kv_watermark=0.2)
     big = req("big", 18, 2)  # 20 positions: 5 blocks x 4 planes, the whole pool
     alone.add(big)
-    assert ids(alone.schedule().admitted) == ["big"] and alone.kv.allocator.num_free == 0
+    assert ids(alone.schedule().admitted) == ["big"] and alone.kv.pool.num_free == 0
 
 
 def test_budget_limits_admission():
@@ -298,7 +297,7 @@ def test_decode_growth_entries_and_finish_frees_everything():
     a = req("a", 6, 8)
     s.add(a)
     run_prefill(s)
-    assert a.block_tables == [[0, 1], [2, 3], [4, 5], [6, 7]] and s.kv.allocator.num_free == 24
+    assert a.block_tables == [[0, 1], [2, 3], [4, 5], [6, 7]] and s.kv.pool.num_free == 24
     growth = []
     for _ in range(4):
         emit(a)
@@ -310,11 +309,11 @@ def test_decode_growth_entries_and_finish_frees_everything():
     emit(a)  # 12 tokens: horizon min(14, 14) = 14 -> 4 blocks: the request's whole length is covered
     assert step(s).table_growth == []
     assert a.block_tables == [[0, 1, 8, 12], [2, 3, 9, 13], [4, 5, 10, 14], [6, 7, 11, 15]]
-    assert s.kv.allocator.num_free == 16
+    assert s.kv.pool.num_free == 16
 
-    s.finish(a, "length")
+    s.finish(a, FinishReason.LENGTH)
     assert a.finished and a.slot is None and a.block_tables == [[], [], [], []]
-    assert s.kv.allocator.num_free == 32 and s.free_slots == [0, 1] and s.owners == [None, None]
+    assert s.kv.pool.num_free == 32 and s.free_slots == [0, 1] and s.owners == [None, None]
     assert s.running == [] and not s.has_unfinished()
     plan = s.schedule()
     assert plan.released == [0] and plan.has_work and plan.decode_slots == []
@@ -329,8 +328,8 @@ def test_finished_slot_and_blocks_go_to_the_next_request():
     run_prefill(s)
     assert ids(s.waiting) == ["b"] and a.block_tables == [[0, 1], [2, 3], [4, 5], [6, 7]]
     emit(a)
-    s.finish(a, "stop")
-    assert s.kv.allocator.num_free == 16
+    s.finish(a, FinishReason.STOP)
+    assert s.kv.pool.num_free == 16
     plan = s.schedule()
     assert plan.released == [0] and ids(plan.admitted) == ["b"] and b.slot == 0
     assert chunks(plan) == [("b", 0, 0, 3, 1)]
@@ -345,8 +344,8 @@ def test_slots_are_reused_lowest_first():
     for x in (a, b, c):
         s.add(x)
     s.schedule()
-    s.finish(b, "abort")
-    s.finish(a, "abort")
+    s.finish(b, FinishReason.ABORT)
+    s.finish(a, FinishReason.ABORT)
     assert s.free_slots == [0, 1]
     d = req("d", 2)
     s.add(d)
@@ -374,7 +373,7 @@ def _two_decoding(mode="auto", layout="last_exited", num_blocks=16):
 
 def test_preemption_recompute_picks_the_newest_and_requeues_it():
     s, a, b = _two_decoding()
-    assert s.kv.allocator.num_free == 0 and (a.num_tokens, b.num_tokens) == (7, 7)
+    assert s.kv.pool.num_free == 0 and (a.num_tokens, b.num_tokens) == (7, 7)
     assert b.block_tables == [[8, 9], [10, 11], [12, 13], [14, 15]]
     plan = step(s)  # a's horizon 9 needs a third block per plane: none is free
     assert plan.released == [1] and plan.decode_slots == [0] and plan.swap_out == []
@@ -383,11 +382,11 @@ def test_preemption_recompute_picks_the_newest_and_requeues_it():
     assert (s.num_preemptions, s.num_recomputes) == (1, 1)
     assert b.status is Status.WAITING and b.slot is None and b.num_prefilled == 0
     assert b.block_tables == [[], [], [], []] and b.output_ids == [1, 1, 1]  # its tokens are kept
-    assert ids(s.waiting) == ["b"] and ids(s.running) == ["a"] and s.kv.allocator.num_free == 4
+    assert ids(s.waiting) == ["b"] and ids(s.running) == ["a"] and s.kv.pool.num_free == 4
     # b's readmission prefills prompt + all tokens but the last: 6 positions, horizon 9 -> 12 blocks > 4.
     assert step(s).admitted == [] and ids(s.waiting) == ["b"]
     emit(a)
-    s.finish(a, "abort")
+    s.finish(a, FinishReason.ABORT)
     plan = step(s)
     assert ids(plan.admitted) == ["b"] and plan.released == [0] and b.slot == 0
     assert b.prefill_target == 6 and b.resuming
@@ -419,7 +418,7 @@ def test_preemption_swap_moves_the_newest_to_host_and_back():
     c = req("c", 1, start=300)
     s.add(c)
     assert step(s).swap_in == [] and step(s).admitted == []
-    s.finish(a, "abort")
+    s.finish(a, FinishReason.ABORT)
     plan = step(s)
     assert plan.released == [0] and len(plan.swap_in) == 1
     back = plan.swap_in[0]
@@ -434,7 +433,7 @@ def test_preemption_swap_moves_the_newest_to_host_and_back():
 def test_finishing_a_swapped_request_drops_its_copy():
     s, a, b = _two_decoding(mode="swap")
     step(s)
-    s.finish(b, "abort")
+    s.finish(b, FinishReason.ABORT)
     assert s.swapped == deque() and s.swap_used == 0 and b.finished
     plan = s.schedule()
     assert plan.swap_dropped == ["b"] and plan.has_work
@@ -461,7 +460,7 @@ def test_a_request_preempts_itself_when_it_is_the_newest():
     plan = step(s)
     assert plan.released == [1] and plan.decode_slots == [0] and plan.table_growth == []
     assert b.status is Status.WAITING and a.status is Status.RUNNING
-    assert [len(t) for t in a.block_tables] == [2] * 4 and s.kv.allocator.num_free == 8
+    assert [len(t) for t in a.block_tables] == [2] * 4 and s.kv.pool.num_free == 8
     assert (s.num_preemptions, s.num_recomputes) == (1, 1)
 
 
@@ -474,7 +473,7 @@ def test_requests_in_prefill_are_never_preempted():
     b = req("b", 6, start=200)  # 6-token prompt, horizon 8: 2 blocks per plane, the other 8 blocks
     s.add(b)
     plan = step(s)
-    assert ids(plan.admitted) == ["b"] and s.kv.allocator.num_free == 0
+    assert ids(plan.admitted) == ["b"] and s.kv.pool.num_free == 0
     emit(a)
     plan = step(s)  # a (6 tokens, horizon 8) fits
     assert plan.released == []
@@ -493,9 +492,9 @@ def test_shared_layout_releases_prefill_planes_after_the_prompt():
     s.add(a)
     run_prefill(s, 3)
     # Planes 0-2 cover the prompt (2 blocks); the last plane up to the horizon 8 (2 blocks).
-    assert a.block_tables == [[0, 1], [2, 3], [4, 5], [6, 7]] and s.kv.allocator.num_free == 24
+    assert a.block_tables == [[0, 1], [2, 3], [4, 5], [6, 7]] and s.kv.pool.num_free == 24
     step(s)  # the last loop: only the last plane is kept
-    assert a.block_tables == [[], [], [], [6, 7]] and s.kv.allocator.num_free == 30
+    assert a.block_tables == [[], [], [], [6, 7]] and s.kv.pool.num_free == 30
     emit(a)
     assert step(s).table_growth == [(0, 3, 2, 8)]  # 7 tokens, horizon 9: the last plane grows alone
 
@@ -505,18 +504,19 @@ def test_shared_layout_releases_prefill_planes_after_the_prompt():
 
 def test_prefix_cache_second_request_reuses_the_first_ones_full_blocks():
     s = make(num_blocks=32, prefix=True, max_num_seqs=2, max_num_batched_tokens=16)
-    prefix = s.kv.prefix
+    prefix = s.kv.pool
     a = req("a", 10, 2)
     s.add(a)
     plan = step(s)
     assert chunks(plan) == [("a", 0, 0, 10, 1)] and a.num_cached_tokens == 0
     assert a.block_tables == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
-    assert prefix.entries == {}  # registered only once the prompt ran every loop
+    assert prefix.num_entries == 0  # registered only once the prompt ran every loop
     run_prefill(s, 3)
     k0, k1 = a.prompt_keys
     assert len(a.prompt_keys) == 2 and a.cached_keys == [k0, k1]
-    assert {k: (e.blocks, e.refs) for k, e in prefix.entries.items()} == {k0: ((0, 3, 6, 9), 1),
-                                                                          k1: ((1, 4, 7, 10), 1)}
+    assert prefix.num_entries == 2
+    assert {k: (prefix.blocks_of(k), prefix.refs(k)) for k in (k0, k1)} == {k0: ((0, 3, 6, 9), 1),
+                                                                            k1: ((1, 4, 7, 10), 1)}
     b = req("b", 10, 2)  # the same prompt
     s.add(b)
     emit(a)
@@ -525,17 +525,17 @@ def test_prefix_cache_second_request_reuses_the_first_ones_full_blocks():
     assert b.block_tables == [[0, 1, 12], [3, 4, 13], [6, 7, 14], [9, 10, 15]]
     assert (b.num_cached_tokens, b.num_prefilled, b.cached_keys) == (8, 8, [k0, k1])
     assert chunks(plan) == [("b", 1, 8, 2, 1)] and plan.decode_slots == [0]
-    assert [prefix.entries[k].refs for k in (k0, k1)] == [2, 2]
+    assert [prefix.refs(k) for k in (k0, k1)] == [2, 2]
     assert (prefix.queried_tokens, prefix.hit_tokens, prefix.hit_rate) == (20, 8, 0.4)
-    assert s.kv.allocator.num_free == 16
+    assert s.kv.pool.num_free == 16
 
-    s.finish(a, "length")  # a's private blocks go back; the entries stay, held by b
-    assert s.kv.allocator.num_free == 20 and [prefix.entries[k].refs for k in (k0, k1)] == [1, 1]
-    s.finish(b, "length")
-    assert s.kv.allocator.num_free == 24 and prefix.num_evictable == 8 and s.kv.num_available == 32
-    assert [prefix.entries[k].refs for k in (k0, k1)] == [0, 0]
-    prefix.clear()
-    assert prefix.entries == {} and s.kv.allocator.num_free == 32
+    s.finish(a, FinishReason.LENGTH)  # a's private blocks go back; the entries stay, held by b
+    assert s.kv.pool.num_free == 20 and [prefix.refs(k) for k in (k0, k1)] == [1, 1]
+    s.finish(b, FinishReason.LENGTH)
+    assert s.kv.pool.num_free == 24 and prefix.num_idle_blocks == 8 and s.kv.pool.num_available == 32
+    assert [prefix.refs(k) for k in (k0, k1)] == [0, 0]
+    prefix.clear_cache()
+    assert prefix.num_entries == 0 and s.kv.pool.num_free == 32
 
 
 def test_prefix_hits_keep_the_last_prompt_token_to_compute():
@@ -563,9 +563,10 @@ def test_concurrent_identical_prompts_do_not_share_until_registered():
     run_prefill(s, 3)
     # a registers first; b's identical keys are taken, so its blocks stay private.
     assert len(a.cached_keys) == 2 and b.cached_keys == []
-    assert [e.blocks for e in s.kv.prefix.entries.values()] == [(0, 3, 6, 9), (1, 4, 7, 10)]
-    s.finish(b, "abort")
-    assert s.kv.allocator.num_free == 32 - 12
+    assert s.kv.pool.num_entries == 2
+    assert [s.kv.pool.blocks_of(k) for k in a.cached_keys] == [(0, 3, 6, 9), (1, 4, 7, 10)]
+    s.finish(b, FinishReason.ABORT)
+    assert s.kv.pool.num_free == 32 - 12
 
 
 def test_admission_counts_idle_cached_blocks_as_available_and_evicts_them():
@@ -573,39 +574,39 @@ def test_admission_counts_idle_cached_blocks_as_available_and_evicts_them():
     a = req("a", 5, 2)  # 1 full block is cached; horizon 7 -> 2 blocks per plane
     s.add(a)
     run_prefill(s)
-    s.finish(a, "length")
-    prefix = s.kv.prefix
-    assert len(prefix.entries) == 1 and prefix.num_evictable == 4 and s.kv.allocator.num_free == 12
+    s.finish(a, FinishReason.LENGTH)
+    prefix = s.kv.pool
+    assert prefix.num_entries == 1 and prefix.num_idle_blocks == 4 and s.kv.pool.num_free == 12
     b = req("b", 14, 2, start=500)  # no hit; horizon 16 -> 16 blocks: the idle entry must go
     s.add(b)
     plan = step(s)
-    assert ids(plan.admitted) == ["b"] and prefix.entries == {} and s.kv.allocator.num_free == 0
+    assert ids(plan.admitted) == ["b"] and prefix.num_entries == 0 and s.kv.pool.num_free == 0
     assert b.block_tables == [[8, 9, 10, 11], [12, 13, 14, 15], [1, 3, 5, 7], [0, 2, 4, 6]]
 
 
 def test_recompute_readmission_rehits_its_own_cached_prefix_without_counting_it():
     s = make(num_blocks=16, prefix=True, max_num_seqs=2, max_num_batched_tokens=16)
-    prefix = s.kv.prefix
+    prefix = s.kv.pool
     a, b = req("a", 5), req("b", 5, start=200)  # one full block each, 2 blocks per plane: the pool is full
     s.add(a)
     s.add(b)
     run_prefill(s)
-    assert len(a.cached_keys) == 1 and len(b.cached_keys) == 1 and s.kv.allocator.num_free == 0
-    b_entry = prefix.entries[b.cached_keys[0]].blocks
+    assert len(a.cached_keys) == 1 and len(b.cached_keys) == 1 and s.kv.pool.num_free == 0
+    b_entry = prefix.blocks_of(b.cached_keys[0])
     assert b_entry == (8, 10, 12, 14)
     emit(a, b)
     assert step(s).decode_slots == [0, 1]
     emit(a, b)
     plan = step(s)  # a (7 tokens, horizon 9) grows: b is preempted; its entry stays, idle
     assert plan.released == [1] and b.status is Status.WAITING and b.cached_keys == []
-    assert prefix.num_evictable == 4 and s.kv.allocator.num_free == 0  # b's 4 private blocks went to a
+    assert prefix.num_idle_blocks == 4 and s.kv.pool.num_free == 0  # b's 4 private blocks went to a
     assert plan.table_growth == [(0, 0, 2, 9), (0, 1, 2, 11), (0, 2, 2, 13), (0, 3, 2, 15)]
     emit(a)
-    s.finish(a, "abort")
+    s.finish(a, FinishReason.ABORT)
     plan = step(s)
     assert ids(plan.admitted) == ["b"] and b.prefill_target == 6
     assert chunks(plan) == [("b", 0, 4, 2, 1)]  # its own cached first block is not recomputed
-    assert [t[0] for t in b.block_tables] == list(b_entry) and prefix.entries[b.cached_keys[0]].refs == 1
+    assert [t[0] for t in b.block_tables] == list(b_entry) and prefix.refs(b.cached_keys[0]) == 1
     # A resumed request's hit is neither reported nor counted in the hit rate: only first admissions are.
     assert b.num_cached_tokens == 0
     assert (prefix.queried_tokens, prefix.hit_tokens) == (10, 0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ouro_backend.engine.sequence import Sequence, Status, StopChecker
+from ouro_backend.outputs import FinishReason
 from ouro_backend.sampling_params import SamplingParams
 
 VOCAB = {0: "<eos>", 1: "a", 2: "b", 3: "E", 4: "N", 5: "D", 6: "xy", 7: " ", 8: "c", 9: "d"}
@@ -39,7 +40,7 @@ def feed(seq: Sequence, tokens, depth=4):
         active = n >= seq.params.min_tokens
         if seq.stop.update(TOK, tok, active=active) and active:
             seq.trim_chars = len(seq.stop.text) - seq.stop.cut
-            seq.finish("stop")
+            seq.finish(FinishReason.STOP)
             return n
     return None
 
@@ -97,7 +98,7 @@ def test_in_prefill_follows_num_prefilled_and_target():
 
 def test_finish():
     seq = make_seq()
-    seq.finish("abort")
+    seq.finish(FinishReason.ABORT)
     assert seq.finished and seq.status is Status.FINISHED and seq.finish_reason == "abort"
     assert seq.finish_time is not None
 
@@ -124,7 +125,7 @@ def test_make_output_deltas_and_prefix_window():
     out = seq.make_output(TOK, with_text=False)
     assert out.new_token_ids == [6] and out.new_exit_depths == [1] and out.new_text == ""
     assert out.prefix_token_ids == [1, 2, 8, 9, 7]  # the window spans the prompt and the output
-    seq.finish("length")
+    seq.finish(FinishReason.LENGTH)
     final = seq.make_output(TOK, with_text=True)
     assert final.finished and final.finish_reason == "length"
     assert final.new_token_ids == [] and final.new_text == ""
@@ -142,7 +143,7 @@ def test_short_prompt_prefix_window():
 def test_final_output_skips_special_tokens_in_text():
     seq = make_seq(prompt=[1])
     feed(seq, [2, 0])
-    seq.finish("stop")
+    seq.finish(FinishReason.STOP)
     out = seq.make_output(TOK, with_text=True)
     assert out.token_ids == [2, 0] and out.text == "b" and out.new_text == "b"
 

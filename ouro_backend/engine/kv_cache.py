@@ -9,76 +9,38 @@ recurrent batch reads and writes exactly one plane, so depth awareness reduces t
   done only the last plane is kept and every decode loop reads/writes it, overwriting the token's KV
   loop after loop, so earlier tokens are seen at their exit loop.
 
+Block ids come from the engine's one `BlockPool` (`block_pool.py`), which also caches prompt prefixes.
 Blocks are taken on demand (docs/kv-memory.md): a request gets its prompt's blocks in every plane at
 admission, and its decode planes grow as its frontier advances, a few launches ahead of the device. A
 plane's table only ever grows at its end, so a block id, once written to the device's table row, stays.
 """
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING, Optional
+from collections.abc import Sequence
 
 import torch
 
 from ..config import KVLayout
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from .prefix_cache import PrefixCache
-
-
-class BlockAllocator:
-    def __init__(self, num_blocks: int):
-        self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"KV cache: asked for {n} blocks, {len(self._free)} free")
-        return [self._free.popleft() for _ in range(n)]
-
-    def free(self, blocks: list[int]) -> None:
-        self._free.extend(blocks)
+from .block_pool import BlockPool
 
 
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 num_loops: int, layout: KVLayout, dtype: torch.dtype, device: torch.device):
+                 num_loops: int, layout: KVLayout, dtype: torch.dtype, device: torch.device,
+                 enable_prefix_caching: bool = False):
         self.layout = KVLayout(layout)
         self.block_size = block_size
         self.num_loops = num_loops
-        self.allocator = BlockAllocator(num_blocks)
-        self.prefix: Optional["PrefixCache"] = None  # prompt blocks shared by content (enable_prefix_caching)
+        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
         # [layers, K/V, blocks, block_size, kv_heads, head_dim]: a layer's K (or V) is one contiguous pool.
         self.kv = torch.zeros(num_layers, 2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
 
     @property
     def num_blocks(self) -> int:
-        return self.allocator.num_blocks
+        return self.pool.num_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
-
-    @property
-    def usage(self) -> float:
-        """Share of the blocks in use (blocks of idle prefix-cache entries count as free)."""
-        return 1.0 - self.num_available / self.num_blocks
-
-    @property
-    def num_available(self) -> int:
-        """Blocks that can be handed out: free, or held only by idle prefix-cache entries."""
-        return self.allocator.num_free + (self.prefix.num_evictable if self.prefix else 0)
-
-    def take(self, n: int) -> list[int]:
-        """n blocks, evicting idle prefix-cache entries if the free list is short."""
-        if self.prefix is not None and n > self.allocator.num_free:
-            self.prefix.evict(n)
-        return self.allocator.allocate(n)
 
     @property
     def block_bytes(self) -> int:
@@ -101,9 +63,11 @@ class KVCache:
 
     def allocate(self, prompt_len: int, horizon: int, shared: Sequence[tuple[int, ...]] = ()) -> list[list[int]]:
         """One block table per plane (T of them; SHARED's first T-1 cover only the prompt). `shared`: leading
-        blocks that are already there (prefix-cache hits), one tuple per block with one id per plane."""
-        return [[b[p] for b in shared] + self.take(self.blocks_for(self._plane_len(p, prompt_len, horizon))
-                                                   - len(shared)) for p in range(self.num_loops)]
+        blocks that are already there (prefix-cache hits), one tuple per block with one id per plane. Takes
+        all the new blocks at once: short of blocks, it raises and takes none."""
+        counts = [self.blocks_for(self._plane_len(p, prompt_len, horizon)) - len(shared) for p in range(self.num_loops)]
+        new = iter(self.pool.take(sum(counts)))
+        return [[b[p] for b in shared] + [next(new) for _ in range(n)] for p, n in enumerate(counts)]
 
     def growth_needed(self, tables: list[list[int]], horizon: int) -> int:
         """Blocks the decode planes need to cover positions < horizon."""
@@ -114,9 +78,10 @@ class KVCache:
         """Extend the decode planes to cover positions < horizon; returns (plane, index, block) per new block,
         for the device's copy of the tables."""
         want = self.blocks_for(horizon)
+        blocks = iter(self.pool.take(self.growth_needed(tables, horizon)))  # all or none
         new = []
         for p in self.decode_planes():
-            add = self.take(max(0, want - len(tables[p])))
+            add = [next(blocks) for _ in range(max(0, want - len(tables[p])))]
             new += [(p, len(tables[p]) + i, b) for i, b in enumerate(add)]
             tables[p].extend(add)
         return new
@@ -125,14 +90,20 @@ class KVCache:
         """SHARED: the prompt keeps only its final plane once prefill is complete."""
         if self.layout is KVLayout.SHARED:
             for plane in range(self.num_loops - 1):
-                self.allocator.free(tables[plane])
+                self.pool.free(tables[plane])
                 tables[plane] = []
 
     def free(self, tables: list[list[int]], keep: int = 0) -> None:
         """Free every table's blocks but the first `keep` (prefix-cache blocks: their entries own them)."""
         for t in tables:
-            self.allocator.free(t[keep:])
+            self.pool.free(t[keep:])
             t.clear()
 
-    def slot(self, table: list[int], pos: int) -> int:
+    def kv_slots(self, table: list[int], start: int, end: int) -> list[int]:
+        """`kv_slot` of positions start..end-1."""
+        bs = self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def kv_slot(self, table: list[int], pos: int) -> int:
+        """Where position `pos` of a plane with block table `table` lives in the pool (block x size + offset)."""
         return table[pos // self.block_size] * self.block_size + pos % self.block_size

@@ -15,16 +15,15 @@ from ..model.attention import TorchBackend
 from ..model.checkpoint import load_config, load_weights, read_eos_ids
 from ..model.ouro import OuroModel
 from ..model.tokenizer import load_tokenizer
-from ..outputs import RequestOutput
+from ..outputs import FinishReason, RequestOutput
 from ..sampling_params import RequestError, SamplingParams
 from .decode_state import MAX_TRACE
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
 from .model_runner import Emitted, Launch, ModelRunner
-from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .sequence import Sequence, StopChecker
-from .speculation import mean_accepted_length
+from .spec_policy import mean_accepted_length
 
 log = logging.getLogger(__name__)
 Prompt = Union[str, list[int]]
@@ -90,9 +89,9 @@ class LLMEngine:
         self.exit_threshold = mcfg.early_exit_threshold if cfg.exit_threshold is None else cfg.exit_threshold
         t0 = time.monotonic()
         weights = load_weights(path, mcfg, self.dtype, self.device)
-        if cfg.spec_tokens and cfg.spec_draft_loops >= mcfg.total_ut_steps:
+        if cfg.spec_tokens and cfg.spec_draft_loops >= mcfg.num_loops:
             raise ConfigError(f"spec_draft_loops ({cfg.spec_draft_loops}) must be less than the model's "
-                              f"{mcfg.total_ut_steps} loops: the later loops verify the drafts")
+                              f"{mcfg.num_loops} loops: the later loops verify the drafts")
         if cfg.spec_tokens and self.exit_threshold < 1.0:
             raise ConfigError(f"spec_tokens > 0 verifies at full depth, but the checkpoint's early_exit_threshold "
                               f"is {self.exit_threshold}: set exit_threshold=1.0")
@@ -103,33 +102,33 @@ class LLMEngine:
         log.info("loaded %s (%s, %s) in %.1fs", path, self.dtype, self.device, time.monotonic() - t0)
         num_blocks = self._num_kv_blocks()
         self.kv = KVCache(mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads,
-                          mcfg.head_dim, mcfg.total_ut_steps, KVLayout(cfg.kv_layout), self.dtype, self.device)
+                          mcfg.head_dim, mcfg.num_loops, KVLayout(cfg.kv_layout), self.dtype, self.device,
+                          enable_prefix_caching=cfg.prefix_caching)
         log.info("KV cache: %d blocks of %d tokens (%s layout, %.2f GiB)", num_blocks, cfg.block_size,
                  cfg.kv_layout, self.kv.kv.numel() * self.kv.kv.element_size() / 2**30)
-        if cfg.prefix_caching:
-            self.kv.prefix = PrefixCache(self.kv.allocator, cfg.block_size)
         log.info("prefix caching %s", "on" if cfg.prefix_caching else "off")
         self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
-        self.scheduler = Scheduler(cfg, self.kv, mcfg.total_ut_steps)
+        self.scheduler = Scheduler(cfg, self.kv, mcfg.num_loops)
         self._in_flight: Optional[Launch] = None  # launched, not collected (asynchronous scheduling)
         self.runner = ModelRunner(self.model, self.kv, self.policy, cfg.max_num_seqs, self.max_model_len,
                                   sorted(self.eos_ids), self.exit_threshold, cfg.spec_tokens, cfg.spec_draft_loops)
         if cfg.cuda_graphs and self.device.type == "cuda" and getattr(self.model.backend, "graph_safe", False):
             t0 = time.monotonic()
-            r = self.runner
-            r.capture_graphs(cfg.max_num_seqs, min(cfg.cuda_graph_max_tokens, cfg.max_num_batched_tokens),
-                             cfg.decode_rounds_per_launch)
+            self.runner.capture_graphs(cfg.max_num_seqs, min(cfg.cuda_graph_max_tokens, cfg.max_num_batched_tokens),
+                                       cfg.decode_rounds_per_launch)
+            g = self.runner.graphs
+            assert g is not None
             log.info("captured CUDA graphs in %.1fs (%.0f MiB): decode launches of %s rows x %s rounds, "
                      "rounds with prompt chunks of up to %s tokens, speculative steps of %s rows",
-                     time.monotonic() - t0, r.graph_memory / 2**20, sorted({k[0] for k in r.decode_graphs}),
-                     sorted({k[1] for k in r.decode_graphs}), sorted({k[0] for k in r.mixed_graphs}),
-                     sorted({k[0] for k in r.spec_graphs}) or "none")
+                     time.monotonic() - t0, g.memory / 2**20, sorted({k[0] for k in g.decode}),
+                     sorted({k[1] for k in g.decode}), sorted({k[0] for k in g.mixed}),
+                     sorted({k[0] for k in g.spec}) or "none")
             from .memory import RESERVE_BYTES
 
-            if r.graph_memory > RESERVE_BYTES and not (cfg.num_blocks or cfg.kv_cache_bytes):
+            if g.memory > RESERVE_BYTES and not (cfg.num_blocks or cfg.kv_cache_bytes):
                 log.warning("the CUDA graphs took %.0f MiB, more than the %.0f MiB that KV sizing reserved for "
                             "them: lower gpu_memory_utilization if later launches run out of memory",
-                            r.graph_memory / 2**20, RESERVE_BYTES / 2**20)
+                            g.memory / 2**20, RESERVE_BYTES / 2**20)
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []
@@ -163,7 +162,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: Prompt, params: Optional[SamplingParams] = None) -> None:
         """Validate and queue a request; raises RequestError for bad input. Thread-safe."""
         params = params or SamplingParams()
-        params.validate(num_loops=self.model_config.total_ut_steps, vocab_size=self.model_config.vocab_size,
+        params.validate(num_loops=self.model_config.num_loops, vocab_size=self.model_config.vocab_size,
                         max_trace=MAX_TRACE)
         ids = self._prompt_ids(prompt)
         if len(ids) >= self.max_model_len:
@@ -172,7 +171,7 @@ class LLMEngine:
             raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                                f"context limit of {self.max_model_len} tokens")
         if self.config.spec_tokens:
-            T = self.model_config.total_ut_steps
+            T = self.model_config.num_loops
             if (params.exit_threshold is not None and params.exit_threshold < 1.0) or \
                     (params.max_loops is not None and params.max_loops < T):
                 raise RequestError(f"this engine speculates (spec_tokens={self.config.spec_tokens}) and verifies "
@@ -243,7 +242,7 @@ class LLMEngine:
         for rid in aborts:
             seq = self.scheduler.find(rid)
             if seq is not None:
-                self.scheduler.finish(seq, "abort")
+                self.scheduler.finish(seq, FinishReason.ABORT)
                 self.counters["num_aborted"] += 1
                 changed[rid] = seq
         plan = self.scheduler.schedule()
@@ -312,8 +311,8 @@ class LLMEngine:
         """End `seq` with an error now: its slot is released by the next plan, its KV and any saved swap
         copy are freed, and the step's outputs carry its error."""
         if not seq.finished:
-            self.scheduler.finish(seq, "error")
-        seq.finish_reason = "error"  # also when it had just finished otherwise: its output is lost
+            self.scheduler.finish(seq, FinishReason.ERROR)
+        seq.finish_reason = FinishReason.ERROR  # also when it had just finished otherwise: its output is lost
         self.runner.swap.drop(seq.request_id)
         self.counters["num_failed"] += 1
         failed[seq.request_id] = (seq, message)
@@ -328,37 +327,34 @@ class LLMEngine:
             seq.spec_accepted += e.spec_accepted
         self.counters["generation_tokens"] += 1
         n = len(seq.output_ids)
-        reason = None
+        # EOS and max_tokens were decided on the device (its row went idle with this token); stop tokens and
+        # stop strings are the host's. NOTE: prompt + max_tokens <= max_model_len (add_request), so
+        # max_tokens is also the context limit.
+        reason = e.stop
         stop_text = seq.stop.update(self.tokenizer, e.token, active=n >= p.min_tokens)
-        if n >= p.min_tokens:
-            if (e.token in self.eos_ids and not p.ignore_eos) or e.token in p.stop_token_ids:
-                reason = "stop"
+        if reason is not FinishReason.STOP and n >= p.min_tokens:
+            if e.token in p.stop_token_ids:
+                reason = FinishReason.STOP
             elif stop_text:
                 assert seq.stop.cut is not None  # set when a stop string matched
                 seq.trim_chars = len(seq.stop.text) - seq.stop.cut
-                reason = "stop"
-        if reason is None and (n >= p.max_tokens or len(seq.prompt_ids) + n >= self.max_model_len):
-            reason = "length"
-        if reason:
+                reason = FinishReason.STOP
+        if reason is not None:
             self.scheduler.finish(seq, reason)
             self.counters["num_finished"] += 1
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prompt block no running request holds (as vLLM's `reset_prefix_cache`):
         benchmarks that reuse prompts start each timed run without the previous runs' prefill."""
-        if self.kv.prefix is not None:
-            self.kv.prefix.clear()
+        self.kv.pool.clear_cache()
 
     def stats(self) -> dict:
-        kv = self.kv
+        pool = self.kv.pool
         rs = self.runner.stats
-        prefix = kv.prefix
         return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-                    kv_blocks_total=kv.num_blocks, kv_blocks_free=kv.num_available,
-                    prefix_cache_hit_rate=(prefix.hit_rate or 0.0) if prefix else 0.0,
-                    # an entry holds one block per plane
-                    prefix_cache_blocks=len(prefix.entries) * kv.num_loops if prefix else 0,
-                    kv_usage=kv.usage, **dataclasses.asdict(rs), **self.counters,
+                    kv_blocks_total=pool.num_blocks, kv_blocks_free=pool.num_available,
+                    prefix_cache_hit_rate=pool.hit_rate or 0.0, prefix_cache_blocks=pool.num_cached_blocks,
+                    kv_usage=pool.usage, **dataclasses.asdict(rs), **self.counters,
                     num_preemptions=self.scheduler.num_preemptions, num_recomputes=self.scheduler.num_recomputes,
                     num_swapped=len(self.scheduler.swapped),
                     swap_bytes=self.scheduler.swap_used,

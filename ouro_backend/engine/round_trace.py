@@ -1,6 +1,6 @@
 """Diagnostics: a record of every engine step, to compare the served engine's rounds with engine-direct's.
 
-With OURO_ENGINE_TRACE=PATH set, the engine process (ouro_backend/serving/engine_process.py) records each step
+With OURO_ENGINE_TRACE=PATH set, the engine process (ouro_backend/serving/engine_server.py) records each step
 that launched work: its start, its duration, the launch's shape (ModelRunner.last_round) and the tokens
 read back in that step (those of the launch before, with asynchronous scheduling). It writes
 them to PATH as JSON when it stops. `summarize` reduces such a file to a few numbers;

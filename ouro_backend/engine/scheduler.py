@@ -34,9 +34,10 @@ from typing import Optional, cast
 
 from ..config import EngineConfig, KVLayout
 from ..model.sampler import SamplerMode
+from ..outputs import FinishReason
 from .kv_cache import KVCache
 from .sequence import Sequence, Status
-from .speculation import SpecPolicy
+from .spec_policy import SpecPolicy
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Scheduler:
         self.spec_policy = SpecPolicy(cfg.spec_tokens, cfg.spec_draft_loops, num_loops, cfg.spec_auto,
                                       cfg.spec_max_verify_tokens) if cfg.spec_tokens else None
         self.kv = kv
+        self.pool = kv.pool
         self.num_loops = num_loops
         # Positions a row may write beyond what the host knows: the launch in flight and the one being planned
         # each advance it by up to max(rounds, K + 1) tokens, and drafts write K past the last of them.
@@ -165,7 +167,7 @@ class Scheduler:
             if seq.status is not Status.RUNNING or seq.in_prefill:
                 continue  # preempted below, or its prompt's blocks were given at admission
             horizon = self._horizon(seq)
-            while self.kv.growth_needed(seq.block_tables, horizon) > self.kv.num_available:
+            while self.kv.growth_needed(seq.block_tables, horizon) > self.pool.num_available:
                 victim = next(s for s in reversed(self.running) if not s.in_prefill and s.slot not in self.chunks)
                 self._preempt(victim, swap_out)
                 if victim is seq:
@@ -208,12 +210,13 @@ class Scheduler:
             want = self.kv.blocks_for(self._horizon(seq))
             planes = set(self.kv.decode_planes())
             need = [max(c, want) if p in planes else c for p, c in enumerate(counts)]
-            if sum(need) > self.kv.num_available - (self.watermark if self.running else 0):
+            if sum(need) > self.pool.num_available - (self.watermark if self.running else 0):
                 return
             self.swapped.popleft()
             del self._swap_sizes[seq.request_id]
             self.swap_used -= size
-            seq.block_tables = [self.kv.take(n) for n in need]
+            blocks = iter(self.pool.take(sum(need)))
+            seq.block_tables = [[next(blocks) for _ in range(n)] for n in need]
             self._take_slot(seq)
             assert seq.slot is not None
             swap_in.append(SwapIn(seq, seq.slot, seq.block_tables))
@@ -262,24 +265,18 @@ class Scheduler:
             seq.prefill_target = len(seq.prompt_ids) + max(0, len(seq.output_ids) - 1)
             hits = self._prefix_hits(seq)
             need = self.kv.blocks_needed(seq.prefill_target, self._horizon(seq)) - len(hits) * self.num_loops
-            available = self.kv.num_available
-            if hits:
-                assert self.kv.prefix is not None  # hits come from the prefix cache
-                available -= self.kv.prefix.idle_blocks(hits)
+            available = self.pool.num_available - self.pool.idle_blocks(hits)
             # The watermark keeps room for running requests to grow; alone, a request may take everything.
             if need > available - (self.watermark if self.running else 0):
                 break  # FCFS: later requests wait too, so the head cannot starve
             self.waiting.popleft()
-            shared: list[tuple[int, ...]] = []
-            if hits:
-                assert self.kv.prefix is not None
-                shared = self.kv.prefix.acquire(hits)
+            shared = self.pool.acquire(hits)
             seq.block_tables = self.kv.allocate(seq.prefill_target, self._horizon(seq), shared)
             seq.cached_keys = list(hits)
             seq.num_prefilled = len(hits) * self.kv.block_size
-            if self.kv.prefix is not None and not seq.resuming:
+            if self.pool.enable_prefix_caching and not seq.resuming:
                 seq.num_cached_tokens = seq.num_prefilled
-                self.kv.prefix.record(len(seq.prompt_ids), seq.num_prefilled)
+                self.pool.record(len(seq.prompt_ids), seq.num_prefilled)
             self._take_slot(seq)
             admitted.append(seq)
             budget -= self._start_chunk(seq, budget, prefill)
@@ -303,30 +300,25 @@ class Scheduler:
     def _prefix_hits(self, seq: Sequence) -> list[bytes]:
         """Cached leading blocks of the prompt, keeping at least its last token to compute (its logits give
         the first output token)."""
-        prefix = self.kv.prefix
-        if prefix is None:
+        if not self.pool.enable_prefix_caching:
             return []
         if seq.prompt_keys is None:
-            seq.prompt_keys = prefix.keys(seq.prompt_ids)
-        return prefix.match(seq.prompt_keys[: (len(seq.prompt_ids) - 1) // self.kv.block_size])
+            seq.prompt_keys = self.pool.keys(seq.prompt_ids)
+        return self.pool.match(seq.prompt_keys[: (len(seq.prompt_ids) - 1) // self.kv.block_size])
 
     def _register_prefix(self, seq: Sequence) -> None:
         """The prompt's full blocks, computed now, become cache entries this request holds, in order, up to
         the first whose key another request registered meanwhile (its blocks stay private)."""
-        prefix = self.kv.prefix
-        assert prefix is not None  # called only with prefix caching on
         keys = seq.prompt_keys or []
         for i in range(len(seq.cached_keys), len(keys)):
-            if not prefix.insert(keys[i], tuple(t[i] for t in seq.block_tables)):
+            if not self.pool.insert(keys[i], tuple(t[i] for t in seq.block_tables)):
                 return
             seq.cached_keys.append(keys[i])
 
     def _free_kv(self, seq: Sequence) -> None:
         self.kv.free(seq.block_tables, keep=len(seq.cached_keys))
-        if seq.cached_keys:
-            assert self.kv.prefix is not None  # cached keys are entries of the prefix cache
-            self.kv.prefix.release(seq.cached_keys)
-            seq.cached_keys = []
+        self.pool.release(seq.cached_keys)
+        seq.cached_keys = []
 
     def _start_chunk(self, seq: Sequence, budget: int, prefill: list[PrefillChunk]) -> int:
         n = min(seq.prefill_target - seq.num_prefilled, self.chunk, budget)
@@ -346,10 +338,10 @@ class Scheduler:
             c.seq.num_prefilled = c.start + c.n
             if not c.seq.in_prefill:
                 self.kv.release_prefill_planes(c.seq.block_tables)
-                if self.kv.prefix is not None:
+                if self.pool.enable_prefix_caching:
                     self._register_prefix(c.seq)
 
-    def finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self._release_slot(seq)

@@ -6,7 +6,7 @@ import time
 from typing import Optional
 
 from ..model.tokenizer import PREFIX_WINDOW, IncrementalDetokenizer, decode_delta
-from ..outputs import RequestOutput
+from ..outputs import FinishReason, RequestOutput
 from ..sampling_params import SamplingParams
 
 
@@ -40,7 +40,7 @@ class Sequence:
         self.prompt_keys: Optional[list[bytes]] = None
         self.cached_keys: list[bytes] = []
         self.num_cached_tokens = 0
-        self.finish_reason: Optional[str] = None
+        self.finish_reason: Optional[FinishReason] = None
         self.stop = stop_checker
         self.num_emitted = 0  # output tokens already handed out in a RequestOutput
         self.spec_drafted = self.spec_accepted = 0  # self-speculation: draft tokens proposed / accepted
@@ -81,7 +81,7 @@ class Sequence:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: FinishReason) -> None:
         """Tokens the device produced for this request after this point are dropped when read back."""
         self.status = Status.FINISHED
         self.finish_reason = reason
@@ -116,7 +116,8 @@ class Sequence:
             request_id=self.request_id, prompt_token_ids=self.prompt_ids,
             token_ids=list(self.output_ids) if done else [], exit_depths=list(self.exit_depths) if done else [],
             logprobs=list(self.logprobs) if done else [], text=text,
-            finished=self.finished, finish_reason=self.finish_reason, new_token_ids=new_ids,
+            finished=self.finished, finish_reason=self.finish_reason.value if self.finish_reason else None,
+            new_token_ids=new_ids,
             new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
             prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
             num_cached_tokens=self.num_cached_tokens, arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
@@ -131,7 +132,7 @@ class Sequence:
         return RequestOutput(
             request_id=self.request_id, prompt_token_ids=self.prompt_ids, token_ids=self.output_ids[:n],
             exit_depths=self.exit_depths[:n], logprobs=self.logprobs[:n], text="", finished=True,
-            finish_reason="error", error=message, num_cached_tokens=self.num_cached_tokens,
+            finish_reason=FinishReason.ERROR.value, error=message, num_cached_tokens=self.num_cached_tokens,
             arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
             num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
 

@@ -23,133 +23,98 @@ last round, how many drafts each row had accepted, for the host's statistics.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..model.attention import AttentionMetadata
-from ..model.sampler import SamplerMode, sample, sample_tokens
-from . import decode_state as ds, decode_step
-
-if TYPE_CHECKING:
-    from .model_runner import ModelRunner
+from ..model.ouro import OuroModel
+from ..model.sampler import SamplerMode
+from . import decode_state as ds
+from .decode_state import DecodeState
+from .kv_cache import KVCache
+from .row_sampler import RowSampler
 
 # The speculative record's last round: per slot, accepted drafts (REC_TOKEN) and whether the row drafted
 # (REC_DEPTH); its REC_EMITTED stays 0, so `collect` reads no token from it.
 REC_ACCEPTED, REC_DRAFTED = ds.REC_TOKEN, ds.REC_DEPTH
 
 
-class SpecPolicy:
-    """When to speculate (docs/engine.md, "Automatic fallback"): a step of K drafts of d loops and a verify
-    pass of T - d loops costs (K + 1) d + T - d loop passes over the batch, and emits E = 1 + a + ... + a^K
-    tokens per row at acceptance rate a, where plain decoding spends T passes a token. While each pass is
-    bound by reading the weights (few rows), the step pays when E T > (K + 1) d + T - d. So the engine
-    speculates when the verify pass stays small (rows x (K + 1) <= max_verify_tokens) and the expected gain
-    at the estimated acceptance exceeds 1. The estimate is an exponential average of each step's
-    acceptance (a convex combination of numbers in [0, 1]: it cannot diverge), starting at 1 so the engine
-    tries; while it does not speculate, every `probe_every`-th decode launch speculates to re-measure."""
+class Speculator:
+    """Runs speculative steps of K drafts of `draft_loops` loops each over the decode state's rows."""
 
-    def __init__(self, K: int, d: int, T: int, auto: bool, max_verify_tokens: int, weight: float = 0.2,
-                 probe_every: int = 16):
-        self.K, self.d, self.T, self.auto = K, d, T, auto
-        self.max_verify_tokens, self.weight, self.probe_every = max_verify_tokens, weight, probe_every
-        self.acceptance = 1.0
-        self._seen = (0, 0)  # drafted, accepted already folded into the estimate
-        self._skipped = 0
+    def __init__(self, model: OuroModel, state: DecodeState, kv: KVCache, sampler: RowSampler, num_tokens: int,
+                 draft_loops: int, max_model_len: int):
+        self.model, self.state, self.kv, self.sampler = model, state, kv, sampler
+        self.K, self.d, self.num_loops = num_tokens, draft_loops, state.num_loops
+        self.max_model_len = max_model_len
+        self._arange = torch.arange(state.num_slots + 1, dtype=torch.int64, device=state.device)  # static: graphs
 
-    def expected_gain(self, a: float) -> float:
-        tokens = sum(a ** i for i in range(self.K + 1))
-        return tokens * self.T / ((self.K + 1) * self.d + self.T - self.d)
+    @property
+    def rounds(self) -> int:
+        """Loops over all rows a step runs: K + 1 drafts of d loops, then the verify pass's T - d."""
+        return (self.K + 1) * self.d + self.num_loops - self.d
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """Cumulative counters (RunnerStats.spec_drafted / spec_accepted) after a launch was read."""
-        new_d, new_a = drafted - self._seen[0], accepted - self._seen[1]
-        if new_d > 0:
-            self.acceptance += self.weight * (new_a / new_d - self.acceptance)
-            self._seen = (drafted, accepted)
+    def new_record(self) -> torch.Tensor:
+        """A step's record: rounds 0..K hold emitted tokens, round K + 1 the acceptance counts."""
+        return self.state.new_record(self.K + 2)
 
-    def decide(self, rows: int) -> bool:
-        if not self.auto:
-            return True
-        if rows * (self.K + 1) > self.max_verify_tokens:
-            return False
-        if self.expected_gain(self.acceptance) > 1.0:
-            return True
-        self._skipped += 1
-        if self._skipped >= self.probe_every:
-            self._skipped = 0
-            return True
-        return False
+    @torch.inference_mode()
+    def step(self, idx: torch.Tensor, rec: torch.Tensor, mode: SamplerMode = SamplerMode.GREEDY) -> torch.Tensor:
+        """One speculative step for decode rows `idx` (slots); fills `rec` [K + 2, 4, slots] and returns the
+        verify pass's logits [S * (K + 1), V]. Each row's current token is computed from loop 1 (rewriting the
+        same KV), so a row that plain rounds left mid-token enters as well; every row leaves at loop 1."""
+        st, model, kv, bs, T, K, d = self.state, self.model, self.kv.kv, self.kv.block_size, self.num_loops, \
+            self.K, self.d
+        S = idx.shape[0]
+        ints = st.ints.index_select(0, idx)
+        active = ints[:, ds.ACTIVE] > 0
+        pos0 = torch.where(active, ints[:, ds.POS], 0)
+        max_k = self.max_model_len + K
 
+        def kv_slots(pos: torch.Tensor, plane: int, rows: torch.Tensor) -> torch.Tensor:
+            blocks = st.tables[rows, plane, pos // bs].long()
+            return torch.where(active.repeat_interleave(pos.shape[0] // S), blocks * bs + pos % bs, -1)
 
-def mean_accepted_length(drafted: int, accepted: int, K: int) -> float:
-    """Tokens emitted per row and speculative step (1 + accepted drafts), from draft counts; 0 if none."""
-    return 1 + accepted * K / drafted if drafted else 0.0
-
-
-def spec_record(state: ds.DecodeState, spec_tokens: int) -> torch.Tensor:
-    return state.new_record(spec_tokens + 2)
-
-
-@torch.inference_mode()
-def spec_step(r: "ModelRunner", idx: torch.Tensor, K: int, d: int, rec: torch.Tensor,
-              mode: SamplerMode = SamplerMode.GREEDY) -> torch.Tensor:
-    """One speculative step for decode rows `idx` (slots); fills `rec` [K + 2, 4, slots] and returns the
-    verify pass's logits [S * (K + 1), V]. Each row's current token is computed from loop 1 (rewriting the
-    same KV), so a row that plain rounds left mid-token enters as well; every row leaves at loop 1."""
-    st, model, kv, bs, T = r.state, r.model, r.kv.kv, r.kv.block_size, r.num_loops
-    S = idx.shape[0]
-    ints = st.ints.index_select(0, idx)
-    active = ints[:, ds.ACTIVE] > 0
-    pos0 = torch.where(active, ints[:, ds.POS], 0)
-    max_k = r.max_model_len + K
-
-    def kv_slots(pos: torch.Tensor, plane: int, rows: torch.Tensor) -> torch.Tensor:
-        blocks = st.tables[rows, plane, pos // bs].long()
-        return torch.where(active.repeat_interleave(pos.shape[0] // S), blocks * bs + pos % bs, -1)
-
-    # Draft: token i at position pos0 + i runs loops 1..d; its loop-d state drafts token i + 1.
-    toks, states = [ints[:, ds.TOKEN]], []
-    single_cu = r.arange[: S + 1].int()
-    for i in range(K + 1):
-        pos = pos0 + i
-        h = model.embed(toks[i])
-        for t in range(d):
-            meta = AttentionMetadata(single_cu, torch.where(active, pos + 1, 1).int(), st.tables[idx, t],
-                                     kv_slots(pos, t, idx), max_seqlen_q=1, max_seqlen_k=max_k,
-                                     cu_seqlens_q_host=list(range(S + 1)))
-            h = model.loop(h, pos, meta, kv)
-        states.append(h)
-        if i < K:
-            # Token i + 1 drawn as plain decoding would draw it (same noise), so verification can agree.
-            toks.append(sample_tokens(model.logits(h), mode, *r.sampling_rows(idx, mode, i)))
-    # Verify: the K + 1 tokens of each row as one causal chunk through loops d+1..T.
-    n = K + 1
-    offs = torch.arange(n, device=idx.device)
-    pos_all = (pos0[:, None] + offs[None, :]).flatten()
-    rows_all = idx.repeat_interleave(n)
-    h = torch.stack(states, 1).flatten(0, 1)
-    cu = (r.arange[: S + 1] * n).int()
-    lens = torch.where(active, pos0 + n, n).int()
-    lens_host = lens.tolist() if not getattr(model.backend, "graph_safe", False) else None
-    for t in range(d, T):
-        meta = AttentionMetadata(cu, lens, st.tables[idx, t], kv_slots(pos_all, t, rows_all), max_seqlen_q=n,
-                                 max_seqlen_k=max_k, cu_seqlens_q_host=list(range(0, S * n + 1, n)),
-                                 seq_lens_host=lens_host)
-        h = model.loop(h, pos_all, meta, kv)
-    logits = model.logits(h)
-    y, lp = sample(logits, mode, *r.sampling_rows(rows_all, mode, offs.repeat(S)))
-    y, lp = y.view(S, n), lp.view(S, n)
-    drafts = torch.stack(toks[1:], 1) if K else y[:, :0]
-    accepted = (drafts == y[:, :K]).long().cumprod(1).sum(1)  # the longest run of drafts that verified
-    depth = torch.full((S,), T, dtype=torch.long, device=idx.device)
-    ones, no = torch.ones(S, device=idx.device), torch.zeros(S, dtype=torch.bool, device=idx.device)
-    for j in range(n):  # emit y_0 .. y_accepted, each through the same state update as plain decoding
-        cur = st.ints.index_select(0, idx)
-        live = cur[:, ds.ACTIVE] > 0
-        decode_step.emit(st, idx, cur, live, live & (j <= accepted), y[:, j], lp[:, j], depth, ones, no, r.eos,
-                         rec[j])
-    st.ints[:, ds.LOOP].index_fill_(0, idx, 1)  # every row waits at loop 1 of its next token
-    rec[n, REC_ACCEPTED].index_copy_(0, idx, (accepted * active).float())
-    rec[n, REC_DRAFTED].index_copy_(0, idx, active.float())
-    return logits
+        # Draft: token i at position pos0 + i runs loops 1..d; its loop-d state drafts token i + 1.
+        toks, states = [ints[:, ds.TOKEN]], []
+        single_cu = self._arange[: S + 1].int()
+        for i in range(K + 1):
+            pos = pos0 + i
+            h = model.embed(toks[i])
+            for t in range(d):
+                meta = AttentionMetadata(single_cu, torch.where(active, pos + 1, 1).int(), st.tables[idx, t],
+                                         kv_slots(pos, t, idx), max_seqlen_q=1, max_seqlen_k=max_k,
+                                         cu_seqlens_q_host=list(range(S + 1)))
+                h = model.loop(h, pos, meta, kv)
+            states.append(h)
+            if i < K:
+                # Token i + 1 drawn as plain decoding would draw it (same noise), so verification can agree.
+                toks.append(self.sampler.tokens(idx, model.logits(h), mode, i))
+        # Verify: the K + 1 tokens of each row as one causal chunk through loops d+1..T.
+        n = K + 1
+        offs = torch.arange(n, device=idx.device)
+        pos_all = (pos0[:, None] + offs[None, :]).flatten()
+        rows_all = idx.repeat_interleave(n)
+        h = torch.stack(states, 1).flatten(0, 1)
+        cu = (self._arange[: S + 1] * n).int()
+        lens = torch.where(active, pos0 + n, n).int()
+        lens_host = lens.tolist() if not getattr(model.backend, "graph_safe", False) else None
+        for t in range(d, T):
+            meta = AttentionMetadata(cu, lens, st.tables[idx, t], kv_slots(pos_all, t, rows_all), max_seqlen_q=n,
+                                     max_seqlen_k=max_k, cu_seqlens_q_host=list(range(0, S * n + 1, n)),
+                                     seq_lens_host=lens_host)
+            h = model.loop(h, pos_all, meta, kv)
+        logits = model.logits(h)
+        y, lp = self.sampler.sample(rows_all, logits, mode, offs.repeat(S))
+        y, lp = y.view(S, n), lp.view(S, n)
+        drafts = torch.stack(toks[1:], 1) if K else y[:, :0]
+        accepted = (drafts == y[:, :K]).long().cumprod(1).sum(1)  # the longest run of drafts that verified
+        depth = torch.full((S,), T, dtype=torch.long, device=idx.device)
+        ones, no = torch.ones(S, device=idx.device), torch.zeros(S, dtype=torch.bool, device=idx.device)
+        for j in range(n):  # emit y_0 .. y_accepted, each through the same state update as plain decoding
+            cur = st.ints.index_select(0, idx)
+            live = cur[:, ds.ACTIVE] > 0
+            st.emit(idx, cur, live, live & (j <= accepted), y[:, j], lp[:, j], depth, ones, no, rec[j])
+        st.restart_at_loop_one(idx)
+        rec[n, REC_ACCEPTED].index_copy_(0, idx, (accepted * active).float())
+        rec[n, REC_DRAFTED].index_copy_(0, idx, active.float())
+        return logits

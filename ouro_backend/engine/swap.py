@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .decode_state import DecodeState
+from .decode_state import DecodeState, SavedRow
 from .kv_cache import KVCache
 
 CHUNK_BLOCKS = 32  # blocks per copy: bounds the device-side gather buffer
@@ -21,11 +21,7 @@ CHUNK_BLOCKS = 32  # blocks per copy: bounds the device-side gather buffer
 
 @dataclass
 class _Saved:
-    ints: torch.Tensor  # device copies of the row (a few hundred bytes)
-    floats: torch.Tensor
-    remaining: torch.Tensor
-    trace: torch.Tensor
-    hidden: torch.Tensor
+    row: SavedRow
     kv: torch.Tensor  # host [layers, 2, blocks, block_size, kv_heads, head_dim], pinned on CUDA
     counts: list[int]  # blocks per plane, in the order of `kv`
 
@@ -36,14 +32,13 @@ class SwapStore:
         self.saved: dict[str, _Saved] = {}
 
     def save(self, key: str, slot: int, blocks: list[int], counts: list[int]) -> None:
-        st, pool = self.state, self.kv.kv
+        pool = self.kv.kv
         shape = (*pool.shape[:2], len(blocks), *pool.shape[3:])
         host = torch.empty(shape, dtype=pool.dtype, pin_memory=pool.is_cuda)
         for i in range(0, len(blocks), CHUNK_BLOCKS):
             idx = self.to_dev(blocks[i:i + CHUNK_BLOCKS], torch.long)
             host[:, :, i:i + len(idx)].copy_(pool.index_select(2, idx), non_blocking=True)
-        self.saved[key] = _Saved(st.ints[slot].clone(), st.floats[slot].clone(), st.remaining[slot].clone(),
-                                 st.trace[slot].clone(), st.hidden[slot].clone(), host, counts)
+        self.saved[key] = _Saved(self.state.save_row(slot), host, counts)
 
     def restore(self, key: str, slot: int, tables: list[list[int]]) -> None:
         s, st, pool = self.saved.pop(key), self.state, self.kv.kv
@@ -51,13 +46,9 @@ class SwapStore:
         for i in range(0, len(dest), CHUNK_BLOCKS):
             idx = self.to_dev(dest[i:i + CHUNK_BLOCKS], torch.long)
             pool.index_copy_(2, idx, s.kv[:, :, i:i + len(idx)].to(pool.device, non_blocking=True))
-        st.ints[slot] = s.ints
-        st.floats[slot] = s.floats
-        st.remaining[slot] = s.remaining
-        st.trace[slot] = s.trace
-        st.hidden[slot] = s.hidden
         rows = [t[:st.max_blocks] + [0] * (st.max_blocks - len(t[:st.max_blocks])) for t in tables]
-        st.tables[slot] = self.to_dev([b for r in rows for b in r], torch.int32).view(st.num_loops, st.max_blocks)
+        st.restore_row(slot, s.row, self.to_dev([b for r in rows for b in r], torch.int32).view(st.num_loops,
+                                                                                               st.max_blocks))
 
     def drop(self, key: str) -> None:
         self.saved.pop(key, None)

@@ -42,7 +42,7 @@ import torch
 
 from ..config import EngineConfig
 from ..engine.llm_engine import LLMEngine
-from ..engine.speculation import mean_accepted_length
+from ..engine.spec_policy import mean_accepted_length
 from ..sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     (random weights almost never sample EOS, so this is how they end at staggered lengths)."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
-    T = engine.model_config.total_ut_steps
+    T = engine.model_config.num_loops
     kind, _, arg = workload.partition("=")
 
     def params() -> SamplingParams:
@@ -149,8 +149,8 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     last_submit_step = 0
     runner = engine.runner
     stats0 = engine.stats()
-    runner.track_gpu_time = True
-    runner.gpu_time()  # forget earlier launches
+    runner.timer.enabled = True
+    runner.timer.take()  # forget earlier launches
     t_start = time.perf_counter()
     while finished < num_requests:
         if arrivals is not None:
@@ -175,8 +175,8 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
                     submit()
                     last_submit_step = len(rounds)
     wall = time.perf_counter() - t_start
-    gpu_span, gpu_busy, launches = runner.gpu_time()
-    runner.track_gpu_time = False
+    gpu_span, gpu_busy, launches = runner.timer.take()
+    runner.timer.enabled = False
     stats = {k: v - stats0[k] for k, v in engine.stats().items()
              if k in ("launches", "rounds", "host_syncs", "graph_launches", "eager_launches", "spec_steps",
                       "spec_drafted", "spec_accepted", "num_preemptions")}
@@ -243,7 +243,7 @@ def threshold_for_depth(engine: LLMEngine, target: float, input_len: int, output
                         num_requests: int, seed: int = 0, iters: int = 7) -> tuple[float, float]:
     """The gate threshold whose mean exit depth on the run's prompts (seed `seed`) is closest to `target`
     (depth rises with the threshold), by bisection over untimed runs; returns (threshold, its depth)."""
-    lo, hi, best = 0.0, 1.0, (1.0, float(engine.model_config.total_ut_steps))
+    lo, hi, best = 0.0, 1.0, (1.0, float(engine.model_config.num_loops))
     for _ in range(iters):
         mid = (lo + hi) / 2
         depth = run_closed_loop(engine, input_len, output_len, concurrency, num_requests, f"threshold={mid}",

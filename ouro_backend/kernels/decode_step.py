@@ -1,16 +1,16 @@
 """The decode state machine around one loop as two fused kernels (one program per decode row). The engine
-owns the state and its torch twins (``ouro_backend/engine/decode_step.py``, same results bit for bit) and
-calls these on CUDA; the state's layout comes in as ``cols`` (column name -> index), so the kernels need
+owns the state and its torch twins (``DecodeState`` in ``ouro_backend/engine/decode_state.py``, same results
+bit for bit) and calls these on CUDA; the state's layout comes in as ``cols`` (column name -> index), so the kernels need
 nothing from the engine.
 
 In torch the two steps are dozens of small launches a round (about seventy); fused, they are two
 (docs/engine.md, "Measurements behind the design").
 
 ``prepare`` writes the loop's inputs (position, KV slot, sequence length, the plane's block table, the
-input row: the token's embedding at loop 1, else the carried hidden state, and the slot of the position
+input row: the token's embedding at loop 1, else the carried hidden state, and the KV slot of the position
 in every plane). ``advance`` applies the exit rule of the engine's exit mode
 (fp32 hazard, float64 threshold compare, as the torch rule), writes each row's next step and the round's
-record, and emits the LAST_EXITED fill pairs. ``state`` is the engine's decode state (its ``ints``,
+record (including which stop rule ended a row), and emits the LAST_EXITED fill pairs. ``state`` is the engine's decode state (its ``ints``,
 ``floats``, ``remaining``, ``trace``, ``tables`` and ``hidden`` tensors).
 """
 from __future__ import annotations
@@ -146,16 +146,19 @@ def _advance_kernel(
     e = tl.arange(0, EOS_PAD)
     eos = tl.load(eos_ptr + e, mask=e < num_eos, other=-1)
     is_eos = tl.sum(tl.where(eos == tok, 1, 0)) > 0
-    stop = (ngen >= tl.load(row + C_MAX_TOKENS)) | (
-        is_eos & (tl.load(row + C_IGNORE_EOS) == 0) & (ngen >= tl.load(row + C_MIN_TOKENS)))
-    tl.store(row + C_ACTIVE, (active & ~(ex & stop)).to(tl.int64))
+    eos_stop = is_eos & (tl.load(row + C_IGNORE_EOS) == 0) & (ngen >= tl.load(row + C_MIN_TOKENS))
+    length_stop = ngen >= tl.load(row + C_MAX_TOKENS)
+    tl.store(row + C_ACTIVE, (active & ~(ex & (eos_stop | length_stop))).to(tl.int64))
     tl.store(row + C_TOKEN, tl.where(ex, tok, tl.load(row + C_TOKEN)))
     tl.store(row + C_POS, tl.load(row + C_POS) + ex.to(tl.int64))
     tl.store(row + C_NGEN, ngen)
     tl.store(row + C_LOOP, tl.where(ex, 1, r + active.to(tl.int64)))
     tl.store(row + C_PENDING, (pend2 & ~ex).to(tl.int64))
     tl.store(rem_ptr + s, tl.where(ex, 1.0, rem2))
-    tl.store(rec_ptr + s, ex.to(tl.float32))
+    # The record's emitted value: 0 none, 1 a token, 2 a token that stopped on EOS, 3 one that reached
+    # max_tokens (the engine's EMIT_* values; EOS wins).
+    code = tl.where(eos_stop, 2, tl.where(length_stop, 3, 1)) * ex.to(tl.int64)
+    tl.store(rec_ptr + s, code.to(tl.float32))
     tl.store(rec_ptr + stride_rec + s, tok.to(tl.float32))
     tl.store(rec_ptr + 2 * stride_rec + s, r.to(tl.float32))
     tl.store(rec_ptr + 3 * stride_rec + s, lp)
