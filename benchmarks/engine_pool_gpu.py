@@ -9,17 +9,18 @@ import time
 
 from ouro_backend import SamplingParams
 from ouro_backend.config import EngineConfig
+from ouro_backend.serving.engine_messages import Outputs
 from ouro_backend.serving.engine_pool import EnginePool, EngineRouter
 
 done, first, sent = {}, {}, {}
 lock = threading.Lock()
 closed = []
 def on_message(i, msg):
-    if msg[0] != "outputs":
+    if not isinstance(msg, Outputs):
         return
     now = time.perf_counter()
     with lock:
-        for d in msg[1]:
+        for d in msg.deltas:
             first.setdefault(d.rid, (now, i))
             if d.finish_reason:
                 done[d.rid] = now

@@ -73,7 +73,8 @@ def process_loop(args) -> None:
 
     from ouro_backend import EngineConfig, SamplingParams
     from ouro_backend.entrypoints.bench import median_of, percentiles
-    from ouro_backend.serving.engine_process import start_engine_process
+    from ouro_backend.serving.engine_client import start_engine_process
+    from ouro_backend.serving.engine_messages import Failed, FromEngine, Outputs, Rejected
 
     prompt_ids = json.loads(Path(args.prompt_ids).read_text())
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, exit_threshold=args.exit_threshold)
@@ -84,15 +85,15 @@ def process_loop(args) -> None:
 
     errors: list[str] = []
 
-    def on_message(msg: tuple) -> None:
-        if msg[0] in ("rejected", "failed"):
-            errors.append(f"{msg[0]}: {msg[2]}")
+    def on_message(msg: FromEngine) -> None:
+        if isinstance(msg, (Rejected, Failed)):
+            errors.append(f"{type(msg).__name__}: {msg.message}")
             finished.put("")
             return
-        if msg[0] != "outputs":
+        if not isinstance(msg, Outputs):
             return
         now = time.perf_counter()
-        for d in msg[1]:
+        for d in msg.deltas:
             first.setdefault(d.rid, now)
             tokens[d.rid] = tokens.get(d.rid, 0) + len(d.ids)
             if d.finish_reason:

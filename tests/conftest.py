@@ -91,7 +91,7 @@ def server(toy_path, request):
     module that asks for `server` (tests/test_server_*.py, test_genai_perf.py); modules that need a server
     of their own define their own fixture. Its log path is printed at start, its tail after a failure; its
     shutdown must be clean (exit code 0, no Python traceback in the log)."""
-    from ouro_backend.entrypoints.serve import ServerError
+    from ouro_backend.entrypoints.tritonserver import ServerError
     from server_common import ENGINE_ARGS, server_or_skip
 
     srv = server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1")

@@ -1,11 +1,11 @@
-"""The real engine process (ouro_backend.serving.engine_process.main) with a fault injected, for
+"""The real engine process (ouro_backend.serving.engine_server.main) with a fault injected, for
 tests/test_fault_isolation.py, which starts it in place of the engine process: the token bookkeeping
 (`LLMEngine._append`) of a request whose id starts with FAULTY raises once that request has AFTER tokens.
 Nothing else differs; this module is not part of the package."""
 import sys
 
 from ouro_backend.engine.llm_engine import LLMEngine
-from ouro_backend.serving import engine_process
+from ouro_backend.serving import engine_server
 
 FAULTY = "faulty"
 AFTER = 3
@@ -21,4 +21,4 @@ def _faulty_append(self, e):
 
 if __name__ == "__main__":
     LLMEngine._append = _faulty_append
-    sys.exit(engine_process.main())
+    sys.exit(engine_server.main())

@@ -20,7 +20,7 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1):
 
 def processes() -> Iterator[tuple[int, list[bytes]]]:
     """(pid, argv) of every process this user can see, from /proc."""
-    from ouro_backend.entrypoints.serve import process_argv
+    from ouro_backend.entrypoints.procfs import process_argv
 
     for entry in os.listdir("/proc"):
         if entry.isdigit() and (argv := process_argv(int(entry))) is not None:
@@ -28,10 +28,12 @@ def processes() -> Iterator[tuple[int, list[bytes]]]:
 
 
 def find_engine_process(address_part: str, known=frozenset()) -> int:
-    """The pid of an engine process (`python -m ouro_backend.serving.engine_process`) whose --address
+    """The pid of an engine process (`python -m ouro_backend.serving.engine_server`) whose --address
     contains `address_part`, other than those in `known`; 0 when there is none."""
+    from ouro_backend.serving.engine_client import SERVER_MODULE
+
     for pid, argv in processes():
-        if pid not in known and b"ouro_backend.serving.engine_process" in argv and \
+        if pid not in known and SERVER_MODULE.encode() in argv and \
                 any(address_part.encode() in a for a in argv):
             return pid
     return 0
@@ -39,7 +41,7 @@ def find_engine_process(address_part: str, known=frozenset()) -> int:
 
 class Inbox:
     """Collects the messages of one engine-process connection (EngineClient's on_message / on_close);
-    `pump(until)` files them until `until()` holds. A request that "failed" must get no output after it."""
+    `pump(until)` files them until `until()` holds. A request that Failed must get no output after it."""
 
     def __init__(self):
         self.q: queue.Queue = queue.Queue()
@@ -58,20 +60,22 @@ class Inbox:
         self.closed = True
 
     def pump(self, until, timeout=120.0):
+        from ouro_backend.serving.engine_messages import Failed, Outputs, Rejected, Stats
+
         deadline = time.monotonic() + timeout
         while not until():
-            msg = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
-            if msg[0] == "outputs":
-                for d in msg[1]:
-                    assert d.rid not in self.failed, f"{d.rid}: an output after its failure"
-                    self.tokens.setdefault(d.rid, []).extend(d.ids)
-                    self.depths.setdefault(d.rid, []).extend(d.depths)
-                    if d.finish_reason is not None:
-                        self.reasons[d.rid] = d.finish_reason
-            elif msg[0] == "rejected":
-                self.rejected[msg[1]] = msg[2]
-            elif msg[0] == "failed":
-                for rid in msg[1]:
-                    self.failed[rid] = msg[2]
-            elif msg[0] == "stats":
-                self.stats.append(msg[1])
+            match self.q.get(timeout=max(0.01, deadline - time.monotonic())):
+                case Outputs(deltas):
+                    for d in deltas:
+                        assert d.rid not in self.failed, f"{d.rid}: an output after its failure"
+                        self.tokens.setdefault(d.rid, []).extend(d.ids)
+                        self.depths.setdefault(d.rid, []).extend(d.depths)
+                        if d.finish_reason is not None:
+                            self.reasons[d.rid] = d.finish_reason
+                case Rejected(rid, message):
+                    self.rejected[rid] = message
+                case Failed(rids, message):
+                    for rid in rids:
+                        self.failed[rid] = message
+                case Stats(snapshot):
+                    self.stats.append(snapshot)

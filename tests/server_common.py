@@ -11,7 +11,7 @@ import pytest
 
 from client.ouro_client import request_options
 from ouro_backend import SamplingParams
-from ouro_backend.entrypoints.serve import ServerError, TritonServer, free_port
+from ouro_backend.entrypoints.tritonserver import ServerError, TritonServer, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +42,7 @@ PROMPTS = [
 def server_or_skip(**kwargs) -> TritonServer:
     """A TritonServer on free ports (not started), or a skip when no tritonserver can be found."""
     try:
-        from ouro_backend.entrypoints.serve import find_tritonserver
+        from ouro_backend.entrypoints.tritonserver import find_tritonserver
 
         find_tritonserver()
     except ServerError as e:

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_engine_oracle import check_exits_against_oracle, make_engine
+from engine_helpers import check_exits_against_oracle
+from engine_helpers import make_recording_engine as make_engine
 
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.model.checkpoint import load_config, load_weights
@@ -138,7 +139,7 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
     import time
     import urllib.request
 
-    from ouro_backend.entrypoints.serve import ServerError, find_tritonserver, free_port
+    from ouro_backend.entrypoints.tritonserver import ServerError, find_tritonserver, free_port
 
     try:
         find_tritonserver()

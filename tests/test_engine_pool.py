@@ -15,10 +15,11 @@ import pytest
 from helpers import find_engine_process
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
-from ouro_backend.serving import engine_process
+from ouro_backend.serving import engine_auth
 from ouro_backend.serving.engine_pool import (EnginePool, EngineRouter, EngineSlot, engine_placement, read_manifest,
                                               resolve_devices, visible_gpus, write_manifest)
-from ouro_backend.serving.engine_process import EngineProcessError
+from ouro_backend.serving.engine_errors import EngineProcessError
+from ouro_backend.serving.engine_messages import Outputs
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
@@ -67,7 +68,7 @@ def test_each_gpu_engine_sees_only_its_gpu():
 
 
 def test_manifest_must_be_private(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_process.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(engine_auth.tempfile, "gettempdir", lambda: str(tmp_path))
     slots = [EngineSlot(0, "/x/a.sock", "cuda:0"), EngineSlot(1, "/x/b.sock", "cuda:1")]
     write_manifest("eng", 42, slots)
     assert read_manifest("eng", 42) == slots
@@ -90,10 +91,10 @@ class Collector:
         self.closed: list[int] = []
 
     def on_message(self, index, msg):
-        if msg[0] != "outputs":
+        if not isinstance(msg, Outputs):
             return
         with self.lock:
-            for d in msg[1]:
+            for d in msg.deltas:
                 self.tokens.setdefault(d.rid, []).extend(d.ids)
                 self.engine_of[d.rid] = index
                 if d.finish_reason is not None:

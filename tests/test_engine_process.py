@@ -1,6 +1,7 @@
-"""The engine process (ouro_backend.serving.engine_process) on the toy checkpoint, without Triton: the owner
-channel and a second client over the Unix socket get the same tokens as the in-process engine; bad
-requests, aborts, a client that goes away, a bad config and a killed child are all reported."""
+"""The engine process (ouro_backend.serving.engine_server, through engine_client) on the toy checkpoint,
+without Triton: the owner channel and a second client over the Unix socket get the same tokens as the
+in-process engine; bad requests, aborts, a client that goes away, a bad config and a killed child are all
+reported."""
 from __future__ import annotations
 
 import json
@@ -16,8 +17,10 @@ from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.engine import round_trace
 from ouro_backend.engine.round_trace import summarize
-from ouro_backend.serving.engine_process import (EngineClient, EngineProcessError, engine_address, key_path,
-                                                start_engine_process)
+from ouro_backend.serving.engine_auth import engine_address, key_path
+from ouro_backend.serving.engine_client import EngineClient, start_engine_process
+from ouro_backend.serving.engine_errors import EngineProcessError
+from ouro_backend.serving.engine_messages import AddRequest
 
 GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
 LONG = 1000  # tokens: far more than a test waits for, within the toy's context
@@ -123,12 +126,12 @@ def test_client_without_the_key_is_rejected_and_the_server_keeps_serving(engine)
     with pytest.raises(AuthenticationError):
         Client(address, family="AF_UNIX", authkey=b"not the key")
     raw = Client(address, family="AF_UNIX")  # no key: its message is taken as the challenge's answer
-    raw.send(("add", "sneaky", [5, 6], SamplingParams(**GREEDY)))
+    raw.send(AddRequest("sneaky", [5, 6], SamplingParams(**GREEDY)))
     got = []
     with pytest.raises((EOFError, OSError)):
         for _ in range(10):
             got.append(raw.recv_bytes())
-    assert not any(b"hello" in m for m in got)
+    assert not any(b"Hello" in m for m in got)
     # The server still serves: a client with the key connects and runs a request with the same id.
     other = Inbox()
     second = EngineClient.connect(address, other.on_message, other.on_close)
@@ -142,9 +145,9 @@ def test_client_without_the_key_is_rejected_and_the_server_keeps_serving(engine)
 
 
 def test_foreign_or_open_socket_directory_is_refused(monkeypatch, tmp_path):
-    from ouro_backend.serving import engine_process
+    from ouro_backend.serving import engine_auth
 
-    monkeypatch.setattr(engine_process.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(engine_auth.tempfile, "gettempdir", lambda: str(tmp_path))
     directory = tmp_path / f"ouro-triton-{os.getuid()}"
     assert engine_address("m", 1).startswith(str(directory))  # created, 0700
     assert directory.stat().st_mode & 0o777 == 0o700
@@ -182,7 +185,8 @@ def test_engine_process_exits_when_its_owner_is_killed(toy_path, tmp_path):
     script = (
         "import sys\n"
         "from ouro_backend.config import EngineConfig\n"
-        "from ouro_backend.serving.engine_process import engine_address, start_engine_process\n"
+        "from ouro_backend.serving.engine_auth import engine_address\n"
+        "from ouro_backend.serving.engine_client import start_engine_process\n"
         f"config = EngineConfig(model={toy_path!r}, device='cpu', dtype='float32', max_num_seqs=2)\n"
         "client, proc = start_engine_process(config, engine_address('orphan', 0), lambda m: None, lambda: None)\n"
         "print(proc.pid, flush=True)\n"
@@ -273,7 +277,7 @@ def test_first_tokens_go_out_at_once_and_nothing_is_kept():
     """A step's outputs that carry a request's first token are sent as soon as the step returns, the others
     during the next step; a finished request leaves nothing behind."""
     from ouro_backend.outputs import RequestOutput
-    from ouro_backend.serving.engine_process import FirstTokens
+    from ouro_backend.serving.engine_server import FirstTokens
 
     def out(rid, ids, finished=False):
         return RequestOutput(rid, [1], [], [], [], "", finished=finished, new_token_ids=ids)

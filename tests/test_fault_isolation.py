@@ -10,7 +10,9 @@ import subprocess
 
 import pytest
 from helpers import Inbox
-from test_exact_exits import PROMPTS, alone, assert_same, drive, make_engine
+from engine_helpers import alone, assert_same, drive
+from engine_helpers import BATCH_PROMPTS as PROMPTS
+from engine_helpers import make_plain_engine as make_engine
 
 from ouro_backend import LLM, RequestError, SamplingParams
 from ouro_backend.config import EngineConfig
@@ -38,7 +40,7 @@ def check_isolated(eng, run, ref, match):
     for rid, _, _ in GOOD:
         assert_same(run.final[rid], ref[rid], rid)
     assert eng.stats()["num_failed"] == 1
-    assert eng.kv.num_available == eng.kv.num_blocks and not eng.runner.swap.saved
+    assert eng.kv.pool.num_available == eng.kv.num_blocks and not eng.runner.swap.saved
     assert not eng.has_unfinished_requests() and not eng._ids
 
 
@@ -126,7 +128,7 @@ def test_fault_in_a_swap_ends_the_swapped_request_only(toy_path, async_schedulin
         else:
             assert_same(out, alone(toy_path, p, SWAP_PARAMS), f"request {i}")
     assert eng.stats()["num_failed"] == 1 and eng.stats()["swap_bytes"] == 0
-    assert eng.kv.num_available == eng.kv.num_blocks and not eng.runner.swap.saved
+    assert eng.kv.pool.num_available == eng.kv.num_blocks and not eng.runner.swap.saved
 
 
 @SCHEDULING
@@ -152,7 +154,7 @@ def test_failed_batched_launch_ends_its_requests_not_the_waiting_ones(toy_path, 
     for rid, prompt, params in requests[2:]:
         assert_same(run.final[rid], alone(toy_path, prompt, params), rid)
     assert eng.stats()["num_failed"] == 2
-    assert eng.kv.num_available == eng.kv.num_blocks and not eng._ids
+    assert eng.kv.pool.num_available == eng.kv.num_blocks and not eng._ids
 
 
 # ---- limits, refused at add_request
@@ -213,24 +215,24 @@ HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faulty_engine
 
 def test_engine_process_fails_only_the_faulty_request(toy_path, monkeypatch):
     """tests/faulty_engine_process.py is the engine process with a fault in the token bookkeeping of
-    requests named faulty*: that request gets ("failed", [its id], message) while the requests beside it
+    requests named faulty*: that request gets Failed([its id], message) while the requests beside it
     stream to the end with the tokens they get without it, and the engine serves on."""
     from faulty_engine_process import AFTER
 
-    from ouro_backend.serving import engine_process
+    from ouro_backend.serving import engine_auth, engine_client
 
     popen = subprocess.Popen
 
     def start_helper(args, **kw):
-        assert args[1:3] == ["-m", "ouro_backend.serving.engine_process"]
+        assert args[1:3] == ["-m", engine_client.SERVER_MODULE]
         return popen([args[0], HELPER, *args[3:]], **kw)
 
     inbox = Inbox()
     config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=8)
     with monkeypatch.context() as m:
-        m.setattr(engine_process.subprocess, "Popen", start_helper)
-        client, proc = engine_process.start_engine_process(
-            config, engine_process.engine_address("faulty", os.getpid()), inbox.on_message, lambda: None,
+        m.setattr(engine_client.subprocess, "Popen", start_helper)
+        client, proc = engine_client.start_engine_process(
+            config, engine_auth.engine_address("faulty", os.getpid()), inbox.on_message, lambda: None,
             metrics_interval_s=0.1)
     try:
         params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)

@@ -21,7 +21,7 @@ import pytest
 from client.ouro_client import GrpcStream, request_options
 from helpers import find_engine_process, processes
 from ouro_backend import LLM, SamplingParams
-from ouro_backend.entrypoints.serve import ServerError, TritonServer, free_port
+from ouro_backend.entrypoints.tritonserver import ServerError, TritonServer, free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,7 +35,7 @@ PROMPT = "Once upon a time there was a little robot who"
 @pytest.fixture(scope="module")
 def server(toy_path):
     try:
-        from ouro_backend.entrypoints.serve import find_tritonserver
+        from ouro_backend.entrypoints.tritonserver import find_tritonserver
 
         find_tritonserver()
     except ServerError as e:

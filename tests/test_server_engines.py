@@ -18,7 +18,7 @@ import pytest
 
 from client.ouro_client import GrpcStream, generate, request_options
 from helpers import wait_for
-from ouro_backend.entrypoints.serve import ServerError
+from ouro_backend.entrypoints.tritonserver import ServerError
 from server_common import DEVICE, ENGINE_ARGS, PROMPT, PROMPTS, ROOT, offline, server_or_skip
 
 pytestmark = pytest.mark.timeout(300)

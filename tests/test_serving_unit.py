@@ -343,27 +343,27 @@ def test_repository_declarations():
 
 
 def test_launcher_prepares_pytriton_backend(tmp_path, monkeypatch):
-    from ouro_backend.entrypoints import serve
+    from ouro_backend.entrypoints import serve, tritonserver
 
     monkeypatch.setenv("OURO_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TRITONSERVER", raising=False)
-    if serve.shutil.which("tritonserver") or serve._pytriton_dirs() is None:
+    if tritonserver.shutil.which("tritonserver") or tritonserver._pytriton_dirs() is None:
         pytest.skip("tritonserver comes from PATH here, not from the nvidia-pytriton wheel")
-    binary, backend_dir, env = serve.find_tritonserver()
+    binary, backend_dir, env = tritonserver.find_tritonserver()
     assert os.access(binary, os.X_OK)
     stub = os.path.join(backend_dir, "python", "triton_python_backend_stub")
     assert os.access(stub, os.X_OK) and os.path.isfile(os.path.join(backend_dir, "python", "libtriton_python.so"))
     assert "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
-    server = serve.TritonServer(model=str(tmp_path), engine_args={"max_num_seqs": "4"}, http_port=1, grpc_port=2,
-                                metrics_port=3)
+    server = tritonserver.TritonServer(model=str(tmp_path), engine_args={"max_num_seqs": "4"}, http_port=1,
+                                       grpc_port=2, metrics_port=3)
     cmd, env = server.command()
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert json.loads(env["OURO_ENGINE_ARGS"]) == {"max_num_seqs": "4"} and env["OURO_MODEL_PATH"] == str(tmp_path)
     assert "--http-port=1" in cmd and f"--backend-directory={backend_dir}" in cmd
     assert not any("-address=" in a for a in cmd)  # tritonserver's default: every interface
-    local, _ = serve.TritonServer(model=str(tmp_path), address="127.0.0.1").command()
+    local, _ = tritonserver.TritonServer(model=str(tmp_path), address="127.0.0.1").command()
     assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(local)
-    with pytest.raises(serve.ServerError, match="key=value"):
+    with pytest.raises(tritonserver.ServerError, match="key=value"):
         serve.parse_engine_args(["oops"])
 
 

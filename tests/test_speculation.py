@@ -4,12 +4,12 @@ prompt lengths, staggered arrivals, aborts, stop strings, EOS and max_tokens ins
 seeded sampled tokens identical to plain sampling's, and their distribution checked by chi-square; the
 automatic fallback; served through tritonserver; clear errors for what it cannot serve."""
 import pytest
-from test_engine_oracle import PROMPTS
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
 
 from ouro_backend import LLM, LLMEngine, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.engine.llm_engine import RequestError
-from ouro_backend.engine.speculation import SpecPolicy
+from ouro_backend.engine.spec_policy import SpecPolicy
 from ouro_backend.models import DEMO_MODEL
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
@@ -34,7 +34,7 @@ def drive(eng, arrivals, aborts=()):
             if o.finished:
                 outs[o.request_id] = o
         step += 1
-    assert eng.kv.num_available == eng.kv.num_blocks, "KV blocks leaked"
+    assert eng.kv.pool.num_available == eng.kv.num_blocks, "KV blocks leaked"
     return outs
 
 
@@ -222,7 +222,7 @@ def test_served_speculation_text_equals_plain_and_metrics_show_acceptance(tmp_pa
     import urllib.request
 
     from client.ouro_client import generate, request_options
-    from ouro_backend.entrypoints.serve import ServerError, TritonServer, find_tritonserver, free_port
+    from ouro_backend.entrypoints.tritonserver import ServerError, TritonServer, find_tritonserver, free_port
 
     try:
         find_tritonserver()

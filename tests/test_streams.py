@@ -15,7 +15,7 @@ from ouro_backend.sampling_params import RequestError, SamplingParams
 from ouro_backend.serving import protocol
 from ouro_backend.serving.cancellation import CancelWatcher
 from ouro_backend.serving.engine_pool import EngineRouter
-from ouro_backend.serving.engine_process import Delta, Load
+from ouro_backend.serving.engine_messages import Delta, Failed, Load, LoadReport, Outputs, Rejected
 from ouro_backend.serving.options import FrontOptions, ServingOptions, typed_options
 from ouro_backend.serving.streams import SendQueue, StreamingModel
 
@@ -137,11 +137,11 @@ def test_streaming_coalesces_while_a_send_waits_and_keeps_order(model):
     sender = Sender(gate)
     model.execute([Request(sender)])
     assert model.client.added[0][0] == "r" and model.client.added[0][1] == [1, 2, 3]
-    model.on_engine_message(0, ("outputs", [delta("r", [10])], IDLE))
+    model.on_engine_message(0, Outputs([delta("r", [10])], IDLE))
     wait(lambda: sender.gate is gate and model._streams["r"].queued is False)  # the sender holds [10]
     for t in (11, 12, 13):
-        model.on_engine_message(0, ("outputs", [delta("r", [t])], IDLE))
-    model.on_engine_message(0, ("outputs", [delta("r", [14], "length")], IDLE))
+        model.on_engine_message(0, Outputs([delta("r", [t])], IDLE))
+    model.on_engine_message(0, Outputs([delta("r", [14], "length")], IDLE))
     gate.set()
     assert sender.finished.wait(5)
     assert sender.tokens() == [10, 11, 12, 13, 14]
@@ -180,14 +180,14 @@ def test_a_first_token_does_not_wait_behind_other_requests_later_tokens():
         gate = threading.Event()
         early, busy, new = Logged("early"), Logged("busy", gate), Logged("new")
         model.execute([Request(early, rid="early")])
-        model.on_engine_message(0, ("outputs", [delta("early", [10])], IDLE))
+        model.on_engine_message(0, Outputs([delta("early", [10])], IDLE))
         wait(lambda: order == ["early"])
         model.execute([Request(busy, rid="busy")])
-        model.on_engine_message(0, ("outputs", [delta("busy", [20])], IDLE))
+        model.on_engine_message(0, Outputs([delta("busy", [20])], IDLE))
         wait(lambda: busy.gate is gate and model._streams["busy"].queued is False)  # the one sender waits
-        model.on_engine_message(0, ("outputs", [delta("early", [11])], IDLE))  # a later token: waits first
+        model.on_engine_message(0, Outputs([delta("early", [11])], IDLE))  # a later token: waits first
         model.execute([Request(new, rid="new")])
-        model.on_engine_message(0, ("outputs", [delta("new", [30])], IDLE))  # a first token: comes after
+        model.on_engine_message(0, Outputs([delta("new", [30])], IDLE))  # a first token: comes after
         gate.set()
         wait(lambda: len(order) == 4)
         assert order == ["early", "busy", "new", "early"]
@@ -200,10 +200,10 @@ def test_non_streaming_gets_one_response(model):
     sender = Sender()
     model.execute([Request(sender, stream=False)])
     for t in (10, 11):
-        model.on_engine_message(0, ("outputs", [delta("r", [t])], IDLE))
+        model.on_engine_message(0, Outputs([delta("r", [t])], IDLE))
     time.sleep(0.05)
     assert sender.sent == []
-    model.on_engine_message(0, ("outputs", [delta("r", [12], "stop")], IDLE))
+    model.on_engine_message(0, Outputs([delta("r", [12], "stop")], IDLE))
     assert sender.finished.wait(5)
     assert len(sender.sent) == 1 and sender.tokens() == [10, 11, 12] and sender.sent[0][1] == FINAL
 
@@ -212,7 +212,7 @@ def test_many_streams_each_in_order(model):
     senders = {f"r{i}": Sender() for i in range(16)}
     model.execute([Request(s, rid=rid) for rid, s in senders.items()])
     for step in range(20):
-        model.on_engine_message(0, ("outputs", [delta(rid, [step], "length" if step == 19 else None)
+        model.on_engine_message(0, Outputs([delta(rid, [step], "length" if step == 19 else None)
                                                 for rid in senders], IDLE))
     for s in senders.values():
         assert s.finished.wait(5)
@@ -222,8 +222,8 @@ def test_many_streams_each_in_order(model):
 def test_rejected_and_failed_requests_get_errors(model):
     a, b_ = Sender(), Sender()
     model.execute([Request(a, rid="a"), Request(b_, rid="b")])
-    model.on_engine_message(0, ("rejected", "a", "prompt too long", "invalid"))
-    model.on_engine_message(0, ("failed", ["b"], "engine error: boom"))
+    model.on_engine_message(0, Rejected("a", "prompt too long", "invalid"))
+    model.on_engine_message(0, Failed(["b"], "engine error: boom"))
     assert a.finished.wait(5) and b_.finished.wait(5)
     assert a.sent == [(dict(outputs={}, error="test: invalid request: prompt too long"), FINAL)]
     assert b_.sent[0][0]["error"] == "test: engine error: boom"
@@ -241,7 +241,7 @@ def test_requests_past_their_timeout_end_with_an_error_and_are_aborted():
         t0 = time.monotonic()
         m.execute([Request(slow, rid="slow"), Request(quick, rid="quick", timeout_us=100_000),
                    Request(fine, rid="fine")])
-        m.on_engine_message(0, ("outputs", [delta("fine", [5], "length")], IDLE))
+        m.on_engine_message(0, Outputs([delta("fine", [5], "length")], IDLE))
         assert quick.finished.wait(5)
         t_quick = time.monotonic() - t0
         assert slow.finished.wait(5)
@@ -269,11 +269,11 @@ def test_over_capacity_is_refused_at_once_as_busy():
         (response, flags), = senders[2].sent
         assert response["error"].startswith("test: server busy") and response["error"].code == "UNAVAILABLE"
         assert [rid for rid, *_ in m.client.added] == ["r0", "r1"]
-        m.on_engine_message(0, ("rejected", "r1", "server busy: 1 requests running", "busy"))
+        m.on_engine_message(0, Rejected("r1", "server busy: 1 requests running", "busy"))
         assert senders[1].finished.wait(5)
         assert senders[1].sent[0][0]["error"] == "test: server busy: 1 requests running"
         assert senders[1].sent[0][0]["error"].code == "UNAVAILABLE"
-        m.on_engine_message(0, ("outputs", [delta("r0", [1], "length")], IDLE))
+        m.on_engine_message(0, Outputs([delta("r0", [1], "length")], IDLE))
         assert senders[0].finished.wait(5)
         late = Sender()  # room again
         m.execute([Request(late, rid="late")])
@@ -305,7 +305,7 @@ def test_cancelled_client_aborts_the_engine_request(model):
     model.execute([Request(a, rid="a")])
     a.cancelled = True
     wait(lambda: model.client.aborted == ["a"])
-    model.on_engine_message(0, ("outputs", [delta("a", [], "abort")], IDLE))
+    model.on_engine_message(0, Outputs([delta("a", [], "abort")], IDLE))
     assert a.finished.wait(5)
     assert a.sent[-1][0]["outputs"]["finish_reason"][0][0] == b"cancelled" and a.sent[-1][1] == FINAL
     time.sleep(0.05)  # several watcher intervals: it must not ask the sender again
@@ -336,10 +336,10 @@ def test_bad_response_conversion_ends_the_request_and_aborts_it(error, message):
     try:
         a = Sender()
         m.execute([Request(a, rid="a")])
-        m.on_engine_message(0, ("outputs", [delta("a", [1])], IDLE))
+        m.on_engine_message(0, Outputs([delta("a", [1])], IDLE))
         assert a.finished.wait(5)
         assert a.sent[0][0]["error"] == message and m.client.aborted == ["a"]
-        m.on_engine_message(0, ("outputs", [delta("a", [2], "abort")], IDLE))  # the engine's last word is dropped
+        m.on_engine_message(0, Outputs([delta("a", [2], "abort")], IDLE))  # the engine's last word is dropped
         time.sleep(0.05)
         assert len(a.sent) == 1
     finally:
@@ -386,12 +386,12 @@ def test_requests_go_to_the_least_loaded_engine_and_a_lost_one_ends_only_its_own
         m.execute([Request(s, rid=rid) for rid, s in senders.items()])
         assert [r[0] for r in m.clients[0].added] == ["a", "c"] and [r[0] for r in m.clients[1].added] == ["b", "d"]
         # engine 1 reports 5 requests of another client: the next two go to engine 0
-        m.on_engine_message(1, ("load", Load(7, 0.5)))
+        m.on_engine_message(1, LoadReport(Load(7, 0.5)))
         m.execute([Request(Sender(), rid="e"), Request(Sender(), rid="f")])
         assert [r[0] for r in m.clients[0].added] == ["a", "c", "e", "f"]
         senders["d"].cancelled = True  # cancellation reaches the engine that runs the request
         wait(lambda: m.clients[1].aborted == ["d"])
-        m.on_engine_message(0, ("outputs", [delta("a", [1], "length")], Load(3, 0.1)))
+        m.on_engine_message(0, Outputs([delta("a", [1], "length")], Load(3, 0.1)))
         assert senders["a"].finished.wait(5) and m.router.load(0) == 3
         m.clients[1].closed = True
         m.on_engine_closed(1)

@@ -1,6 +1,6 @@
 """`ouro-serve`'s supervision and local privacy against a REAL tritonserver (Triton 2.51) on the toy checkpoint.
 
-One supervised server for the first three tests (entrypoints/serve.py Supervisor, in a thread, with an admin
+One supervised server for the first three tests (entrypoints/supervisor.py, in a thread, with an admin
 key and `private_shm="off"`: its shared-memory regions are in this host's /dev/shm, chmod 0600 by the
 launcher), in order: a 4.5 MB form POST crashes tritonserver (Triton 2.51's SIGSEGV) and the supervisor
 serves again; a killed `ouro` stub drops its clients and the server is restarted; a second local user can
@@ -30,8 +30,10 @@ import pytest
 
 from client.ouro_client import generate, request_options
 from helpers import wait_for
-from ouro_backend.entrypoints.serve import (ADMIN_HEADER, GRPC_ADMIN_HEADER, ServerError, Supervisor, TritonServer,
-                                            child_stubs, find_tritonserver, free_port, group_members, process_argv)
+from ouro_backend.entrypoints.procfs import child_stubs, group_members, process_argv
+from ouro_backend.entrypoints.supervisor import Supervisor
+from ouro_backend.entrypoints.tritonserver import (ADMIN_HEADER, GRPC_ADMIN_HEADER, ServerError, TritonServer,
+                                                   find_tritonserver, free_port)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)

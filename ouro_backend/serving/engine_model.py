@@ -27,7 +27,9 @@ from ..config import ConfigError, EngineConfig
 from ..sampling_params import RequestError
 from . import protocol
 from .engine_pool import EnginePool, EngineRouter, resolve_devices
-from .engine_process import EngineClient, EngineProcessError
+from .engine_client import EngineClient
+from .engine_errors import EngineProcessError
+from .engine_messages import FromEngine, Stats
 from .metrics import EngineMetrics
 from .options import (ServingOptions, decoupled_model_config, engine_options, resolve_model_path, tensor_arrays,
                       typed_options)
@@ -102,10 +104,10 @@ class EngineModel(StreamingModel):
         self.router.set_client(index, None)
         self.on_engine_closed(index)
 
-    def _on_message(self, index: int, msg: tuple) -> None:
-        if msg[0] == "stats":
+    def _on_message(self, index: int, msg: FromEngine) -> None:
+        if isinstance(msg, Stats):
             if self.metrics is not None:  # None for the stats that come before initialize() made it
-                self.metrics.merge(msg[1], index)  # the process counts the requests it rejected or failed
+                self.metrics.merge(msg.snapshot, index)  # the process counts the requests it rejected or failed
         else:
             self.on_engine_message(index, msg)
 

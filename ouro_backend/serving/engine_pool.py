@@ -22,8 +22,10 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ..config import ConfigError, EngineConfig
-from .engine_process import (EngineClient, EngineProcessError, ServerBusy, engine_address, private_dir,
-                             start_engine_process)
+from .engine_auth import engine_address, private_dir
+from .engine_client import EngineClient, start_engine_process
+from .engine_errors import EngineProcessError, ServerBusy
+from .engine_messages import FromEngine, Load
 
 
 def visible_gpus() -> list[str]:
@@ -128,7 +130,7 @@ class EnginePool:
     run on engine `index`'s reader thread; `log(level, text)` reports starts and restarts."""
 
     def __init__(self, engine_model: str, server_pid: int, config: EngineConfig, devices: list[str],
-                 metrics_interval_s: float, on_message: Callable[[int, tuple], None],
+                 metrics_interval_s: float, on_message: Callable[[int, FromEngine], None],
                  on_closed: Callable[[int], None], log: Callable[[str, str], None]):
         self.engine_model, self.server_pid = engine_model, server_pid
         self.config, self.metrics_interval_s = config, metrics_interval_s
@@ -285,12 +287,11 @@ class EngineRouter:
         with self._lock:
             self._mine[index] = max(0, self._mine[index] - n)
 
-    def report(self, index: int, load: tuple[int, float]) -> None:
-        """Engine `index` said it holds `load[0]` requests (running + waiting + swapped) and uses `load[1]`
-        of its KV cache."""
+    def report(self, index: int, load: Load) -> None:
+        """Engine `index` said how busy it is (every client's requests, this one's included)."""
         with self._lock:
-            self._others[index] = max(0, load[0] - self._mine[index])
-            self._kv[index] = load[1]
+            self._others[index] = max(0, load.requests - self._mine[index])
+            self._kv[index] = load.kv_usage
 
     def load(self, index: int) -> int:
         with self._lock:

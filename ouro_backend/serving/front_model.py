@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import protocol
 from .engine_pool import EngineRouter, EngineSlot, read_manifest
-from .engine_process import EngineClient, EngineProcessError
+from .engine_client import EngineClient
+from .engine_errors import EngineProcessError
 from .options import FrontOptions, decoupled_model_config, model_config_parameters, tensor_arrays, typed_options
 from .streams import StreamingModel
 

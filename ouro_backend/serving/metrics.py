@@ -50,7 +50,7 @@ GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_
               "num_waiting": "ouro_num_requests_waiting", "num_swapped": "ouro_num_requests_swapped",
               "spec_acceptance_rate": "ouro_spec_acceptance_rate", "prefix_cache_hit_rate": "ouro_prefix_cache_hit_rate",
               "spec_mean_accepted_length": "ouro_spec_mean_accepted_length"}
-RESTARTS_ENV = "OURO_SERVER_RESTARTS"  # set by ouro-serve (entrypoints/serve.py Supervisor) for each server
+RESTARTS_ENV = "OURO_SERVER_RESTARTS"  # set by ouro-serve (entrypoints/supervisor.py) for each server
 
 
 def server_restarts() -> int:

@@ -29,7 +29,8 @@ from ..sampling_params import RequestError
 from . import protocol
 from .cancellation import CancelWatcher
 from .engine_pool import EngineRouter
-from .engine_process import Delta, EngineProcessError, ServerBusy
+from .engine_errors import EngineProcessError, ServerBusy
+from .engine_messages import Delta, Failed, FromEngine, LoadReport, Outputs, Rejected
 from .options import StreamOptions
 from .request_trace import RequestTrace
 
@@ -187,26 +188,25 @@ class StreamingModel(abc.ABC):
             raise
 
     # ---------------------------------------------------------------- from the engines (reader threads)
-    def on_engine_message(self, index: int, msg: tuple) -> None:
-        """A message from engine `index`."""
-        kind = msg[0]
-        if kind == "outputs":
-            for delta in msg[1]:
-                self._deliver(delta)
-            assert self.router is not None  # outputs are for requests sent through it
-            self.router.report(index, msg[2])
-        elif kind == "load":
-            router = self.router  # None while the front still connects (no request of its own yet)
-            if router is not None:
-                router.report(index, msg[1])
-        elif kind == "rejected":
-            if msg[3] == "busy":
-                self._end_with_error(msg[1], f"{self.model_name}: {msg[2]}", code="UNAVAILABLE")
-            else:
-                self._end_with_error(msg[1], f"{self.model_name}: invalid request: {msg[2]}")
-        elif kind == "failed":
-            for rid in msg[1]:
-                self._end_with_error(rid, f"{self.model_name}: {msg[2]}")
+    def on_engine_message(self, index: int, msg: FromEngine) -> None:
+        """A message from engine `index` (Stats are the owner's: EngineModel takes them first)."""
+        match msg:
+            case Outputs(deltas, load):
+                for delta in deltas:
+                    self._deliver(delta)
+                assert self.router is not None  # outputs are for requests sent through it
+                self.router.report(index, load)
+            case LoadReport(load):
+                router = self.router  # None while the front still connects (no request of its own yet)
+                if router is not None:
+                    router.report(index, load)
+            case Rejected(rid, message, "busy"):
+                self._end_with_error(rid, f"{self.model_name}: {message}", code="UNAVAILABLE")
+            case Rejected(rid, message, _):  # "invalid"
+                self._end_with_error(rid, f"{self.model_name}: invalid request: {message}")
+            case Failed(rids, message):
+                for rid in rids:
+                    self._end_with_error(rid, f"{self.model_name}: {message}")
 
     def on_engine_closed(self, index: int) -> None:
         """Engine `index`'s connection ended: its requests end with an error; the other engines serve on."""

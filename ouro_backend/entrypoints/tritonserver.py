@@ -1,0 +1,393 @@
+"""A tritonserver process serving the Ouro model repository (`TritonServer`), and where its binary comes from.
+
+Which server: `$TRITONSERVER` or `tritonserver` on PATH (the NGC container), else the Triton 2.51 server
+inside the `nvidia-pytriton` wheel, prepared to run outside a container (`find_tritonserver`). The server
+gets the checkpoint in $OURO_MODEL_PATH, the engine options in $OURO_ENGINE_ARGS and the devices in
+$OURO_ENGINE_DEVICES; with an admin key, Triton's shared-memory, repository, logging and trace APIs need
+the header `ouro-admin-key`. It runs in a process group of its own with umask 077, and its shared-memory
+regions are kept private (private_shm). Keeping it serving: supervisor.Supervisor.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from ..serving.options import DEVICES_ENV
+from .private_shm import PRIVATE_SHM_MODES, SHM_DIR, ShmGuard, private_shm_wrapper
+from .procfs import child_stubs, group_members
+
+ROOT = Path(__file__).resolve().parents[1]
+REPOSITORY_ENV = "OURO_MODEL_REPOSITORY"
+ADMIN_HEADER = "ouro-admin-key"  # HTTP; gRPC clients send it as metadata with tritonserver's prefix:
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
+# Everything but inference, health, metadata, statistics and model config (tritonserver's API names; the
+# same for --http-restricted-api and --grpc-restricted-protocol). shared-memory is system and CUDA.
+RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
+
+
+class ServerError(RuntimeError):
+    """tritonserver cannot be found, started or made ready, or an option for it is wrong."""
+
+
+def default_repository() -> Path:
+    """$OURO_MODEL_REPOSITORY, else the source checkout's model_repository/, else ./model_repository."""
+    if os.environ.get(REPOSITORY_ENV):
+        return Path(os.environ[REPOSITORY_ENV]).expanduser()
+    for candidate in (ROOT / "model_repository", Path.cwd() / "model_repository"):
+        if candidate.is_dir():
+            return candidate
+    return ROOT / "model_repository"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("OURO_CACHE_DIR") or os.path.join("~", ".cache", "ouro-triton")
+    return Path(root).expanduser()
+
+
+def _pytriton_dirs() -> Optional[tuple[Path, Path]]:
+    """(pytriton/tritonserver, nvidia_pytriton.libs) of the installed nvidia-pytriton wheel, if any."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("pytriton")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    server_dir = pkg / "tritonserver"
+    libs = pkg.parent / "nvidia_pytriton.libs"
+    if not (server_dir / "bin" / "tritonserver").is_file():
+        return None
+    return server_dir, libs
+
+
+def find_tritonserver() -> tuple[str, Optional[str], dict[str, str]]:
+    """(tritonserver binary, --backend-directory or None, extra environment)."""
+    explicit = os.environ.get("TRITONSERVER")
+    if explicit:
+        backend_dir = os.environ.get("TRITON_BACKEND_DIR")
+        return explicit, backend_dir, {}
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return on_path, None, {}
+    dirs = _pytriton_dirs()
+    if dirs is None:
+        raise ServerError("no tritonserver found: set $TRITONSERVER, put tritonserver on PATH (the "
+                          "nvcr.io/nvidia/tritonserver:24.10-py3 container) or `pip install nvidia-pytriton==0.7.0`")
+    server_dir, libs = dirs
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server_dir / "python_backend_stubs" / py / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {py} ({stub})")
+    src = server_dir / "backends" / "python"
+    backends = cache_dir() / "tritonserver-backends" / f"py{py}"
+    dst = backends / "python"
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in [stub, src / "libtriton_python.so", src / "triton_python_backend_utils.py"]:
+        target = dst / ("triton_python_backend_stub" if f == stub else f.name)
+        if not target.exists() or target.stat().st_size != f.stat().st_size or \
+                target.stat().st_mtime < f.stat().st_mtime:
+            tmp = target.with_suffix(f".tmp{os.getpid()}")
+            shutil.copy2(f, tmp)
+            os.replace(tmp, target)
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(p for p in [str(libs), os.environ.get("LD_LIBRARY_PATH", "")] if p)}
+    return str(server_dir / "bin" / "tritonserver"), str(backends), env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_admin_key(key: str) -> str:
+    """The key goes into tritonserver's `<apis>:<header>=<key>` option: letters, digits and `._~+/-` only."""
+    if not re.fullmatch(r"[A-Za-z0-9._~+/-]+", key or ""):
+        raise ServerError("the admin key may hold only letters, digits and . _ ~ + / -")
+    return key
+
+
+def _env_tmpdir(env: Mapping[str, str]) -> str:
+    """tempfile.gettempdir() as a process with environment `env` finds it (its TMPDIR, TEMP, TMP)."""
+    for var in ("TMPDIR", "TEMP", "TMP"):
+        if env.get(var) and os.path.isdir(env[var]):
+            return os.path.abspath(env[var])
+    return tempfile.gettempdir()
+
+
+def remove_own(path: str) -> bool:
+    """Unlink `path` if it is a file or socket of this user (never follows a link)."""
+    try:
+        st = os.lstat(path)
+        if st.st_uid != os.getuid() or not (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+class TritonServer:
+    """A tritonserver process serving the Ouro repository. Use as a context manager or start()/stop().
+
+    Each start() gets a fresh shared-memory region prefix (`shm_prefix`); `pid` stays the last server's pid
+    after it is gone, so that cleanup() can remove what it left. stop() and kill() end the whole process
+    group (the stubs and engine processes too) and clean up. `admin_key`: keep Triton's shared-memory,
+    repository, logging and trace APIs behind the header `ouro-admin-key` (None: open, tritonserver's
+    default). `private_shm`: auto, on or off (entrypoints/private_shm.py); `shm_private` says what the last start got
+    ("namespace" or "chmod") and `shm_why` why not the namespace."""
+
+    def __init__(self, model: Optional[str] = None, http_port: int = 8000, grpc_port: int = 8001,
+                 metrics_port: int = 8002, model_repository: Optional[str] = None,
+                 engine_args: Optional[Mapping[str, str]] = None, log_file: Optional[str] = None,
+                 extra_args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None, log_verbose: int = 0,
+                 address: Optional[str] = None, devices: Optional[str] = None, admin_key: Optional[str] = None,
+                 private_shm: str = "auto"):
+        if private_shm not in PRIVATE_SHM_MODES:
+            raise ServerError(f"private_shm={private_shm!r}: expected one of {', '.join(PRIVATE_SHM_MODES)}")
+        self.model = model
+        self.devices = devices  # engine_devices (None: the repository's, by default auto)
+        self.address = address  # None: tritonserver's default (every interface)
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.model_repository = str(model_repository or default_repository())
+        self.engine_args = dict(engine_args or {})
+        self.log_dir = None
+        if log_file is None:
+            self.log_dir = tempfile.mkdtemp(prefix="ouro-triton-")
+            log_file = os.path.join(self.log_dir, "tritonserver.log")
+        self.log_file = log_file
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(env or {})
+        self.log_verbose = log_verbose
+        self.admin_key = check_admin_key(admin_key) if admin_key is not None else None
+        self.private_shm = private_shm
+        self.shm_private: Optional[str] = None
+        self.shm_why = ""
+        self.shm_prefix, self._own_shm_prefix = self._new_shm_prefix()
+        self.proc: Optional[subprocess.Popen] = None
+        self.pid: Optional[int] = None
+        self._tmpdir = tempfile.gettempdir()
+        self._log_handle = None
+        self._guard: Optional[ShmGuard] = None
+
+    @property
+    def host(self) -> str:
+        """Where this machine reaches the server."""
+        return "localhost" if self.address in (None, "0.0.0.0", "::") else self.address
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def user_arg(self, option: str) -> Optional[str]:
+        """The value of tritonserver option `option` among extra_args (the last), or None."""
+        found = None
+        for arg in self.extra_args:
+            if arg == option or arg.startswith(option + "="):
+                found = arg.partition("=")[2]
+        return found
+
+    def _new_shm_prefix(self) -> tuple[str, bool]:
+        """(prefix for this start's regions, whether it is ours). A user's own prefix is used as is and its
+        regions are never removed (other servers may share it)."""
+        user = [a for a in self.extra_args if a.startswith("--backend-config=python,shm-region-prefix-name=")]
+        if user:
+            return user[-1].partition("shm-region-prefix-name=")[2], False
+        return f"ouro_shm_{os.getpid()}_{secrets.token_hex(6)}_", True
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        binary, backend_dir, env_extra = find_tritonserver()
+        cmd = [binary, f"--model-repository={self.model_repository}", f"--http-port={self.http_port}",
+               f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
+               "--allow-metrics=true", "--allow-gpu-metrics=false"]
+        if self.address:
+            cmd += [f"--http-address={self.address}", f"--grpc-address={self.address}",
+                    f"--metrics-address={self.address}"]
+        if backend_dir:
+            cmd.append(f"--backend-directory={backend_dir}")
+        if self.log_verbose:
+            cmd.append(f"--log-verbose={self.log_verbose}")
+        if self._own_shm_prefix:
+            cmd.append(f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}")
+        if self.admin_key:
+            # tritonserver refuses an API named in two groups: a user's own option replaces ours.
+            for option in ("--http-restricted-api", "--grpc-restricted-protocol"):
+                if self.user_arg(option) is None:
+                    cmd.append(f"{option}={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}")
+        cmd += self.extra_args
+        env = dict(os.environ)
+        env.update(env_extra)
+        # The Python backend stub imports packages through the `python3` on PATH: this interpreter's.
+        bin_dir = os.path.dirname(sys.executable)
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+        root = str(ROOT)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [root, env.get("PYTHONPATH", "")] if p)
+        if self.model:
+            env["OURO_MODEL_PATH"] = str(Path(self.model).expanduser().resolve())
+        if self.engine_args:
+            env["OURO_ENGINE_ARGS"] = json.dumps(self.engine_args)
+        if self.devices:
+            env[DEVICES_ENV] = self.devices
+        env.update(self.extra_env)
+        return cmd, env
+
+    def start(self, wait: bool = True, timeout: float = 300.0) -> "TritonServer":
+        self.shm_prefix, self._own_shm_prefix = self._new_shm_prefix()
+        cmd, env = self.command()
+        wrapper, self.shm_why = (None, "--private-shm off") if self.private_shm == "off" else private_shm_wrapper()
+        if wrapper is None and self.private_shm == "on":
+            raise ServerError(f"--private-shm on: cannot give tritonserver a private /dev/shm: {self.shm_why}")
+        self.shm_private = "namespace" if wrapper else "chmod"
+        self._tmpdir = _env_tmpdir(env)
+        self._log_handle = open(self.log_file, "ab")
+        self.proc = subprocess.Popen(list(wrapper or ()) + cmd, stdout=self._log_handle, stderr=subprocess.STDOUT,
+                                     env=env, stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077)
+        self.pid = self.proc.pid  # tritonserver's own: the wrapper execs it
+        if wrapper is None:
+            self._guard = ShmGuard(self.shm_prefix)
+            self._guard.start()
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def mark_ready(self) -> None:
+        """Readiness seen: the shm guard may poll slowly from now on."""
+        if self._guard is not None:
+            self._guard.relax()
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.proc.returncode} before it was ready; "
+                                  f"log {self.log_file}:\n{self.log_tail()}")
+            if self.is_ready():
+                self.mark_ready()
+                return
+            time.sleep(0.5)
+        raise ServerError(f"tritonserver not ready after {timeout:.0f}s; log {self.log_file}:\n{self.log_tail()}")
+
+    def log_text(self) -> str:
+        try:
+            return Path(self.log_file).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def note(self, text: str) -> None:
+        """Append a line of ouro-serve's own to the server log."""
+        with open(self.log_file, "ab") as f:
+            f.write(f"--- ouro-serve {time.strftime('%Y-%m-%d %H:%M:%S')}: {text}\n".encode())
+
+    def stubs(self) -> dict[int, tuple[int, str]]:
+        """The running server's live Python backend stubs (child_stubs); {} when none runs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return {}
+        return child_stubs(self.proc.pid)
+
+    def stale_files(self) -> list[str]:
+        """What the last server (`pid`) leaves if it dies: its engine sockets, keys and manifests
+        (engine_auth.engine_address / key_path, engine_pool.manifest_path: `engine-<pid>-*` in
+        `<tmp>/ouro-triton-<uid>`) and, with our own prefix, its shared-memory regions in /dev/shm."""
+        if self.pid is None:
+            return []
+        directory = os.path.join(self._tmpdir, f"ouro-triton-{os.getuid()}")
+        found = glob.glob(os.path.join(glob.escape(directory), f"engine-{self.pid}-*"))
+        if self._own_shm_prefix:
+            found += glob.glob(os.path.join(SHM_DIR, glob.escape(self.shm_prefix) + "*"))
+        return found
+
+    def cleanup(self) -> list[str]:
+        """Remove stale_files() (only this user's files and sockets); returns what was removed. Only for a
+        server that is gone."""
+        return [path for path in self.stale_files() if remove_own(path)]
+
+    def kill(self) -> Optional[int]:
+        """SIGKILL the whole process group now (tritonserver, stubs, engine processes: its clients see their
+        connections drop), reap tritonserver and clean up. Returns its exit code."""
+        proc, self.proc = self.proc, None
+        code = None
+        if proc is not None:
+            # The stubs and engine processes live in the server's process group (start_new_session): a
+            # crashed server leaves them running otherwise.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            # Until they are gone: a dying engine process may still hold the GPU memory the next needs.
+            deadline = time.monotonic() + 10
+            while group_members(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            code = proc.returncode
+        if self._guard is not None:
+            self._guard.stop()
+            self._guard = None
+        self.cleanup()
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+        return code
+
+    def stop(self, timeout: float = 60.0, hurry: Optional[threading.Event] = None) -> Optional[int]:
+        """Triton's graceful shutdown (SIGINT: models unloaded, finalize()), then kill() what is left after
+        `timeout` seconds (or once `hurry` is set). Returns tritonserver's exit code (-9 if it was killed)."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None and time.monotonic() < deadline and not (hurry and hurry.is_set()):
+                try:
+                    proc.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    pass
+        return self.kill()
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
