@@ -15,6 +15,7 @@ engine that advances a request by one loop per round can gain here if every roun
 weight-bound decode rounds nearly do. `loop_ceiling` (full depth's loops over this run's, about 4 / depth) is
 what it could gain if a round cost only in proportion to its rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,18 +41,32 @@ def rows_of(results: dict) -> list[dict]:
         kind, _, arg = run["workload"].partition("=")
         # The repeats' median threshold (depth=D runs find one per repeat); older files name it in the workload.
         threshold = m.get("threshold") or (1.0 if kind == "full" else float(arg))
-        rows.append(dict(
-            engine=results.get("label", ""), exit_mode=mode, threshold=threshold,
-            concurrency=c, mean_depth=m["mean_exit_depth"], output_tok_s=m["output_tok_s"],
-            ratio_vs_full=m["output_tok_s"] / full[c] if c in full else None,
-            repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],
-            steady_decode_tok_s=m.get("steady_decode_tok_s"), ttft_p50_s=m["ttft_s"].get("p50"),
-            rounds_per_token=m.get("rounds_per_token"), host_syncs_per_token=m.get("host_syncs_per_token"),
-            gpu_idle_frac=m.get("gpu_idle_frac"), request_depth=m.get("request_depth"),
-            target=run.get("target", run["workload"]), decode_occupancy=m.get("decode_occupancy"),
-            tail_frac=m.get("tail_frac"), rounds=m.get("rounds"), ideal_rounds=m.get("ideal_rounds"),
-            rounds_ratio=vs_full(c, "rounds", m), round_ceiling=vs_full(c, "ideal_rounds", m),
-            loop_ceiling=vs_full(c, "request_loops", m)))
+        rows.append(
+            dict(
+                engine=results.get("label", ""),
+                exit_mode=mode,
+                threshold=threshold,
+                concurrency=c,
+                mean_depth=m["mean_exit_depth"],
+                output_tok_s=m["output_tok_s"],
+                ratio_vs_full=m["output_tok_s"] / full[c] if c in full else None,
+                repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],
+                steady_decode_tok_s=m.get("steady_decode_tok_s"),
+                ttft_p50_s=m["ttft_s"].get("p50"),
+                rounds_per_token=m.get("rounds_per_token"),
+                host_syncs_per_token=m.get("host_syncs_per_token"),
+                gpu_idle_frac=m.get("gpu_idle_frac"),
+                request_depth=m.get("request_depth"),
+                target=run.get("target", run["workload"]),
+                decode_occupancy=m.get("decode_occupancy"),
+                tail_frac=m.get("tail_frac"),
+                rounds=m.get("rounds"),
+                ideal_rounds=m.get("ideal_rounds"),
+                rounds_ratio=vs_full(c, "rounds", m),
+                round_ceiling=vs_full(c, "ideal_rounds", m),
+                loop_ceiling=vs_full(c, "request_loops", m),
+            )
+        )
     return rows
 
 
@@ -65,14 +80,26 @@ def main() -> None:
         if os.path.exists(path):
             with open(path) as f:
                 rows += rows_of(json.load(f))
-    print_rows(rows, [("engine", "engine", 8, ""), ("threshold", "threshold", 10, ".2f"),
-                      ("conc", "concurrency", 6, "d"), ("depth", "mean_depth", 7, ".2f"),
-                      ("tok/s", "output_tok_s", 8, ".0f"), ("x full", "ratio_vs_full", 8, ".2f"),
-                      ("rnd/tok", "rounds_per_token", 9, ".2f"), ("sync/tok", "host_syncs_per_token", 10, ".3f"),
-                      ("GPU idle", "gpu_idle_frac", 10, ".1%"), ("occup", "decode_occupancy", 7, ".2f"),
-                      ("tail", "tail_frac", 7, ".0%"), ("rounds", "rounds", 8, ".0f"),
-                      ("ideal", "ideal_rounds", 7, ".0f"), ("x rounds", "rounds_ratio", 9, ".2f"),
-                      ("ceiling", "round_ceiling", 9, ".2f")])
+    print_rows(
+        rows,
+        [
+            ("engine", "engine", 8, ""),
+            ("threshold", "threshold", 10, ".2f"),
+            ("conc", "concurrency", 6, "d"),
+            ("depth", "mean_depth", 7, ".2f"),
+            ("tok/s", "output_tok_s", 8, ".0f"),
+            ("x full", "ratio_vs_full", 8, ".2f"),
+            ("rnd/tok", "rounds_per_token", 9, ".2f"),
+            ("sync/tok", "host_syncs_per_token", 10, ".3f"),
+            ("GPU idle", "gpu_idle_frac", 10, ".1%"),
+            ("occup", "decode_occupancy", 7, ".2f"),
+            ("tail", "tail_frac", 7, ".0%"),
+            ("rounds", "rounds", 8, ".0f"),
+            ("ideal", "ideal_rounds", 7, ".0f"),
+            ("x rounds", "rounds_ratio", 9, ".2f"),
+            ("ceiling", "round_ceiling", 9, ".2f"),
+        ],
+    )
     dump(rows, args.out)
 
 

@@ -2,6 +2,7 @@
 start one after the other and split the GPU's memory, EngineRouter spreads 128 requests (128 in / 64 out) over
 them, one is killed and the other serves alone until it is back, then both again. Run on the device with
 OURO_CACHE_DIR=/tmp/ourocache after `ouro-bench --shape ouro-1.4b` built the checkpoint."""
+
 import os
 import signal
 import threading
@@ -15,6 +16,8 @@ from ouro_backend.serving.engine_pool import EnginePool, EngineRouter
 done, first, sent = {}, {}, {}
 lock = threading.Lock()
 closed = []
+
+
 def on_message(i, msg):
     if not isinstance(msg, Outputs):
         return
@@ -24,18 +27,33 @@ def on_message(i, msg):
             first.setdefault(d.rid, (now, i))
             if d.finish_reason:
                 done[d.rid] = now
+
+
 logs = []
 cfg = EngineConfig(model="/tmp/ourocache/ouro-1.4b", max_num_seqs=64)
 t = time.monotonic()
-pool = EnginePool("gpu-pool", os.getpid(), cfg, ["cuda:0", "cuda:0"], 0.25, on_message, closed.append,
-                  lambda l, x: logs.append(x) or print(l, x, flush=True))
+pool = EnginePool(
+    "gpu-pool",
+    os.getpid(),
+    cfg,
+    ["cuda:0", "cuda:0"],
+    0.25,
+    on_message,
+    closed.append,
+    lambda l, x: logs.append(x) or print(l, x, flush=True),
+)
 pool.start()
-print(f"pool of 2 engines on cuda:0 started in {time.monotonic() - t:.1f}s: kv_blocks",
-      [c.info.kv_blocks for c in pool.clients], flush=True)
+print(
+    f"pool of 2 engines on cuda:0 started in {time.monotonic() - t:.1f}s: kv_blocks",
+    [c.info.kv_blocks for c in pool.clients],
+    flush=True,
+)
 router = EngineRouter(2)
 for i, c in enumerate(pool.clients):
     router.set_client(i, c)
 p = SamplingParams(max_tokens=64, ignore_eos=True, temperature=0.0)
+
+
 def run(n, tag):
     t0 = time.perf_counter()
     for k in range(n):
@@ -50,6 +68,8 @@ def run(n, tag):
     for r in [r for r in sent if r.startswith(tag)]:
         router.release(first[r][1])
     print(f"{tag}: {n} requests x 64 tokens in {wall:.2f}s = {n * 64 / wall:.0f} tok/s; per engine {per}", flush=True)
+
+
 run(8, "warm")
 run(128, "a")
 pid = pool.processes[1].pid

@@ -3,6 +3,7 @@ bookkeeping of a round (scheduling, metadata, advance, coda, outputs) without an
 
     python benchmarks/host_step.py        (closed loop, c=64, 128 in / 64 out, 128 requests; median of 5)
 """
+
 import statistics
 
 from ouro_backend import EngineConfig, LLMEngine

@@ -7,12 +7,14 @@ optional --shared-prefix-len tokens that every prompt shares), max_tokens --max-
 every --eos-every-th token id is an EOS id. Sampling at temperature 1 (seeded per request) on random
 weights spreads each token over the vocabulary almost evenly, so a request stops about --eos-every tokens
 after its --min-tokens (a geometric length past min_tokens, during which EOS cannot end it); greedy
-decoding of random weights falls into repeats that seldom hit an EOS id. Reported per repeat and as medians: output tok/s, requests/s, the most requests running at
+decoding of random weights falls into repeats that seldom hit an EOS id. Reported per repeat and as medians: output
+tok/s, requests/s, the most requests running at
 once, the mean output length, TTFT (submission to first token, seen by this loop), prompt tokens taken from
 the prefix cache, and the engine's preemption count where it has one.
 
     PYTHONPATH=. python benchmarks/kv_capacity.py --shape ouro-1.4b --concurrency 64 --out new.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,9 +52,16 @@ def run_once(engine, params_for, prompts: list[list[int]], concurrency: int, tag
                 cached += getattr(out, "num_cached_tokens", 0)
         max_running = max(max_running, engine.stats()["num_running"])
     wall = time.perf_counter() - t0
-    return dict(wall_s=wall, output_tok_s=tokens / wall, requests_per_s=n / wall, max_running=max_running,
-                mean_output_len=tokens / n, ttft_p50_ms=1e3 * pct(ttft, 0.5), ttft_p90_ms=1e3 * pct(ttft, 0.9),
-                mean_cached_tokens=cached / n)
+    return dict(
+        wall_s=wall,
+        output_tok_s=tokens / wall,
+        requests_per_s=n / wall,
+        max_running=max_running,
+        mean_output_len=tokens / n,
+        ttft_p50_ms=1e3 * pct(ttft, 0.5),
+        ttft_p90_ms=1e3 * pct(ttft, 0.9),
+        mean_cached_tokens=cached / n,
+    )
 
 
 def main() -> int:
@@ -75,6 +84,7 @@ def main() -> int:
 
     import ouro_backend
     from ouro_backend import EngineConfig, LLMEngine, SamplingParams
+
     try:
         from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
         from ouro_backend.model.checkpoint import load_config
@@ -95,25 +105,42 @@ def main() -> int:
     for rep in range(args.repeats):
         rng = random.Random(rep)
         prefix = [rng.randrange(3, vocab) for _ in range(args.shared_prefix_len)]
-        prompts = [prefix + [rng.randrange(3, vocab) for _ in range(args.input_len)]
-                   for _ in range(args.num_requests)]
+        prompts = [prefix + [rng.randrange(3, vocab) for _ in range(args.input_len)] for _ in range(args.num_requests)]
 
         def params_for(i: int, rep: int = rep) -> SamplingParams:
-            return SamplingParams(max_tokens=args.max_tokens, min_tokens=args.min_tokens,
-                                  temperature=args.temperature, seed=rep * 1_000_003 + i)
+            return SamplingParams(
+                max_tokens=args.max_tokens,
+                min_tokens=args.min_tokens,
+                temperature=args.temperature,
+                seed=rep * 1_000_003 + i,
+            )
 
         r = run_once(engine, params_for, prompts, args.concurrency, f"rep{rep}")
         print(json.dumps(dict(repeat=rep, **r)), flush=True)
         runs.append(r)
     stats = engine.stats()
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    res = dict(label=args.label, engine=ouro_backend.__file__, command=" ".join(sys.argv),
-               engine_options={k: v for k, v in opts.items() if k != "eos_token_ids"}, eos_every=args.eos_every,
-               min_tokens=args.min_tokens, temperature=args.temperature, input_len=args.input_len, shared_prefix_len=args.shared_prefix_len,
-               max_tokens=args.max_tokens, concurrency=args.concurrency, num_requests=args.num_requests,
-               kv_blocks=stats["kv_blocks_total"], num_preemptions=stats.get("num_preemptions"),
-               num_recomputes=stats.get("num_recomputes"), prefix_cache_hit_rate=stats.get("prefix_cache_hit_rate"),
-               kv_blocks_free_after=stats["kv_blocks_free"], median=med, repeats=runs)
+    res = dict(
+        label=args.label,
+        engine=ouro_backend.__file__,
+        command=" ".join(sys.argv),
+        engine_options={k: v for k, v in opts.items() if k != "eos_token_ids"},
+        eos_every=args.eos_every,
+        min_tokens=args.min_tokens,
+        temperature=args.temperature,
+        input_len=args.input_len,
+        shared_prefix_len=args.shared_prefix_len,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        num_requests=args.num_requests,
+        kv_blocks=stats["kv_blocks_total"],
+        num_preemptions=stats.get("num_preemptions"),
+        num_recomputes=stats.get("num_recomputes"),
+        prefix_cache_hit_rate=stats.get("prefix_cache_hit_rate"),
+        kv_blocks_free_after=stats["kv_blocks_free"],
+        median=med,
+        repeats=runs,
+    )
     print(json.dumps(res))
     if args.out:
         with open(args.out, "w") as f:

@@ -5,6 +5,7 @@ the weights are generated in memory, nothing is written.
 
     python benchmarks/loop_agreement.py [--shape ouro-1.4b] [--tokens 48] 1 0.05 0.02 0.01
 """
+
 import argparse
 import json
 import time
@@ -32,8 +33,10 @@ def main() -> None:
             states, _ = model(ids)
             top = [model.lm_head(s)[0].argmax(-1) for s in states]
         agree = {d + 1: round(float((top[d] == top[-1]).float().mean()), 3) for d in range(len(top) - 1)}
-        print(json.dumps(dict(loop_change=change, agreement_with_last_loop=agree, seconds=round(time.time() - t0))),
-              flush=True)
+        print(
+            json.dumps(dict(loop_change=change, agreement_with_last_loop=agree, seconds=round(time.time() - t0))),
+            flush=True,
+        )
         del model
 
 

@@ -7,6 +7,7 @@ the whole story.
 
     python benchmarks/response_cost.py [--tokens 2] [--calls 5000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,21 @@ def main() -> None:
     from ouro_backend.serving import protocol
 
     tok = load_tokenizer(default_model())
-    fields = dict(output_ids=list(range(100, 100 + args.tokens)), prefix_ids=[5, 6, 7, 8, 9],
-                  exit_depths=[4] * args.tokens, trim_chars=0, num_input_tokens=128, finish_reason=None,
-                  echo_text="", return_flags=(False,) * len(protocol.RETURN_FLAGS))
+    fields = dict(
+        output_ids=list(range(100, 100 + args.tokens)),
+        prefix_ids=[5, 6, 7, 8, 9],
+        exit_depths=[4] * args.tokens,
+        trim_chars=0,
+        num_input_tokens=128,
+        finish_reason=None,
+        echo_text="",
+        return_flags=(False,) * len(protocol.RETURN_FLAGS),
+    )
     paths = {
         "front (client_response_arrays)": lambda: protocol.client_response_arrays(tok, **fields),
-        "ensemble (engine_response_arrays + postprocess_arrays)":
-            lambda: protocol.postprocess_arrays(tok, protocol.engine_response_arrays(**fields)),
+        "ensemble (engine_response_arrays + postprocess_arrays)": lambda: protocol.postprocess_arrays(
+            tok, protocol.engine_response_arrays(**fields)
+        ),
     }
     for name, fn in paths.items():
         for _ in range(500):
@@ -43,8 +52,10 @@ def main() -> None:
             for _ in range(args.calls):
                 fn()
             runs.append((time.perf_counter() - t) / args.calls * 1e6)
-        print(f"{name}: median {statistics.median(runs):.1f} us per response "
-              f"(repeats {', '.join(f'{r:.1f}' for r in runs)})")
+        print(
+            f"{name}: median {statistics.median(runs):.1f} us per response "
+            f"(repeats {', '.join(f'{r:.1f}' for r in runs)})"
+        )
 
 
 if __name__ == "__main__":

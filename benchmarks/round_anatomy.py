@@ -10,6 +10,7 @@ Also times each decode graph replayed alone (median of 50), the floor of a decod
 
     python3 benchmarks/round_anatomy.py [--out FILE.json] [--engine-arg KEY=VALUE ...] [workload ...]
 """
+
 import argparse
 import json
 import statistics
@@ -58,7 +59,9 @@ def timed_launch(plan):
     t0 = time.perf_counter()
     rnd = launch(plan)
     st = dict(r.last_round, host_ms=(time.perf_counter() - t0) * 1e3)
-    kind = ("decode graph" if not st["prefill_tokens"] else "prompt graph") if r.stats.graph_launches > graphs else "eager"
+    kind = (
+        ("decode graph" if not st["prefill_tokens"] else "prompt graph") if r.stats.graph_launches > graphs else "eager"
+    )
     starts.append((ev, kind, st))
     return rnd
 
@@ -72,8 +75,9 @@ for w in args.workloads:
     end = torch.cuda.Event(enable_timing=True)
     end.record()
     end.synchronize()
-    groups = defaultdict(lambda: dict(rounds=0, ms=0.0, launch_host_ms=0.0, prompt_tokens=0, decode_rows=0,
-                                      decode_rounds=0))
+    groups = defaultdict(
+        lambda: dict(rounds=0, ms=0.0, launch_host_ms=0.0, prompt_tokens=0, decode_rows=0, decode_rounds=0)
+    )
     marks = [s[0] for s in starts] + [end]
     for (ev, kind, st), nxt in zip(starts, marks[1:]):
         g = groups[kind]
@@ -83,14 +87,21 @@ for w in args.workloads:
         g["prompt_tokens"] += st["prefill_tokens"]
         g["decode_rows"] += st["decode_rows"]
         g["decode_rounds"] += st["rounds"] if st["decode_rows"] else 0
-    print(f"== {w}: {res['output_tok_s']:.0f} tok/s, wall {res['wall_s'] * 1e3:.0f} ms, "
-          f"GPU span {marks[0].elapsed_time(end):.0f} ms, {res['launches']} launches, {res['rounds']} rounds")
-    print(f"   {'kind':<14}{'rounds':>7}{'total ms':>10}{'ms/round':>10}{'launch host':>12}{'prompt tok':>12}{'decode rows':>13}{'rounds':>9}")
+    print(
+        f"== {w}: {res['output_tok_s']:.0f} tok/s, wall {res['wall_s'] * 1e3:.0f} ms, "
+        f"GPU span {marks[0].elapsed_time(end):.0f} ms, {res['launches']} launches, {res['rounds']} rounds"
+    )
+    print(
+        f"   {'kind':<14}{'rounds':>7}{'total ms':>10}{'ms/round':>10}{'launch host':>12}"
+        f"{'prompt tok':>12}{'decode rows':>13}{'rounds':>9}"
+    )
     for kind, g in sorted(groups.items()):
         n = g["rounds"]
-        print(f"   {kind:<14}{n:>7}{g['ms']:>10.1f}{g['ms'] / n:>10.3f}{g['launch_host_ms'] / n:>12.3f}"
-              f"{g['prompt_tokens'] / n:>12.1f}"
-              f"{g['decode_rows'] / n:>13.1f}{g['decode_rounds'] / n:>9.1f}")
+        print(
+            f"   {kind:<14}{n:>7}{g['ms']:>10.1f}{g['ms'] / n:>10.3f}{g['launch_host_ms'] / n:>12.3f}"
+            f"{g['prompt_tokens'] / n:>12.1f}"
+            f"{g['decode_rows'] / n:>13.1f}{g['decode_rounds'] / n:>9.1f}"
+        )
     report[w] = dict(result=res, groups=dict(groups))
 if args.out:
     with open(args.out, "w") as f:

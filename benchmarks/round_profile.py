@@ -11,6 +11,7 @@ a function of its rows (with the capture's attention lengths, not a run's), whic
 
     python3 benchmarks/round_profile.py [--out FILE.json] [--hbm-tb-s 4.8]
 """
+
 import argparse
 import json
 import statistics
@@ -23,10 +24,16 @@ from ouro_backend import EngineConfig, LLMEngine
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.model.sampler import SamplerMode
 
-KINDS = [("gemm", ("gemm", "gemv", "cutlass", "sm90", "nvjet", "matmul", "splitk", "sgemm")),
-         ("attention", ("attn", "flash", "paged")), ("norm", ("norm",)), ("rope/kv", ("rope", "kv", "cache")),
-         ("state machine", ("prepare", "advance", "decode_step", "emit")), ("activation", ("silu", "act", "mul")),
-         ("sampling/argmax", ("argmax", "sampl", "max")), ("copy/index", ("copy", "index", "gather", "scatter", "cat"))]
+KINDS = [
+    ("gemm", ("gemm", "gemv", "cutlass", "sm90", "nvjet", "matmul", "splitk", "sgemm")),
+    ("attention", ("attn", "flash", "paged")),
+    ("norm", ("norm",)),
+    ("rope/kv", ("rope", "kv", "cache")),
+    ("state machine", ("prepare", "advance", "decode_step", "emit")),
+    ("activation", ("silu", "act", "mul")),
+    ("sampling/argmax", ("argmax", "sampl", "max")),
+    ("copy/index", ("copy", "index", "gather", "scatter", "cat")),
+]
 
 
 def kind_of(name: str) -> str:
@@ -63,9 +70,11 @@ def kernels(graph, n: int = 5) -> dict:
         by_kind[kind_of(ev.name)] += us / n
         count[kind_of(ev.name)] += 1
         top[ev.name[:80]] += us / n
-    return dict(kernel_us_by_kind={k: round(v, 1) for k, v in sorted(by_kind.items(), key=lambda x: -x[1])},
-                kernels_per_replay={k: c // n for k, c in count.items()},
-                top_kernels_us={k: round(v, 1) for k, v in sorted(top.items(), key=lambda x: -x[1])[:12]})
+    return dict(
+        kernel_us_by_kind={k: round(v, 1) for k, v in sorted(by_kind.items(), key=lambda x: -x[1])},
+        kernels_per_replay={k: c // n for k, c in count.items()},
+        top_kernels_us={k: round(v, 1) for k, v in sorted(top.items(), key=lambda x: -x[1])[:12]},
+    )
 
 
 def main() -> None:
@@ -77,8 +86,13 @@ def main() -> None:
     r, m = eng.runner, eng.runner.model
     loop_bytes = sum(t.numel() * t.element_size() for layer in m.layers for t in vars(layer).values())
     head_bytes = m.lm_head.numel() * m.lm_head.element_size()
-    report = dict(loop_weight_bytes=loop_bytes, floor_loop_ms=loop_bytes / args.hbm_tb_s / 1e9,
-                  lm_head_bytes=head_bytes, floor_lm_head_ms=head_bytes / args.hbm_tb_s / 1e9, graphs={})
+    report = dict(
+        loop_weight_bytes=loop_bytes,
+        floor_loop_ms=loop_bytes / args.hbm_tb_s / 1e9,
+        lm_head_bytes=head_bytes,
+        floor_lm_head_ms=head_bytes / args.hbm_tb_s / 1e9,
+        graphs={},
+    )
     picks = [(f"decode {b} rows", r.graphs.decode[(b, 1, SamplerMode.GREEDY)]) for b in (1, 64)]
     picks.append(("prompt 128 tokens", r.graphs.mixed[(128, SamplerMode.GREEDY)]))
     ones = {b: g for (b, rounds, mode), g in r.graphs.decode.items() if rounds == 1 and mode == SamplerMode.GREEDY}
@@ -87,8 +101,10 @@ def main() -> None:
     for name, g in picks:
         report["graphs"][name] = dict(replay_ms=timed(g.graph), **kernels(g.graph))
         print(name, json.dumps(report["graphs"][name], indent=1))
-    print(f"floor: one loop's weights {loop_bytes / 1e9:.2f} GB -> {report['floor_loop_ms']:.3f} ms; "
-          f"LM head {report['floor_lm_head_ms']:.3f} ms")
+    print(
+        f"floor: one loop's weights {loop_bytes / 1e9:.2f} GB -> {report['floor_loop_ms']:.3f} ms; "
+        f"LM head {report['floor_lm_head_ms']:.3f} ms"
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -16,6 +16,7 @@ requests running; and every request's hops through the server are timed
 
     python benchmarks/served.py --shape ouro-1.4b --concurrency 64 --out results/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -59,9 +59,19 @@ def direct(args) -> None:
     eng.add_request("warmup", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
     while eng.has_unfinished_requests():
         eng.step()
-    reps = [run_closed_loop(eng, len(prompt_ids), args.output_len, args.concurrency, args.requests,
-                            "full" if args.exit_threshold >= 1 else f"threshold={args.exit_threshold}",
-                            seed=i, prompt_ids=prompt_ids) for i in range(args.repeats)]
+    reps = [
+        run_closed_loop(
+            eng,
+            len(prompt_ids),
+            args.output_len,
+            args.concurrency,
+            args.requests,
+            "full" if args.exit_threshold >= 1 else f"threshold={args.exit_threshold}",
+            seed=i,
+            prompt_ids=prompt_ids,
+        )
+        for i in range(args.repeats)
+    ]
     print(json.dumps(dict(median=median_of(reps), repeats=reps)))
 
 
@@ -78,7 +88,7 @@ def process_loop(args) -> None:
 
     prompt_ids = json.loads(Path(args.prompt_ids).read_text())
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, exit_threshold=args.exit_threshold)
-    finished: "queue.Queue[str]" = queue.Queue()
+    finished: queue.Queue[str] = queue.Queue()
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     tokens: dict[str, int] = {}
@@ -101,8 +111,9 @@ def process_loop(args) -> None:
                 finished.put(d.rid)
 
     address = os.path.join(tempfile.mkdtemp(prefix="ouro-bench-"), "engine.sock")
-    client, proc = start_engine_process(EngineConfig(model=args.model, max_num_seqs=args.concurrency), address,
-                                        on_message, lambda: None)
+    client, proc = start_engine_process(
+        EngineConfig(model=args.model, max_num_seqs=args.concurrency), address, on_message, lambda: None
+    )
     try:
         reps = []
         for rep in range(args.repeats + 1):  # the first one warms up
@@ -124,9 +135,14 @@ def process_loop(args) -> None:
                     submit()
             wall = time.perf_counter() - t0
             gen = sum(tokens[r] for r in sent)
-            reps.append(dict(output_tok_s=gen / wall, wall_s=wall,
-                             ttft_s=percentiles([first[r] - sent[r] for r in sent]),
-                             tpot_s=percentiles([(last[r] - first[r]) / (tokens[r] - 1) for r in sent if tokens[r] > 1])))
+            reps.append(
+                dict(
+                    output_tok_s=gen / wall,
+                    wall_s=wall,
+                    ttft_s=percentiles([first[r] - sent[r] for r in sent]),
+                    tpot_s=percentiles([(last[r] - first[r]) / (tokens[r] - 1) for r in sent if tokens[r] > 1]),
+                )
+            )
         reps = reps[1:]
     finally:
         client.close()
@@ -162,21 +178,34 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--port-base", type=int, default=18000)
     p.add_argument("--engine-arg", action="append", default=[])
-    p.add_argument("--model-repository", default=None,
-                   help="serve this model repository (ouro-serve --model-repository), e.g. one with other front options")
+    p.add_argument(
+        "--model-repository",
+        default=None,
+        help="serve this model repository (ouro-serve --model-repository), e.g. one with other front options",
+    )
     p.add_argument("--skip-perf-analyzer", action="store_true")
     p.add_argument("--genai-perf", action="store_true", help="also profile `ouro` with genai-perf")
-    p.add_argument("--exit-threshold", type=float, default=1.0,
-                   help="every request's exit threshold (1.0: full depth; below 1 the real gate decides)")
+    p.add_argument(
+        "--exit-threshold",
+        type=float,
+        default=1.0,
+        help="every request's exit threshold (1.0: full depth; below 1 the real gate decides)",
+    )
     p.add_argument("--models", nargs="+", default=["ouro"], help="served models to load-test")
     p.add_argument("--skip-direct", action="store_true", help="served only (diagnostics)")
-    p.add_argument("--trace", action="store_true",
-                   help="record the served engine's rounds (OURO_ENGINE_TRACE) to OUT/engine_trace.json and "
-                        "summarize them: steps, busy time, prefill steps, mean running requests")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="record the served engine's rounds (OURO_ENGINE_TRACE) to OUT/engine_trace.json and "
+        "summarize them: steps, busy time, prefill steps, mean running requests",
+    )
     p.add_argument("--out", default="served-results")
-    p.add_argument("--process", action="store_true",
-                   help="also run the closed loop through the engine process without Triton (a Python client on "
-                        "its owner channel), to split the serving overhead into process and Triton")
+    p.add_argument(
+        "--process",
+        action="store_true",
+        help="also run the closed loop through the engine process without Triton (a Python client on "
+        "its owner channel), to split the serving overhead into process and Triton",
+    )
     p.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--process-loop", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--prompt-ids", help=argparse.SUPPRESS)
@@ -188,7 +217,8 @@ def main() -> int:
         process_loop(args)
         return 0
 
-    from ouro_backend.engine.round_trace import ENV as TRACE_ENV, summarize
+    from ouro_backend.engine.round_trace import ENV as TRACE_ENV
+    from ouro_backend.engine.round_trace import summarize
     from ouro_backend.entrypoints.bench import ensure_shape_checkpoint, median_of
     from ouro_backend.serving import request_trace
 
@@ -201,19 +231,42 @@ def main() -> int:
         model = ensure_toy_checkpoint()
     text, ids = make_prompt(model, args.input_len)
     (out / "prompt_ids.json").write_text(json.dumps(ids))
-    print(f"prompt: {len(ids)} tokens; {args.requests} requests x {args.output_len} tokens at concurrency "
-          f"{args.concurrency}", flush=True)
+    print(
+        f"prompt: {len(ids)} tokens; {args.requests} requests x {args.output_len} tokens at concurrency "
+        f"{args.concurrency}",
+        flush=True,
+    )
 
-    def trace_env(name: str) -> Optional[dict]:
+    def trace_env(name: str) -> dict | None:
         """The environment of a phase: with --trace, its engine records its rounds to OUT/name."""
         return dict(os.environ, **{TRACE_ENV: str((out / name).resolve())}) if args.trace else None
 
-    def phase(flag: str, env: Optional[dict] = None) -> dict:
+    def phase(flag: str, env: dict | None = None) -> dict:
         """One closed-loop phase in a subprocess (its GPU memory is freed before the next phase starts)."""
-        res = subprocess.run([sys.executable, __file__, flag, "--model", model, "--prompt-ids",
-                              str(out / "prompt_ids.json"), "--concurrency", str(args.concurrency), "--requests",
-                              str(args.requests), "--output-len", str(args.output_len), "--repeats",
-                              str(args.repeats), "--exit-threshold", str(args.exit_threshold)], capture_output=True, text=True, env=env)
+        res = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                flag,
+                "--model",
+                model,
+                "--prompt-ids",
+                str(out / "prompt_ids.json"),
+                "--concurrency",
+                str(args.concurrency),
+                "--requests",
+                str(args.requests),
+                "--output-len",
+                str(args.output_len),
+                "--repeats",
+                str(args.repeats),
+                "--exit-threshold",
+                str(args.exit_threshold),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if res.returncode:
             raise SystemExit(f"{flag} failed:\n{res.stderr[-3000:]}")
         return json.loads(res.stdout.strip().splitlines()[-1])
@@ -225,48 +278,110 @@ def main() -> int:
     if args.process:
         process_res = phase("--process-loop", trace_env("process_trace.json"))
         (out / "process.json").write_text(json.dumps(process_res, indent=1))
-        print(f"engine process, closed loop on its owner channel: "
-              f"{[round(x['output_tok_s']) for x in process_res['repeats']]} output tok/s", flush=True)
+        print(
+            f"engine process, closed loop on its owner channel: "
+            f"{[round(x['output_tok_s']) for x in process_res['repeats']]} output tok/s",
+            flush=True,
+        )
 
     http_port, grpc_port, metrics_port = args.port_base, args.port_base + 1, args.port_base + 2
-    serve = [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--model", model, "--http-port", str(http_port),
-             "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--log-file",
-             str(out / "tritonserver.log"), "--engine-arg", f"max_num_seqs={args.concurrency}",
-             *[a for kv in args.engine_arg for a in ("--engine-arg", kv)],
-             *(["--model-repository", args.model_repository] if args.model_repository else [])]
-    server = subprocess.Popen(serve, stdout=open(out / "ouro-serve.out", "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True,
-                              env=dict(trace_env("engine_trace.json"),
-                                       **{request_trace.ENV: str((out / "request_trace").resolve())})
-                              if args.trace else None)
+    serve = [
+        sys.executable,
+        "-m",
+        "ouro_backend.entrypoints.serve",
+        "--model",
+        model,
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+        "--log-file",
+        str(out / "tritonserver.log"),
+        "--engine-arg",
+        f"max_num_seqs={args.concurrency}",
+        *[a for kv in args.engine_arg for a in ("--engine-arg", kv)],
+        *(["--model-repository", args.model_repository] if args.model_repository else []),
+    ]
+    server = subprocess.Popen(
+        serve,
+        stdout=open(out / "ouro-serve.out", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=dict(trace_env("engine_trace.json"), **{request_trace.ENV: str((out / "request_trace").resolve())})
+        if args.trace
+        else None,
+    )
     try:
         wait_ready(f"localhost:{grpc_port}", "ouro", 600, server)
         per_model = {}
         for name in args.models:
-            load = [sys.executable, str(ROOT / "client" / "load.py"), "--url", f"localhost:{grpc_port}", "--model",
-                    name, "-c", str(args.concurrency), "--max-tokens", str(args.output_len), "--ignore-eos",
-                    "--exit-threshold", str(args.exit_threshold), "--prompt", text]
-            subprocess.run(load + ["-n", str(args.concurrency), "--json", str(out / "served_warmup.json")],
-                           check=True, stdout=subprocess.DEVNULL)
+            load = [
+                sys.executable,
+                str(ROOT / "client" / "load.py"),
+                "--url",
+                f"localhost:{grpc_port}",
+                "--model",
+                name,
+                "-c",
+                str(args.concurrency),
+                "--max-tokens",
+                str(args.output_len),
+                "--ignore-eos",
+                "--exit-threshold",
+                str(args.exit_threshold),
+                "--prompt",
+                text,
+            ]
+            subprocess.run(
+                load + ["-n", str(args.concurrency), "--json", str(out / "served_warmup.json")],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             per_model[name] = []
             for i in range(args.repeats):
                 path = out / f"served_{name}_{i}.json"
                 # With --trace load.py notes its ends of each request's hops (the warm-up's are left out).
-                subprocess.run(load + ["-n", str(args.requests), "--json", str(path)], check=True,
-                               stdout=subprocess.DEVNULL, env=dict(os.environ, **{
-                                   request_trace.ENV: str((out / "request_trace").resolve())}) if args.trace else None)
+                subprocess.run(
+                    load + ["-n", str(args.requests), "--json", str(path)],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    env=dict(os.environ, **{request_trace.ENV: str((out / "request_trace").resolve())})
+                    if args.trace
+                    else None,
+                )
                 per_model[name].append(json.loads(path.read_text()))
-            print(f"{name}: {[round(x['output_tokens_per_s']) for x in per_model[name]]} output tok/s, errors "
-                  f"{sum(x['errors'] for x in per_model[name])}", flush=True)
+            print(
+                f"{name}: {[round(x['output_tokens_per_s']) for x in per_model[name]]} output tok/s, errors "
+                f"{sum(x['errors'] for x in per_model[name])}",
+                flush=True,
+            )
         served = per_model[args.models[0]]
         pa = None
         if not args.skip_perf_analyzer:
-            r = subprocess.run([sys.executable, str(ROOT / "client" / "perf_analyzer" / "run_perf.py"), "--url",
-                                f"localhost:{grpc_port}", "--models", "ouro", "--concurrency", str(args.concurrency),
-                                "--max-tokens", str(args.output_len), "--exit-threshold", str(args.exit_threshold),
-                                "--prompt", text,
-                                "--out-dir", str(out / "perf_analyzer")],
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "client" / "perf_analyzer" / "run_perf.py"),
+                    "--url",
+                    f"localhost:{grpc_port}",
+                    "--models",
+                    "ouro",
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--max-tokens",
+                    str(args.output_len),
+                    "--exit-threshold",
+                    str(args.exit_threshold),
+                    "--prompt",
+                    text,
+                    "--out-dir",
+                    str(out / "perf_analyzer"),
+                ],
+                capture_output=True,
+                text=True,
+            )
             (out / "perf_analyzer.log").write_text(r.stdout + r.stderr)
             try:
                 pa = json.loads(r.stdout)["runs"][0]
@@ -274,12 +389,29 @@ def main() -> int:
                 print("perf_analyzer failed:\n" + (r.stdout + r.stderr)[-2500:], flush=True)
         gp = None
         if args.genai_perf:
-            r = subprocess.run([sys.executable, str(ROOT / "client" / "genai_perf" / "run_genai_perf.py"), "--url",
-                                f"localhost:{grpc_port}", "--concurrency", str(args.concurrency), "--request-count",
-                                str(args.requests), "--input-tokens", str(args.input_len), "--output-tokens",
-                                str(args.output_len), "--tokenizer", model, "--artifact-dir", str(out / "genai_perf")]
-                               + (["--exit-threshold", str(args.exit_threshold)] if args.exit_threshold < 1 else []),
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "client" / "genai_perf" / "run_genai_perf.py"),
+                    "--url",
+                    f"localhost:{grpc_port}",
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--request-count",
+                    str(args.requests),
+                    "--input-tokens",
+                    str(args.input_len),
+                    "--output-tokens",
+                    str(args.output_len),
+                    "--tokenizer",
+                    model,
+                    "--artifact-dir",
+                    str(out / "genai_perf"),
+                ]
+                + (["--exit-threshold", str(args.exit_threshold)] if args.exit_threshold < 1 else []),
+                capture_output=True,
+                text=True,
+            )
             (out / "genai_perf.log").write_text(r.stdout + r.stderr)
             try:
                 gp = json.loads(r.stdout)
@@ -297,20 +429,31 @@ def main() -> int:
         if process_res:
             summary["process_rounds"] = summarize(str(out / "process_trace.json"))
     s = median_of([{k: v for k, v in x.items() if isinstance(v, (int, float, dict))} for x in served])
-    summary.update(served_output_tok_s=s["output_tokens_per_s"], served_errors=sum(x["errors"] for x in served),
-                   served_ttft_p50_s=s["ttft_s"]["p50"], served_itl_p50_s=s["itl_s"]["p50"],
-                   served_repeats=[x["output_tokens_per_s"] for x in served])
+    summary.update(
+        served_output_tok_s=s["output_tokens_per_s"],
+        served_errors=sum(x["errors"] for x in served),
+        served_ttft_p50_s=s["ttft_s"]["p50"],
+        served_itl_p50_s=s["itl_s"]["p50"],
+        served_repeats=[x["output_tokens_per_s"] for x in served],
+    )
     if pa and pa.get("output_tok_s"):
         summary.update(perf_analyzer_output_tok_s=pa["output_tok_s"], perf_analyzer_ok=pa["ok"])
     if gp:
-        summary.update(genai_perf_output_tok_s=gp["output_token_throughput_per_s"],
-                       genai_perf_ttft_ms=gp["time_to_first_token_ms"], genai_perf_itl_ms=gp["inter_token_latency_ms"])
+        summary.update(
+            genai_perf_output_tok_s=gp["output_token_throughput_per_s"],
+            genai_perf_ttft_ms=gp["time_to_first_token_ms"],
+            genai_perf_itl_ms=gp["inter_token_latency_ms"],
+        )
     if direct_res is not None:  # ratios against engine-direct (not with --skip-direct)
         d = direct_res["median"]
-        summary.update(direct_output_tok_s=d["output_tok_s"], ratio=s["output_tokens_per_s"] / d["output_tok_s"],
-                       direct_ttft_p50_s=d["ttft_s"]["p50"], direct_tpot_p50_s=d["tpot_s"]["p50"],
-                       direct_repeats=[x["output_tok_s"] for x in direct_res["repeats"]],
-                       direct_steady_round_ms=d.get("steady_round_ms"))
+        summary.update(
+            direct_output_tok_s=d["output_tok_s"],
+            ratio=s["output_tokens_per_s"] / d["output_tok_s"],
+            direct_ttft_p50_s=d["ttft_s"]["p50"],
+            direct_tpot_p50_s=d["tpot_s"]["p50"],
+            direct_repeats=[x["output_tok_s"] for x in direct_res["repeats"]],
+            direct_steady_round_ms=d.get("steady_round_ms"),
+        )
         for tool in ("perf_analyzer", "genai_perf"):
             if f"{tool}_output_tok_s" in summary:
                 summary[f"{tool}_ratio"] = summary[f"{tool}_output_tok_s"] / d["output_tok_s"]

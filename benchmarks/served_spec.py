@@ -14,6 +14,7 @@ the plain ones (and the direct token ids), and the acceptance both from the engi
 
     python benchmarks/served_spec.py --loop-change 0.015 --spec-arg spec_tokens=6 --spec-arg spec_draft_loops=1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,16 +62,36 @@ def direct_phase(args) -> None:
     stats = engine.stats()
     drafted = stats["spec_drafted"] - stats0["spec_drafted"]
     accepted = stats["spec_accepted"] - stats0["spec_accepted"]
-    print(json.dumps(dict(output_tok_s=statistics.median(passes), passes_tok_s=passes, token_ids=tokens,
-                          acceptance=accepted / drafted if drafted else None, spec_drafted=drafted,
-                          eager_launches=stats["eager_launches"] - stats0["eager_launches"],
-                          graph_launches=stats["graph_launches"] - stats0["graph_launches"])))
+    print(
+        json.dumps(
+            dict(
+                output_tok_s=statistics.median(passes),
+                passes_tok_s=passes,
+                token_ids=tokens,
+                acceptance=accepted / drafted if drafted else None,
+                spec_drafted=drafted,
+                eager_launches=stats["eager_launches"] - stats0["eager_launches"],
+                graph_launches=stats["graph_launches"] - stats0["graph_launches"],
+            )
+        )
+    )
 
 
 def run_direct(args, engine_args: list[str]) -> dict:
-    cmd = [sys.executable, __file__, "--direct-phase", "--model", args.model, "--prompts-file", args.prompts_file,
-           "--output-len", str(args.output_len), "--repeats", str(args.repeats),
-           *[a for kv in engine_args for a in ("--engine-arg", kv)]]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--direct-phase",
+        "--model",
+        args.model,
+        "--prompts-file",
+        args.prompts_file,
+        "--output-len",
+        str(args.output_len),
+        "--repeats",
+        str(args.repeats),
+        *[a for kv in engine_args for a in ("--engine-arg", kv)],
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
         raise SystemExit(f"direct phase failed:\n{res.stderr[-3000:]}")
@@ -92,15 +113,29 @@ def run_served(args, engine_args: list[str], out: Path, label: str) -> dict:
 
     prompts = json.loads(Path(args.prompts_file).read_text())
     http_port, grpc_port, metrics_port = args.port_base, args.port_base + 1, args.port_base + 2
-    cmd = [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--model", args.model, "--http-port", str(http_port),
-           "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-           "--log-file", str(out / f"tritonserver_{label}.log"),
-           *[a for kv in engine_args for a in ("--engine-arg", kv)]]
-    server = subprocess.Popen(cmd, stdout=open(out / f"ouro-serve_{label}.out", "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ouro_backend.entrypoints.serve",
+        "--model",
+        args.model,
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+        "--log-file",
+        str(out / f"tritonserver_{label}.log"),
+        *[a for kv in engine_args for a in ("--engine-arg", kv)],
+    ]
+    server = subprocess.Popen(
+        cmd, stdout=open(out / f"ouro-serve_{label}.out", "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"localhost:{grpc_port}"
-    options = request_options(max_tokens=args.output_len, ignore_eos=True, temperature=0.0,
-                              return_num_output_tokens=True)
+    options = request_options(
+        max_tokens=args.output_len, ignore_eos=True, temperature=0.0, return_num_output_tokens=True
+    )
     try:
         wait_ready(url, "ouro", 900, server)
         warm = generate(url, "ouro", prompts[0]["text"], options)
@@ -170,14 +205,24 @@ def main() -> int:
     direct_speedup = ds_["output_tok_s"] / dp["output_tok_s"]
     served_speedup = ss["output_tok_s"] / sp["output_tok_s"]
     summary = dict(
-        command=" ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]), model=args.model,
-        loop_change=None if args.model_given else args.loop_change, concurrency=1, prompts=args.prompts, input_len=args.input_len,
-        output_len=args.output_len, engine_args=plain_args, spec_args=args.spec_arg,
-        direct_plain_tok_s=dp["output_tok_s"], direct_spec_tok_s=ds_["output_tok_s"],
-        served_plain_tok_s=sp["output_tok_s"], served_spec_tok_s=ss["output_tok_s"],
-        direct_speedup=direct_speedup, served_speedup=served_speedup,
+        command=" ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
+        model=args.model,
+        loop_change=None if args.model_given else args.loop_change,
+        concurrency=1,
+        prompts=args.prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        engine_args=plain_args,
+        spec_args=args.spec_arg,
+        direct_plain_tok_s=dp["output_tok_s"],
+        direct_spec_tok_s=ds_["output_tok_s"],
+        served_plain_tok_s=sp["output_tok_s"],
+        served_spec_tok_s=ss["output_tok_s"],
+        direct_speedup=direct_speedup,
+        served_speedup=served_speedup,
         served_vs_direct_speedup=served_speedup / direct_speedup,
-        direct_acceptance=ds_["acceptance"], direct_spec_eager_launches=ds_["eager_launches"],
+        direct_acceptance=ds_["acceptance"],
+        direct_spec_eager_launches=ds_["eager_launches"],
         metrics=ss["metrics"],
         direct_tokens_identical=dp["token_ids"] == ds_["token_ids"],
         served_texts_identical=sp["texts"] == ss["texts"],

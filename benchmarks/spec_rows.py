@@ -8,6 +8,7 @@ spec_draft_loops, acceptance (accepted / drafted), mean accepted length, output_
 engine's, spec_speedup, speculative steps and launches (eager ones apart), and the workload's arrivals and
 stopping rule.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,19 +24,34 @@ def rows_of(plain: dict, spec: dict) -> list[dict]:
     for run in spec["runs"]:
         m, c = run["median"], run["concurrency"]
         p = base.get((run["workload"], c))
-        rows.append(dict(
-            model=opts.get("model"), label=spec.get("label"), concurrency=c, input_len=spec["input_len"],
-            output_len=spec["output_len"], spec_tokens=int(opts.get("spec_tokens", 0)),
-            spec_draft_loops=int(opts.get("spec_draft_loops", 1)), spec_auto=opts.get("spec_auto", "true"),
-            acceptance=m.get("spec_acceptance"), mean_accepted_length=m.get("spec_mean_accepted_length"),
-            spec_steps=m.get("spec_steps"), launches=m.get("launches"),
-            eager_launches=m.get("eager_launches"), plain_eager_launches=p.get("eager_launches") if p else None,
-            arrival_rate=spec.get("arrival_rate"), natural_eos=spec.get("natural_eos"),
-            eos_every=spec.get("eos_every"), generated_tokens=m.get("generated_tokens"),
-            output_tok_s=m["output_tok_s"], repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],
-            plain_tok_s=p["output_tok_s"] if p else None,
-            spec_speedup=m["output_tok_s"] / p["output_tok_s"] if p else None,
-            ttft_p50_s=m["ttft_s"].get("p50"), plain_ttft_p50_s=p["ttft_s"].get("p50") if p else None))
+        rows.append(
+            dict(
+                model=opts.get("model"),
+                label=spec.get("label"),
+                concurrency=c,
+                input_len=spec["input_len"],
+                output_len=spec["output_len"],
+                spec_tokens=int(opts.get("spec_tokens", 0)),
+                spec_draft_loops=int(opts.get("spec_draft_loops", 1)),
+                spec_auto=opts.get("spec_auto", "true"),
+                acceptance=m.get("spec_acceptance"),
+                mean_accepted_length=m.get("spec_mean_accepted_length"),
+                spec_steps=m.get("spec_steps"),
+                launches=m.get("launches"),
+                eager_launches=m.get("eager_launches"),
+                plain_eager_launches=p.get("eager_launches") if p else None,
+                arrival_rate=spec.get("arrival_rate"),
+                natural_eos=spec.get("natural_eos"),
+                eos_every=spec.get("eos_every"),
+                generated_tokens=m.get("generated_tokens"),
+                output_tok_s=m["output_tok_s"],
+                repeats_tok_s=[r["output_tok_s"] for r in run["repeats"]],
+                plain_tok_s=p["output_tok_s"] if p else None,
+                spec_speedup=m["output_tok_s"] / p["output_tok_s"] if p else None,
+                ttft_p50_s=m["ttft_s"].get("p50"),
+                plain_ttft_p50_s=p["ttft_s"].get("p50") if p else None,
+            )
+        )
     return rows
 
 
@@ -50,11 +66,21 @@ def main() -> None:
     for plain, spec in zip(args.files[::2], args.files[1::2]):
         with open(plain) as f, open(spec) as g:
             rows += rows_of(json.load(f), json.load(g))
-    print_rows(rows, [("label", "label", 26, ""), ("conc", "concurrency", 5, "d"), ("K", "spec_tokens", 3, "d"),
-                      ("d", "spec_draft_loops", 3, "d"), ("accept", "acceptance", 8, ".1%"),
-                      ("len", "mean_accepted_length", 6, ".2f"), ("tok/s", "output_tok_s", 9, ".0f"),
-                      ("plain", "plain_tok_s", 9, ".0f"), ("speedup", "spec_speedup", 9, ".2f"),
-                      ("eager", "eager_launches", 6, ".0f")])
+    print_rows(
+        rows,
+        [
+            ("label", "label", 26, ""),
+            ("conc", "concurrency", 5, "d"),
+            ("K", "spec_tokens", 3, "d"),
+            ("d", "spec_draft_loops", 3, "d"),
+            ("accept", "acceptance", 8, ".1%"),
+            ("len", "mean_accepted_length", 6, ".2f"),
+            ("tok/s", "output_tok_s", 9, ".0f"),
+            ("plain", "plain_tok_s", 9, ".0f"),
+            ("speedup", "spec_speedup", 9, ".2f"),
+            ("eager", "eager_launches", 6, ".0f"),
+        ],
+    )
     dump(rows, args.out)
 
 

@@ -19,9 +19,11 @@ genai-perf cannot do: it reads Ouro's own outputs (exact token counts from `num_
 genai-perf re-tokenizes `text_output` with a Hugging Face tokenizer, and the mean loop exit depth from
 `exit_depths`), counts failed requests with samples and goes on (one failed request ends a genai-perf run),
 times its own ends of each request's hops through the server when `OURO_REQUEST_TRACE` is set
-(ouro_backend/serving/request_trace.py), and it needs neither perf_analyzer nor a tokenizer (`run_load` is a plain function; tests/test_server_generation.py
+(ouro_backend/serving/request_trace.py), and it needs neither perf_analyzer nor a tokenizer (`run_load` is a plain
+function; tests/test_server_generation.py
 calls it, benchmarks/served.py runs this script).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +33,15 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from client.ouro_client import SAMPLE_PROMPTS as PROMPTS, GrpcStream, Result, generate, request_options  # noqa: E402
+from client.ouro_client import SAMPLE_PROMPTS as PROMPTS
+from client.ouro_client import GrpcStream, Result, generate, request_options
 
 
-def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, Optional[float]]:
+def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, float | None]:
     if not values:
         return {"mean": None, **{f"p{p}": None for p in ps}, "max": None}
     s = sorted(values)
@@ -51,8 +54,18 @@ def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, Optional[floa
     return {"mean": sum(s) / len(s), **{f"p{p}": pct(p) for p in ps}, "max": s[-1]}
 
 
-def _client_process(url: str, model: str, workers: int, issued: Any, num_requests: int, stop_at: float,
-                    options: dict, prompts: list[str], protocol: str, timeout: float) -> tuple[list[Result], int]:
+def _client_process(
+    url: str,
+    model: str,
+    workers: int,
+    issued: Any,
+    num_requests: int,
+    stop_at: float,
+    options: dict,
+    prompts: list[str],
+    protocol: str,
+    timeout: float,
+) -> tuple[list[Result], int]:
     """`workers` threads of this process, each taking the next request number from the shared `issued`
     counter until `num_requests` were issued or `stop_at` passed -> (their results, threads still running)."""
     lock = threading.Lock()
@@ -68,10 +81,11 @@ def _client_process(url: str, model: str, workers: int, issued: Any, num_request
         # (perf_analyzer's streaming mode): connecting is not part of a request.
         try:
             stream = GrpcStream(url, trace) if protocol == "grpc" else None
-        except Exception as e:  # noqa: BLE001 - reported as a failed request, like generate's errors
+        except Exception as e:
             with lock:
-                results.append(Result(start=time.monotonic(), end=time.monotonic(),
-                                      error=f"opening the gRPC stream failed: {e}"))
+                results.append(
+                    Result(start=time.monotonic(), end=time.monotonic(), error=f"opening the gRPC stream failed: {e}")
+                )
             return
         try:
             while True:
@@ -102,9 +116,18 @@ def _child(out: Any, *args: Any) -> None:
     out.put(_client_process(*args))
 
 
-def run_load(url: str, model: str, concurrency: int, num_requests: int, duration: float, options: dict,
-             prompts: list[str], protocol: str = "grpc", timeout: float = 600.0, processes: int = 1
-             ) -> dict[str, Any]:
+def run_load(
+    url: str,
+    model: str,
+    concurrency: int,
+    num_requests: int,
+    duration: float,
+    options: dict,
+    prompts: list[str],
+    protocol: str = "grpc",
+    timeout: float = 600.0,
+    processes: int = 1,
+) -> dict[str, Any]:
     """The closed loop, its workers spread over `processes` client processes: one Python process handles a
     few thousand responses a second, and a client that falls behind delays the very responses it times."""
     processes = max(1, min(processes, concurrency))
@@ -118,8 +141,7 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
         results, unfinished = _client_process(url, model, concurrency, issued, *rest)
     else:
         out = ctx.Queue()
-        children = [ctx.Process(target=_child, args=(out, url, model, n, issued, *rest), daemon=True)
-                    for n in shares]
+        children = [ctx.Process(target=_child, args=(out, url, model, n, issued, *rest), daemon=True) for n in shares]
         for c in children:
             c.start()
         results, unfinished = [], 0
@@ -145,13 +167,22 @@ def run_load(url: str, model: str, concurrency: int, num_requests: int, duration
     tokens = sum(r.num_tokens for r in ok)
     depths = [d for r in ok for d in r.exit_depths]
     return {
-        "model": model, "protocol": protocol, "concurrency": concurrency, "requests": len(results),
-        "errors": len(results) - len(ok), "error_samples": sorted({r.error for r in results if r.error})[:5],
-        "duration_s": elapsed, "output_tokens": tokens, "output_tokens_per_s": tokens / elapsed if elapsed else None,
+        "model": model,
+        "protocol": protocol,
+        "concurrency": concurrency,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "error_samples": sorted({r.error for r in results if r.error})[:5],
+        "duration_s": elapsed,
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / elapsed if elapsed else None,
         "requests_per_s": len(ok) / elapsed if elapsed else None,
         "mean_exit_depth": sum(depths) / len(depths) if depths else None,
-        "ttft_s": percentiles(ttft), "itl_s": percentiles(itl), "latency_s": percentiles(latency),
-        "unfinished_workers": unfinished, "client_processes": processes,
+        "ttft_s": percentiles(ttft),
+        "itl_s": percentiles(itl),
+        "latency_s": percentiles(latency),
+        "unfinished_workers": unfinished,
+        "client_processes": processes,
     }
 
 
@@ -159,42 +190,67 @@ def format_table(report: dict[str, Any]) -> str:
     def ms(v):
         return "-" if v is None else f"{v * 1e3:9.1f}"
 
-    lines = [f"{report['model']} ({report['protocol']}), concurrency {report['concurrency']}: "
-             f"{report['requests']} requests ({report['errors']} errors) in {report['duration_s']:.1f} s, "
-             f"{report['output_tokens']} tokens, {report['output_tokens_per_s'] or 0:.1f} tok/s, "
-             f"{report['requests_per_s'] or 0:.2f} req/s, mean exit depth {report['mean_exit_depth'] or 0:.2f}",
-             f"{'metric (ms)':<14}{'mean':>9}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
+    lines = [
+        f"{report['model']} ({report['protocol']}), concurrency {report['concurrency']}: "
+        f"{report['requests']} requests ({report['errors']} errors) in {report['duration_s']:.1f} s, "
+        f"{report['output_tokens']} tokens, {report['output_tokens_per_s'] or 0:.1f} tok/s, "
+        f"{report['requests_per_s'] or 0:.2f} req/s, mean exit depth {report['mean_exit_depth'] or 0:.2f}",
+        f"{'metric (ms)':<14}{'mean':>9}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}",
+    ]
     for key, name in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("latency_s", "latency")):
         p = report[key]
         lines.append(f"{name:<14}{ms(p['mean'])} {ms(p['p50'])} {ms(p['p90'])} {ms(p['p99'])} {ms(p['max'])}")
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="localhost:8001")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     p.add_argument("--model", default="ouro")
     p.add_argument("--concurrency", "-c", type=int, default=8)
-    p.add_argument("--processes", type=int, default=None,
-                   help="client processes the workers are spread over (default: one per 16 workers)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="client processes the workers are spread over (default: one per 16 workers)",
+    )
     p.add_argument("--requests", "-n", type=int, default=32, help="max requests to send")
     p.add_argument("--duration", type=float, default=120.0, help="stop sending new requests after this (s)")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="generate exactly --max-tokens tokens (default; --no-ignore-eos stops at EOS)")
+    p.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="generate exactly --max-tokens tokens (default; --no-ignore-eos stops at EOS)",
+    )
     p.add_argument("--exit-threshold", type=float, default=None)
     p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
     p.add_argument("--json", default=None, help="write the JSON report here (default: stdout)")
     args = p.parse_args(argv)
-    options = request_options(max_tokens=args.max_tokens, stream=True, temperature=args.temperature,
-                              ignore_eos=args.ignore_eos, exit_threshold=args.exit_threshold,
-                              exclude_input_in_output=True, return_num_output_tokens=True)
-    report = run_load(args.url, args.model, args.concurrency, args.requests, args.duration, options,
-                      args.prompt or PROMPTS, args.protocol, args.timeout,
-                      processes=args.processes or -(-args.concurrency // 16))
+    options = request_options(
+        max_tokens=args.max_tokens,
+        stream=True,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        exit_threshold=args.exit_threshold,
+        exclude_input_in_output=True,
+        return_num_output_tokens=True,
+    )
+    report = run_load(
+        args.url,
+        args.model,
+        args.concurrency,
+        args.requests,
+        args.duration,
+        options,
+        args.prompt or PROMPTS,
+        args.protocol,
+        args.timeout,
+        processes=args.processes or -(-args.concurrency // 16),
+    )
     print(format_table(report), file=sys.stderr)
     text = json.dumps(report, indent=2)
     if args.json:

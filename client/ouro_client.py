@@ -11,6 +11,7 @@ standard library. After the text, a summary: tokens, time to first token, tokens
 The functions here (`build_inputs`, `GrpcStream`, `stream_grpc`, `stream_http`, `generate`) are what the tests and the
 load generator use.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,9 @@ import os
 import queue
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -39,13 +41,24 @@ SAMPLE_PROMPTS = [  # the load generator's and perf_analyzer recipe's default pr
 ]
 
 SCALAR_TYPES = {  # client-facing optional inputs: numpy dtype, Triton dtype
-    "max_tokens": (np.int64, "INT64"), "min_tokens": (np.int64, "INT64"), "stream": (np.bool_, "BOOL"),
-    "temperature": (np.float32, "FP32"), "top_p": (np.float32, "FP32"), "top_k": (np.int64, "INT64"),
-    "seed": (np.uint64, "UINT64"), "random_seed": (np.uint64, "UINT64"), "ignore_eos": (np.bool_, "BOOL"),
-    "exclude_input_in_output": (np.bool_, "BOOL"), "return_num_input_tokens": (np.bool_, "BOOL"),
-    "return_num_output_tokens": (np.bool_, "BOOL"), "return_finish_reason": (np.bool_, "BOOL"),
-    "return_spec_counts": (np.bool_, "BOOL"), "return_num_cached_tokens": (np.bool_, "BOOL"),
-    "min_loops": (np.int64, "INT64"), "max_loops": (np.int64, "INT64"), "exit_threshold": (np.float32, "FP32"),
+    "max_tokens": (np.int64, "INT64"),
+    "min_tokens": (np.int64, "INT64"),
+    "stream": (np.bool_, "BOOL"),
+    "temperature": (np.float32, "FP32"),
+    "top_p": (np.float32, "FP32"),
+    "top_k": (np.int64, "INT64"),
+    "seed": (np.uint64, "UINT64"),
+    "random_seed": (np.uint64, "UINT64"),
+    "ignore_eos": (np.bool_, "BOOL"),
+    "exclude_input_in_output": (np.bool_, "BOOL"),
+    "return_num_input_tokens": (np.bool_, "BOOL"),
+    "return_num_output_tokens": (np.bool_, "BOOL"),
+    "return_finish_reason": (np.bool_, "BOOL"),
+    "return_spec_counts": (np.bool_, "BOOL"),
+    "return_num_cached_tokens": (np.bool_, "BOOL"),
+    "min_loops": (np.int64, "INT64"),
+    "max_loops": (np.int64, "INT64"),
+    "exit_threshold": (np.float32, "FP32"),
 }
 
 
@@ -55,12 +68,12 @@ class Chunk:
 
     text: str
     exit_depths: list[int]
-    num_output_tokens: Optional[int] = None
-    num_input_tokens: Optional[int] = None
-    finish_reason: Optional[str] = None
-    num_spec_drafted_tokens: Optional[int] = None  # with return_spec_counts: the request's totals so far
-    num_spec_accepted_tokens: Optional[int] = None
-    num_cached_tokens: Optional[int] = None  # with return_num_cached_tokens: prompt tokens from the prefix cache
+    num_output_tokens: int | None = None
+    num_input_tokens: int | None = None
+    finish_reason: str | None = None
+    num_spec_drafted_tokens: int | None = None  # with return_spec_counts: the request's totals so far
+    num_spec_accepted_tokens: int | None = None
+    num_cached_tokens: int | None = None  # with return_num_cached_tokens: prompt tokens from the prefix cache
     time: float = 0.0  # time.monotonic() when it arrived (gRPC: when the stream's callback had it)
 
 
@@ -69,7 +82,7 @@ class Result:
     chunks: list[Chunk] = field(default_factory=list)
     start: float = 0.0
     end: float = 0.0
-    error: Optional[str] = None
+    error: str | None = None
 
     @property
     def text(self) -> str:
@@ -87,12 +100,12 @@ class Result:
         return len(self.exit_depths)
 
     @property
-    def finish_reason(self) -> Optional[str]:
+    def finish_reason(self) -> str | None:
         reasons = [c.finish_reason for c in self.chunks if c.finish_reason]
         return reasons[-1] if reasons else None
 
     @property
-    def ttft(self) -> Optional[float]:
+    def ttft(self) -> float | None:
         first = next((c for c in self.chunks if c.exit_depths or c.text), None)
         return first.time - self.start if first else None
 
@@ -102,8 +115,11 @@ class Result:
         ttft = self.ttft
         n = self.num_tokens
         return {
-            "tokens": n, "responses": len(self.chunks), "finish_reason": self.finish_reason,
-            "ttft_s": ttft, "total_s": dur,
+            "tokens": n,
+            "responses": len(self.chunks),
+            "finish_reason": self.finish_reason,
+            "ttft_s": ttft,
+            "total_s": dur,
             "tokens_per_s": n / dur if dur > 0 else None,
             "decode_tokens_per_s": (n - 1) / (dur - ttft) if ttft is not None and n > 1 and dur > ttft else None,
             "mean_exit_depth": sum(depths) / len(depths) if depths else None,
@@ -152,13 +168,17 @@ def _chunk_from_arrays(get) -> Chunk:
 
     text = get("text_output")
     depths = get("exit_depths")
-    return Chunk(text=text.reshape(-1)[0].decode("utf-8") if text is not None else "",
-                 exit_depths=[int(d) for d in depths.reshape(-1)] if depths is not None else [],
-                 num_output_tokens=scalar("num_output_tokens"), num_input_tokens=scalar("num_input_tokens"),
-                 finish_reason=scalar("finish_reason"),
-                 num_spec_drafted_tokens=scalar("num_spec_drafted_tokens"),
-                 num_spec_accepted_tokens=scalar("num_spec_accepted_tokens"),
-                 num_cached_tokens=scalar("num_cached_tokens"), time=time.monotonic())
+    return Chunk(
+        text=text.reshape(-1)[0].decode("utf-8") if text is not None else "",
+        exit_depths=[int(d) for d in depths.reshape(-1)] if depths is not None else [],
+        num_output_tokens=scalar("num_output_tokens"),
+        num_input_tokens=scalar("num_input_tokens"),
+        finish_reason=scalar("finish_reason"),
+        num_spec_drafted_tokens=scalar("num_spec_drafted_tokens"),
+        num_spec_accepted_tokens=scalar("num_spec_accepted_tokens"),
+        num_cached_tokens=scalar("num_cached_tokens"),
+        time=time.monotonic(),
+    )
 
 
 class GrpcStream:
@@ -174,20 +194,18 @@ class GrpcStream:
 
         self._grpc = grpcclient
         self.client = grpcclient.InferenceServerClient(url)
-        self._responses: "queue.Queue" = queue.Queue()
+        self._responses: queue.Queue = queue.Queue()
         self._open = False
         self._ids = itertools.count()
         # A RequestTrace (ouro_backend.serving.request_trace) that notes when each request was sent and when
         # the stream's callback had its first response: the client's ends of the server's hop timing.
         self.trace = trace
 
-    def request(self, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0
-                ) -> Iterator[Chunk]:
+    def request(self, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0) -> Iterator[Chunk]:
         """Send one request and yield its responses until the final one."""
         if not self._open:
             responses = self._responses = queue.Queue()
-            self.client.start_stream(
-                callback=lambda result, error: responses.put((result, error, time.monotonic())))
+            self.client.start_stream(callback=lambda result, error: responses.put((result, error, time.monotonic())))
             self._open = True
         rid = f"load-{os.getpid()}-{id(self):x}-{next(self._ids)}"
         finished = False
@@ -228,8 +246,7 @@ class GrpcStream:
         self.client.close()
 
 
-def stream_grpc(url: str, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0
-                ) -> Iterator[Chunk]:
+def stream_grpc(url: str, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0) -> Iterator[Chunk]:
     """Send one request over a ModelStreamInfer stream of its own and yield its responses until the final one."""
     stream = GrpcStream(url)
     try:
@@ -250,16 +267,19 @@ def _json_to_chunk(d: dict) -> Chunk:
     return _chunk_from_arrays(arr)
 
 
-def stream_http(url: str, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0
-                ) -> Iterator[Chunk]:
+def stream_http(url: str, model: str, prompt: str, options: dict[str, Any], timeout: float = 600.0) -> Iterator[Chunk]:
     """POST /v2/models/{model}/generate_stream (or /generate when stream is false) and yield responses."""
     body = {"text_input": prompt, **{k: v for k, v in options.items() if v is not None}}
     endpoint = "generate_stream" if options.get("stream") else "generate"
     host, _, port = url.replace("http://", "").partition(":")
     conn = http.client.HTTPConnection(host, int(port or 80), timeout=timeout)
     try:
-        conn.request("POST", f"/v2/models/{model}/{endpoint}", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            f"/v2/models/{model}/{endpoint}",
+            body=json.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         if endpoint == "generate":
             data = json.loads(resp.read() or b"{}")
@@ -284,8 +304,16 @@ def stream_http(url: str, model: str, prompt: str, options: dict[str, Any], time
         conn.close()
 
 
-def generate(url: str, model: str, prompt: str, options: dict[str, Any], protocol: str = "grpc",
-             timeout: float = 600.0, on_chunk=None, grpc_stream: Optional[GrpcStream] = None) -> Result:
+def generate(
+    url: str,
+    model: str,
+    prompt: str,
+    options: dict[str, Any],
+    protocol: str = "grpc",
+    timeout: float = 600.0,
+    on_chunk=None,
+    grpc_stream: GrpcStream | None = None,
+) -> Result:
     """Run one request to completion; errors end up in Result.error. `grpc_stream`: an open stream to
     reuse (a load generator's worker keeps one, as perf_analyzer does)."""
     result = Result(start=time.monotonic())
@@ -300,13 +328,13 @@ def generate(url: str, model: str, prompt: str, options: dict[str, Any], protoco
             result.chunks.append(chunk)
             if on_chunk:
                 on_chunk(chunk)
-    except Exception as e:  # noqa: BLE001 - reported to the caller
+    except Exception as e:
         result.error = str(e)
     result.end = time.monotonic()
     return result
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("prompt")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
@@ -330,12 +358,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     url = args.url or ("localhost:8001" if args.protocol == "grpc" else "localhost:8000")
     options = request_options(
-        max_tokens=args.max_tokens, stream=not args.no_stream, min_tokens=args.min_tokens,
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-        stop_words=args.stop, ignore_eos=args.ignore_eos or None, min_loops=args.min_loops,
-        max_loops=args.max_loops, exit_threshold=args.exit_threshold,
+        max_tokens=args.max_tokens,
+        stream=not args.no_stream,
+        min_tokens=args.min_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop_words=args.stop,
+        ignore_eos=args.ignore_eos or None,
+        min_loops=args.min_loops,
+        max_loops=args.max_loops,
+        exit_threshold=args.exit_threshold,
         exclude_input_in_output=None if args.echo else True,
-        return_num_input_tokens=True, return_num_output_tokens=True, return_finish_reason=True)
+        return_num_input_tokens=True,
+        return_num_output_tokens=True,
+        return_finish_reason=True,
+    )
 
     def show(chunk: Chunk) -> None:
         sys.stdout.write(chunk.text)
@@ -350,9 +389,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(json.dumps(s, indent=2))
     else:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        print(f"--- {s['tokens']} tokens, finish_reason={s['finish_reason']}, TTFT {fmt(s['ttft_s'], '.3f')} s, "
-              f"{fmt(s['tokens_per_s'], '.1f')} tok/s (decode {fmt(s['decode_tokens_per_s'], '.1f')}), "
-              f"mean exit depth {fmt(s['mean_exit_depth'], '.2f')}", file=sys.stderr)
+        print(
+            f"--- {s['tokens']} tokens, finish_reason={s['finish_reason']}, TTFT {fmt(s['ttft_s'], '.3f')} s, "
+            f"{fmt(s['tokens_per_s'], '.1f')} tok/s (decode {fmt(s['decode_tokens_per_s'], '.1f')}), "
+            f"mean exit depth {fmt(s['mean_exit_depth'], '.2f')}",
+            file=sys.stderr,
+        )
     return 1 if result.error else 0
 
 

@@ -2,12 +2,22 @@
 
 The names below are imported on first use: the serving models (the `ouro` front, pre/postprocessing) and
 the clients' tracing import submodules of this package without loading torch and the engine."""
+
 import importlib
 from typing import Any
 
-_EXPORTS = {"LLM": "engine.llm_engine", "LLMEngine": "engine.llm_engine", "EngineConfig": "config",
-            "SamplingParams": "sampling_params", "RequestOutput": "outputs", "OuroConfig": "config",
-            "KVLayout": "config", "ExitMode": "config", "ConfigError": "config", "RequestError": "sampling_params"}
+_EXPORTS = {
+    "LLM": "engine.llm_engine",
+    "LLMEngine": "engine.llm_engine",
+    "EngineConfig": "config",
+    "SamplingParams": "sampling_params",
+    "RequestOutput": "outputs",
+    "OuroConfig": "config",
+    "KVLayout": "config",
+    "ExitMode": "config",
+    "ConfigError": "config",
+    "RequestError": "sampling_params",
+}
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"
 

@@ -3,13 +3,14 @@
 Every bad value raises `ConfigError` naming the field, so a Triton model load or a CLI run fails with a
 message a user can act on.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import enum
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -66,7 +67,7 @@ class OuroConfig:
     total_ut_steps: int
     early_exit_threshold: float
     torch_dtype: str = "bfloat16"
-    bos_token_id: Optional[int] = None
+    bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
 
     @property
@@ -83,7 +84,7 @@ class OuroConfig:
         return self.num_key_value_heads * self.head_dim
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "OuroConfig":
+    def from_dict(cls, d: dict[str, Any]) -> OuroConfig:
         if d.get("model_type") != "ouro":
             raise ConfigError(f"config.json: model_type must be 'ouro', got {d.get('model_type')!r}")
         for key, allowed in _FIXED_KEYS.items():
@@ -93,8 +94,15 @@ class OuroConfig:
         # is in force (or one without that switch) changes the attention.
         if d.get("use_sliding_window") is not False and d.get("sliding_window") not in (None, 0):
             raise ConfigError(f"config.json: sliding_window={d['sliding_window']!r} is not supported")
-        required = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads", "max_position_embeddings", "rms_norm_eps"]
+        required = [
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+            "rms_norm_eps",
+        ]
         missing = [k for k in required if k not in d]
         if missing:
             raise ConfigError(f"config.json: missing required field(s): {', '.join(missing)}")
@@ -124,26 +132,40 @@ class OuroConfig:
         return cfg
 
     def validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "max_position_embeddings", "total_ut_steps"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+            "total_ut_steps",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config.json: {name} must be positive, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"config.json: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})")
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
             raise ConfigError(f"config.json: head_dim must be even for RoPE, got {self.head_dim}")
         if not 0.0 <= self.early_exit_threshold <= 1.0:
-            raise ConfigError(
-                f"config.json: early_exit_threshold must be in [0, 1], got {self.early_exit_threshold}")
+            raise ConfigError(f"config.json: early_exit_threshold must be in [0, 1], got {self.early_exit_threshold}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["eos_token_id"] = list(self.eos_token_id)
-        d.update(model_type="ouro", architectures=["OuroForCausalLM"], hidden_act="silu",
-                 tie_word_embeddings=False, rope_scaling=None, attention_bias=False)
+        d.update(
+            model_type="ouro",
+            architectures=["OuroForCausalLM"],
+            hidden_act="silu",
+            tie_word_embeddings=False,
+            rope_scaling=None,
+            attention_bias=False,
+        )
         return d
 
 
@@ -159,22 +181,22 @@ class EngineConfig:
     `model` may be None: then $OURO_MODEL_PATH, else the demo model (ouro_backend.models).
     """
 
-    model: Optional[str] = None
+    model: str | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     kv_layout: str = KVLayout.LAST_EXITED.value
     block_size: int = 16
-    num_blocks: Optional[int] = None  # explicit KV size; None: automatic (CUDA) or from kv_cache_bytes
-    kv_cache_bytes: Optional[int] = None
+    num_blocks: int | None = None  # explicit KV size; None: automatic (CUDA) or from kv_cache_bytes
+    kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.90
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    max_model_len: Optional[int] = None  # None: min(max_position_embeddings, 8192)
-    prefill_chunk_size: Optional[int] = None  # None: max_num_batched_tokens
+    max_model_len: int | None = None  # None: min(max_position_embeddings, 8192)
+    prefill_chunk_size: int | None = None  # None: max_num_batched_tokens
     exit_mode: str = ExitMode.OURO.value
-    exit_threshold: Optional[float] = None  # None: the checkpoint's early_exit_threshold
+    exit_threshold: float | None = None  # None: the checkpoint's early_exit_threshold
     attention_backend: str = "auto"
-    eos_token_ids: Optional[list[int]] = None  # None: generation_config.json / config.json
+    eos_token_ids: list[int] | None = None  # None: generation_config.json / config.json
     seed: int = 0  # seeds random_lookahead's gate and unseeded sampling
     cuda_graphs: bool = True  # capture the recurrent core per row/token bucket (CUDA + triton backend)
     # Rounds with more prompt tokens than this run eagerly (docs/engine.md, "CUDA graphs").
@@ -197,7 +219,7 @@ class EngineConfig:
     preemption_mode: str = "auto"
     # Share full prompt blocks between requests by content (docs/kv-memory.md); last_exited only. None: on
     # under last_exited, off under shared.
-    enable_prefix_caching: Optional[bool] = None
+    enable_prefix_caching: bool | None = None
     swap_space_gib: float = 4.0
     # Self-speculative decoding (docs/engine.md): the first `spec_draft_loops` loops draft `spec_tokens`
     # tokens, the remaining loops verify them in one pass; greedy output equals plain full-depth decoding.
@@ -215,17 +237,19 @@ class EngineConfig:
     request_timeout_s: float = 600.0
     max_waiting_requests: int = 256
 
-    def resolved_model_path(self) -> Optional[str]:
+    def resolved_model_path(self) -> str | None:
         return self.model or os.environ.get(MODEL_PATH_ENV) or None
 
-    def validate(self) -> "EngineConfig":
+    def validate(self) -> EngineConfig:
         self.kv_layout = _enum(KVLayout, self.kv_layout, "kv_layout").value
         self.exit_mode = _enum(ExitMode, self.exit_mode, "exit_mode").value
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; choose one of: {', '.join(DTYPES)}")
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ConfigError(f"attention_backend={self.attention_backend!r} is not supported; "
-                              f"choose one of: {', '.join(ATTENTION_BACKENDS)}")
+            raise ConfigError(
+                f"attention_backend={self.attention_backend!r} is not supported; "
+                f"choose one of: {', '.join(ATTENTION_BACKENDS)}"
+            )
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device={self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         positive = ["block_size", "max_num_seqs", "max_num_batched_tokens"]
@@ -239,17 +263,23 @@ class EngineConfig:
         if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError(f"enable_prefix_caching must be true, false or unset, got {self.enable_prefix_caching!r}")
         if self.enable_prefix_caching and self.kv_layout == KVLayout.SHARED.value:
-            raise ConfigError("enable_prefix_caching needs kv_layout=last_exited: the shared layout keeps only the "
-                              "last plane of a prompt, and a new request's prefill needs every plane of its prefix")
+            raise ConfigError(
+                "enable_prefix_caching needs kv_layout=last_exited: the shared layout keeps only the "
+                "last plane of a prompt, and a new request's prefill needs every plane of its prefix"
+            )
         if self.preemption_mode not in ("auto", "recompute", "swap"):
-            raise ConfigError(f"preemption_mode={self.preemption_mode!r} is not supported; choose auto, recompute "
-                              f"or swap")
+            raise ConfigError(
+                f"preemption_mode={self.preemption_mode!r} is not supported; choose auto, recompute or swap"
+            )
         if not 0.0 <= self.kv_watermark < 1.0:
             raise ConfigError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
         if not (isinstance(self.request_timeout_s, (int, float)) and self.request_timeout_s >= 0.0):
             raise ConfigError(f"request_timeout_s must be >= 0 (0: no limit), got {self.request_timeout_s!r}")
-        if isinstance(self.max_waiting_requests, bool) or not isinstance(self.max_waiting_requests, int) \
-                or self.max_waiting_requests < 0:
+        if (
+            isinstance(self.max_waiting_requests, bool)
+            or not isinstance(self.max_waiting_requests, int)
+            or self.max_waiting_requests < 0
+        ):
             raise ConfigError(f"max_waiting_requests must be an integer >= 0, got {self.max_waiting_requests!r}")
         if not self.swap_space_gib >= 0.0:
             raise ConfigError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
@@ -258,24 +288,33 @@ class EngineConfig:
         if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= 1.0:
             raise ConfigError(f"exit_threshold must be in [0, 1], got {self.exit_threshold}")
         if self.prefill_chunk_size and self.prefill_chunk_size > self.max_num_batched_tokens:
-            raise ConfigError(f"prefill_chunk_size ({self.prefill_chunk_size}) cannot exceed "
-                              f"max_num_batched_tokens ({self.max_num_batched_tokens})")
+            raise ConfigError(
+                f"prefill_chunk_size ({self.prefill_chunk_size}) cannot exceed "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens})"
+            )
         K = self.spec_tokens
         if isinstance(K, bool) or not isinstance(K, int) or not 0 <= K <= 32:
             raise ConfigError(f"spec_tokens must be an integer in [0, 32] (0: no speculation), got {K!r}")
         if self.spec_tokens:
             if self.kv_layout != KVLayout.LAST_EXITED.value:
-                raise ConfigError("spec_tokens > 0 needs kv_layout=last_exited: under the shared layout a draft "
-                                  "would read its context's exit-loop KV, which verification has not written yet")
+                raise ConfigError(
+                    "spec_tokens > 0 needs kv_layout=last_exited: under the shared layout a draft "
+                    "would read its context's exit-loop KV, which verification has not written yet"
+                )
             if self.exit_mode == ExitMode.TRACE.value:
-                raise ConfigError("spec_tokens > 0 cannot serve exit_mode=trace: speculation verifies every "
-                                  "token at full depth")
+                raise ConfigError(
+                    "spec_tokens > 0 cannot serve exit_mode=trace: speculation verifies every token at full depth"
+                )
             if self.exit_threshold is not None and self.exit_threshold < 1.0:
-                raise ConfigError(f"spec_tokens > 0 verifies at full depth; exit_threshold={self.exit_threshold} "
-                                  f"would ask for gate exits (use 1.0, or spec_tokens=0)")
+                raise ConfigError(
+                    f"spec_tokens > 0 verifies at full depth; exit_threshold={self.exit_threshold} "
+                    f"would ask for gate exits (use 1.0, or spec_tokens=0)"
+                )
         if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                              f"max_num_seqs ({self.max_num_seqs}): every running sequence needs a row")
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}): every running sequence needs a row"
+            )
         return self
 
     @property
@@ -290,7 +329,7 @@ class EngineConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def from_strings(cls, values: dict[str, str]) -> "EngineConfig":
+    def from_strings(cls, values: dict[str, str]) -> EngineConfig:
         """Build from string options (Triton `parameters`, CLI); unknown keys are an error."""
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}

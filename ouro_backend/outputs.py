@@ -1,13 +1,14 @@
 """What the engine hands back: one `RequestOutput` per request that made progress in a step."""
+
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 class FinishReason(str, enum.Enum):
     """Why a request ended. `RequestOutput.finish_reason` carries the value (a plain string)."""
+
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_tokens
     ABORT = "abort"  # aborted by its client
@@ -28,7 +29,7 @@ class RequestOutput:
     logprobs: list[float]
     text: str  # on the final output: detokenized, special tokens skipped, cut at a matched stop string
     finished: bool = False
-    finish_reason: Optional[str] = None  # a FinishReason value: "stop" | "length" | "abort" | "error"
+    finish_reason: str | None = None  # a FinishReason value: "stop" | "length" | "abort" | "error"
     # The part of the stream that is new since the previous output for this request. Tokens that might
     # still turn into a stop string are held back until that is decided.
     new_token_ids: list[int] = field(default_factory=list)
@@ -42,12 +43,12 @@ class RequestOutput:
     trim_chars: int = 0
     # finish_reason "error": why the engine ended this request (docs/engine.md, "Failure isolation"); the
     # other requests of the step are unaffected.
-    error: Optional[str] = None
+    error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (as vLLM reports)
     # Timing (time.monotonic()): arrival, first token, finish.
     arrival_time: float = 0.0
-    first_token_time: Optional[float] = None
-    finish_time: Optional[float] = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
     # Self-speculation (spec_tokens > 0): draft tokens proposed for this request so far, and how many of
     # them verification accepted.
     num_spec_drafted: int = 0

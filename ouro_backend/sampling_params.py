@@ -1,10 +1,11 @@
 """Per-request generation options, validated on construction (and again, against the engine's limits, when
 a request is added: `LLMEngine.add_request`)."""
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 
 class RequestError(ValueError):
@@ -18,15 +19,15 @@ class SamplingParams:
     temperature: float = 1.0  # 0: greedy
     top_k: int = 0  # 0 or -1: off
     top_p: float = 1.0
-    seed: Optional[int] = None  # per-request stream: same tokens alone or in any batch
+    seed: int | None = None  # per-request stream: same tokens alone or in any batch
     ignore_eos: bool = False
     stop: Sequence[str] = field(default_factory=list)  # stop strings; the text never reaches the caller
     stop_token_ids: Sequence[int] = field(default_factory=list)
     # Ouro's loop controls (docs/model.md, "The exit gate"). max_loops None: the model's total_ut_steps.
     min_loops: int = 1
-    max_loops: Optional[int] = None
-    exit_threshold: Optional[float] = None  # None: the engine's exit_threshold
-    exit_trace: Optional[Sequence[int]] = None  # depths for exit_mode=trace, one per decode step (cycled)
+    max_loops: int | None = None
+    exit_threshold: float | None = None  # None: the engine's exit_threshold
+    exit_trace: Sequence[int] | None = None  # depths for exit_mode=trace, one per decode step (cycled)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -35,52 +36,79 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         self.validate()
 
-    def validate(self, num_loops: Optional[int] = None, vocab_size: Optional[int] = None,
-                 max_trace: Optional[int] = None) -> None:
+    def validate(
+        self, num_loops: int | None = None, vocab_size: int | None = None, max_trace: int | None = None
+    ) -> None:
         """Raise RequestError naming the first bad field. The engine passes its limits: the model's loops, its
         vocabulary and the longest exit_trace its decode state holds; without them only the values alone
         are checked. A request that passes with every limit given fits every fixed-size field of the
         engine's state, so no value of it can fail a step."""
+
         def check(ok: bool, msg: str) -> None:
             if not ok:
                 raise RequestError(msg)
 
-        check(_is_int(self.max_tokens) and self.max_tokens > 0, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
-              f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
-        check(_is_num(self.temperature) and self.temperature >= 0,
-              f"temperature must be >= 0 and finite, got {self.temperature!r}")
+        check(
+            _is_int(self.max_tokens) and self.max_tokens > 0,
+            f"max_tokens must be a positive integer, got {self.max_tokens!r}",
+        )
+        check(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",
+        )
+        check(
+            _is_num(self.temperature) and self.temperature >= 0,
+            f"temperature must be >= 0 and finite, got {self.temperature!r}",
+        )
         check(_is_int(self.top_k) and self.top_k >= -1, f"top_k must be -1, 0 (off) or positive, got {self.top_k!r}")
         check(_is_num(self.top_p) and 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
-        check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
-              f"seed must be an integer in [0, 2^64), got {self.seed!r}")
+        check(
+            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
+            f"seed must be an integer in [0, 2^64), got {self.seed!r}",
+        )
         check(self.ignore_eos in (True, False), f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
-        check(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),
-              "stop strings must be non-empty strings")
-        check(isinstance(self.stop_token_ids, (list, tuple))
-              and all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative integers")
+        check(
+            isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),
+            "stop strings must be non-empty strings",
+        )
+        check(
+            isinstance(self.stop_token_ids, (list, tuple)) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids must be non-negative integers",
+        )
         check(_is_int(self.min_loops) and self.min_loops >= 1, f"min_loops must be >= 1, got {self.min_loops!r}")
-        check(self.max_loops is None or (_is_int(self.max_loops) and self.max_loops >= 1),
-              f"max_loops must be >= 1, got {self.max_loops!r}")
+        check(
+            self.max_loops is None or (_is_int(self.max_loops) and self.max_loops >= 1),
+            f"max_loops must be >= 1, got {self.max_loops!r}",
+        )
         if self.max_loops is not None:
-            check(self.min_loops <= self.max_loops,
-                  f"min_loops ({self.min_loops}) must not exceed max_loops ({self.max_loops})")
-        check(self.exit_threshold is None or (_is_num(self.exit_threshold) and 0.0 <= self.exit_threshold <= 1.0),
-              f"exit_threshold must be in [0, 1], got {self.exit_threshold!r}")
+            check(
+                self.min_loops <= self.max_loops,
+                f"min_loops ({self.min_loops}) must not exceed max_loops ({self.max_loops})",
+            )
+        check(
+            self.exit_threshold is None or (_is_num(self.exit_threshold) and 0.0 <= self.exit_threshold <= 1.0),
+            f"exit_threshold must be in [0, 1], got {self.exit_threshold!r}",
+        )
         if self.exit_trace is not None:
             check(isinstance(self.exit_trace, (list, tuple)), "exit_trace must be a list of loop depths")
             self.exit_trace = list(self.exit_trace)
-            check(len(self.exit_trace) > 0 and all(_is_int(d) and d >= 1 for d in self.exit_trace),
-                  "exit_trace must be a non-empty list of loop depths >= 1")
+            check(
+                len(self.exit_trace) > 0 and all(_is_int(d) and d >= 1 for d in self.exit_trace),
+                "exit_trace must be a non-empty list of loop depths >= 1",
+            )
         if num_loops is not None:
             check(self.min_loops <= num_loops, f"min_loops ({self.min_loops}) exceeds the model's {num_loops} loops")
-            check(self.max_loops is None or self.max_loops <= num_loops,
-                  f"max_loops ({self.max_loops}) exceeds the model's {num_loops} loops")
+            check(
+                self.max_loops is None or self.max_loops <= num_loops,
+                f"max_loops ({self.max_loops}) exceeds the model's {num_loops} loops",
+            )
             if self.exit_trace is not None:
                 check(max(self.exit_trace) <= num_loops, f"exit_trace depths must be <= {num_loops}")
         if max_trace is not None and self.exit_trace is not None:
-            check(len(self.exit_trace) <= max_trace,
-                  f"exit_trace has {len(self.exit_trace)} depths; at most {max_trace} are supported")
+            check(
+                len(self.exit_trace) <= max_trace,
+                f"exit_trace has {len(self.exit_trace)} depths; at most {max_trace} are supported",
+            )
         if vocab_size is not None:
             check(self.top_k <= vocab_size, f"top_k ({self.top_k}) exceeds the vocabulary size ({vocab_size})")
             bad = [t for t in self.stop_token_ids if t >= vocab_size]

@@ -14,6 +14,7 @@
 Each test gets exactly one tier; a tier marker written on a test or module by hand wins. Run one with
 ``pytest -m unit`` (or ``-m "not server and not gpu"``).
 """
+
 import os
 import sys
 
@@ -63,8 +64,12 @@ def toy_path(tmp_path_factory) -> str:
     import subprocess
 
     out = tmp_path_factory.mktemp("toy") / "ckpt"
-    subprocess.run([sys.executable, "-m", "ouro_backend.model.toy", "--out", str(out)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "ouro_backend.model.toy", "--out", str(out)],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     return str(out)
 
 
@@ -91,8 +96,9 @@ def server(toy_path, request):
     module that asks for `server` (tests/test_server_*.py, test_genai_perf.py); modules that need a server
     of their own define their own fixture. Its log path is printed at start, its tail after a failure; its
     shutdown must be clean (exit code 0, no Python traceback in the log)."""
-    from ouro_backend.entrypoints.tritonserver import ServerError
     from server_common import ENGINE_ARGS, server_or_skip
+
+    from ouro_backend.entrypoints.tritonserver import ServerError
 
     srv = server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1")
     print(f"\ntritonserver log: {srv.log_file}", flush=True)
@@ -118,7 +124,8 @@ def server(toy_path, request):
 @pytest.fixture(scope="session")
 def llm(toy_path):
     """The offline engine on the toy checkpoint with the server's device and dtype: the reference."""
-    from ouro_backend import LLM
     from server_common import ENGINE_ARGS
+
+    from ouro_backend import LLM
 
     return LLM(model=toy_path, **ENGINE_ARGS)

@@ -7,6 +7,7 @@ Two engine factories on the toy checkpoint (fp32, CPU, block size 4), which diff
   ``exit_threshold=ENGINE_THRESHOLD``, ``seed=0``; kv_layout / exit_mode / async_scheduling keyword-only.
 Each comes with its own prompt set: ORACLE_PROMPTS (3 prompts) and BATCH_PROMPTS (7 prompts).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,9 +17,11 @@ from ouro_backend import LLMEngine, SamplingParams
 from ouro_backend.config import EngineConfig
 
 # ------------------------------------------------- from test_engine_oracle.py: logit-recording engine
-ORACLE_PROMPTS = [[5, 17, 300, 42, 9, 77, 120, 8, 64, 3, 250, 11, 90],  # 13 tokens
-                  [400, 23, 7],
-                  [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
+ORACLE_PROMPTS = [
+    [5, 17, 300, 42, 9, 77, 120, 8, 64, 3, 250, 11, 90],  # 13 tokens
+    [400, 23, 7],
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+]
 
 
 def make_recording_engine(toy_path, **kw) -> LLMEngine:
@@ -56,6 +59,7 @@ def run_all(eng, prompts, params):
 
 def ouro_exit(threshold, min_loops=1, max_loops=4):
     """The ouro exit rule computed independently from the oracle's gate values (fp32)."""
+
     def fn(gates):
         remaining = np.float32(1.0)
         for r, lam in enumerate(gates, start=1):
@@ -63,6 +67,7 @@ def ouro_exit(threshold, min_loops=1, max_loops=4):
             if r >= max_loops or (threshold < 1 and r >= min_loops and np.float32(1.0) - remaining >= threshold):
                 return r
         return len(gates)
+
     return fn
 
 
@@ -78,7 +83,7 @@ def check_exits_against_oracle(eng, oracle, prompts, threshold, layout, max_toke
         all_depths |= set(depths[1:])
         seq = prompt + out.token_ids
         loops = [4] * len(prompt) + out.exit_depths[1:] + [4]
-        ref = oracle.forward(seq[:-1], len(prompt), loops[:len(seq) - 1], layout)
+        ref = oracle.forward(seq[:-1], len(prompt), loops[: len(seq) - 1], layout)
         for k, got in enumerate(eng.recorded[str(i)]):
             assert torch.allclose(got, ref.logits[len(prompt) - 1 + k], atol=1e-4, rtol=0)
     return all_depths
@@ -97,14 +102,23 @@ BATCH_PROMPTS = [
 ]
 
 
-def make_plain_engine(toy_path, *, kv_layout="last_exited", exit_mode="ouro", async_scheduling=False,
-                      **kw) -> LLMEngine:
+def make_plain_engine(
+    toy_path, *, kv_layout="last_exited", exit_mode="ouro", async_scheduling=False, **kw
+) -> LLMEngine:
     """A small fp32 CPU engine on the toy checkpoint. Defaults: one prompt in one chunk, room for 8 rows."""
-    cfg = dict(model=toy_path, device="cpu", dtype="float32", block_size=4, num_blocks=256, max_num_seqs=8,
-               max_num_batched_tokens=64, exit_threshold=ENGINE_THRESHOLD, seed=0)
+    cfg = dict(
+        model=toy_path,
+        device="cpu",
+        dtype="float32",
+        block_size=4,
+        num_blocks=256,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        exit_threshold=ENGINE_THRESHOLD,
+        seed=0,
+    )
     cfg.update(kw)
-    return LLMEngine(EngineConfig(kv_layout=kv_layout, exit_mode=exit_mode, async_scheduling=async_scheduling,
-                                  **cfg))
+    return LLMEngine(EngineConfig(kv_layout=kv_layout, exit_mode=exit_mode, async_scheduling=async_scheduling, **cfg))
 
 
 class Run:
@@ -137,8 +151,9 @@ def drive(eng, requests, arrivals=None, hook=None, max_steps=3000) -> Run:
     while pending or eng.has_unfinished_requests():
         while pending and arrivals.get(pending[0][0], 0) <= step:
             rid, prompt, params = pending.pop(0)
-            run.midstream_at_arrival[rid] = sum(1 for r, outs in run.streams.items()
-                                                if r not in run.final and any(o.new_token_ids for o in outs))
+            run.midstream_at_arrival[rid] = sum(
+                1 for r, outs in run.streams.items() if r not in run.final and any(o.new_token_ids for o in outs)
+            )
             eng.add_request(rid, prompt, params)
         if hook is not None:
             hook(eng, step, run)

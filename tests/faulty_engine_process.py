@@ -2,6 +2,7 @@
 tests/test_fault_isolation.py, which starts it in place of the engine process: the token bookkeeping
 (`LLMEngine._append`) of a request whose id starts with FAULTY raises once that request has AFTER tokens.
 Nothing else differs; this module is not part of the package."""
+
 import sys
 
 from ouro_backend.engine.llm_engine import LLMEngine

@@ -1,10 +1,11 @@
 """Small helpers several test modules share (imported as `helpers`: pytest puts tests/ on sys.path)."""
+
 from __future__ import annotations
 
 import os
 import queue
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1):
@@ -33,8 +34,7 @@ def find_engine_process(address_part: str, known=frozenset()) -> int:
     from ouro_backend.serving.engine_client import SERVER_MODULE
 
     for pid, argv in processes():
-        if pid not in known and SERVER_MODULE.encode() in argv and \
-                any(address_part.encode() in a for a in argv):
+        if pid not in known and SERVER_MODULE.encode() in argv and any(address_part.encode() in a for a in argv):
             return pid
     return 0
 

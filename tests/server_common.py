@@ -1,6 +1,7 @@
 """What the real-server test modules (tests/test_server_*.py) share: the device and engine options, the
 prompts, the server factory and a few helpers. The server itself is the session fixture `server` of
 conftest.py: one real tritonserver for all of them."""
+
 from __future__ import annotations
 
 import os
@@ -69,5 +70,4 @@ def metrics(server) -> dict[str, float]:
 
 
 def all_flags(**kw):
-    return request_options(return_num_input_tokens=True, return_num_output_tokens=True, return_finish_reason=True,
-                           **kw)
+    return request_options(return_num_input_tokens=True, return_num_output_tokens=True, return_finish_reason=True, **kw)

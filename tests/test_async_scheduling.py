@@ -1,18 +1,21 @@
 """Asynchronous scheduling (round N+1 launched before round N's tokens are read back) computes exactly what
 synchronous rounds compute: same tokens, depths, logprobs and finish reasons, nothing leaked."""
+
 import pytest
 import torch
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import make_recording_engine as make_engine
 
 from ouro_backend import SamplingParams
-from engine_helpers import make_recording_engine as make_engine
-from engine_helpers import ORACLE_PROMPTS as PROMPTS
 
 WORKLOAD = [  # (prompt, params): greedy and seeded sampling, gate and trace exits, EOS and stop-token stops
     (PROMPTS[0], SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)),
     (PROMPTS[1], SamplingParams(max_tokens=9, temperature=0.9, seed=7, ignore_eos=True, exit_threshold=0.5)),
     (PROMPTS[2], SamplingParams(max_tokens=12, temperature=0.0, exit_threshold=0.6)),  # EOS may stop it
-    (PROMPTS[0][:5], SamplingParams(max_tokens=11, temperature=0.0, ignore_eos=True, exit_threshold=1.0,
-                                    exit_trace=[1, 3, 2, 4])),
+    (
+        PROMPTS[0][:5],
+        SamplingParams(max_tokens=11, temperature=0.0, ignore_eos=True, exit_threshold=1.0, exit_trace=[1, 3, 2, 4]),
+    ),
     (PROMPTS[1] * 3, SamplingParams(max_tokens=10, temperature=1.1, top_k=20, seed=3, ignore_eos=True)),
 ]
 

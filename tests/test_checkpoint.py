@@ -9,11 +9,22 @@ import pytest
 import torch
 
 from ouro_backend.config import ConfigError
-from ouro_backend.model.checkpoint import (CheckpointError, expected_shapes, load_config, load_weights, read_eos_ids,
-                                           save_checkpoint)
+from ouro_backend.model.checkpoint import (
+    CheckpointError,
+    expected_shapes,
+    load_config,
+    load_weights,
+    read_eos_ids,
+    save_checkpoint,
+)
 from ouro_backend.model.tokenizer import load_tokenizer
-from ouro_backend.model.toy import (LazyWeights, build_tokenizer_json, ensure_toy_checkpoint, toy_config,
-                                    write_checkpoint)
+from ouro_backend.model.toy import (
+    LazyWeights,
+    build_tokenizer_json,
+    ensure_toy_checkpoint,
+    toy_config,
+    write_checkpoint,
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +69,7 @@ def test_toy_round_trip(toy):
     assert w["model.early_exit_gate.bias"].item() == -0.25
     tok = load_tokenizer(toy)
     assert 500 < tok.get_vocab_size() <= cfg.vocab_size
-    assert w["lm_head.weight"][tok.get_vocab_size():].abs().sum() == 0  # padding rows
+    assert w["lm_head.weight"][tok.get_vocab_size() :].abs().sum() == 0  # padding rows
     assert read_eos_ids(toy, cfg) == [0, 2]
     bf = load_weights(toy, cfg, torch.bfloat16)
     assert bf["lm_head.weight"].dtype == torch.bfloat16
@@ -101,9 +112,13 @@ def test_deterministic(toy, tmp_path):
     other = write_checkpoint(tmp_path / "seed1", seed=1)
     assert (other / "model.safetensors").read_bytes() != (toy / "model.safetensors").read_bytes()
     # tokenizer training is deterministic across processes too (Rust hash maps are randomly seeded)
-    out = subprocess.run([sys.executable, "-c", "from ouro_backend.model.toy import build_tokenizer_json as b; "
-                          "print(b(), end='')"], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", "from ouro_backend.model.toy import build_tokenizer_json as b; print(b(), end='')"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[1],
+    )
     assert out.stdout == build_tokenizer_json() == (toy / "tokenizer.json").read_text()
 
 
@@ -117,14 +132,17 @@ def test_missing_directory_and_config(tmp_path):
         load_config(tmp_path)
 
 
-@pytest.mark.parametrize("changes, match", [
-    (dict(model_type="llama"), "model_type must be 'ouro'"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling"),
-    (dict(tie_word_embeddings=True), "tie_word_embeddings"),
-    (dict(use_sliding_window=True, sliding_window=4096), "sliding_window"),
-    (dict(sliding_window=4096), "sliding_window"),
-    (dict(num_key_value_heads=3), "multiple of num_key_value_heads"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(model_type="llama"), "model_type must be 'ouro'"),
+        (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling"),
+        (dict(tie_word_embeddings=True), "tie_word_embeddings"),
+        (dict(use_sliding_window=True, sliding_window=4096), "sliding_window"),
+        (dict(sliding_window=4096), "sliding_window"),
+        (dict(num_key_value_heads=3), "multiple of num_key_value_heads"),
+    ],
+)
 def test_unsupported_config(copy, changes, match):
     edit_config(copy, **changes)
     with pytest.raises(ConfigError, match=match):

@@ -1,4 +1,5 @@
 """The command-line tools run end to end on the toy checkpoint (CPU)."""
+
 import json
 import subprocess
 import sys
@@ -11,8 +12,23 @@ def run(args, **kw):
 
 
 def test_ouro_generate_json(toy_path):
-    r = run(["ouro_backend.entrypoints.cli", "Hello world", "The quick", "--max-tokens", "5", "--exit-threshold", "0.5",
-             "--json", "--model", toy_path, "--device", "cpu", "--ignore-eos"])
+    r = run(
+        [
+            "ouro_backend.entrypoints.cli",
+            "Hello world",
+            "The quick",
+            "--max-tokens",
+            "5",
+            "--exit-threshold",
+            "0.5",
+            "--json",
+            "--model",
+            toy_path,
+            "--device",
+            "cpu",
+            "--ignore-eos",
+        ]
+    )
     assert r.returncode == 0, r.stderr
     outs = [json.loads(line) for line in r.stdout.splitlines()]
     assert [o["prompt"] for o in outs] == ["Hello world", "The quick"]
@@ -28,15 +44,42 @@ def test_ouro_generate_bad_option_is_a_clear_error(toy_path):
 def bench(toy_path, tmp_path, *args: str) -> tuple[dict, str]:
     """Run ouro-bench on the toy (CPU) with `args`; returns its results JSON and stdout."""
     out = tmp_path / "bench.json"
-    r = run(["ouro_backend.entrypoints.bench", "--model", toy_path, "--input-len", "8", "--engine-arg", "device=cpu",
-             "--out", str(out), *args])
+    r = run(
+        [
+            "ouro_backend.entrypoints.bench",
+            "--model",
+            toy_path,
+            "--input-len",
+            "8",
+            "--engine-arg",
+            "device=cpu",
+            "--out",
+            str(out),
+            *args,
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(out.read_text()), r.stdout
 
 
 def test_ouro_bench_smoke(toy_path, tmp_path):
-    res, stdout = bench(toy_path, tmp_path, "--output-len", "4", "--concurrency", "2", "--num-requests", "3",
-                        "--repeats", "2", "--workload", "full", "trace=2.5", "--baseline-tokens", "2")
+    res, stdout = bench(
+        toy_path,
+        tmp_path,
+        "--output-len",
+        "4",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "3",
+        "--repeats",
+        "2",
+        "--workload",
+        "full",
+        "trace=2.5",
+        "--baseline-tokens",
+        "2",
+    )
     runs = {x["workload"]: x for x in res["runs"]}
     assert runs["full"]["median"]["requests"] == 3 and runs["full"]["median"]["mean_exit_depth"] == 4.0
     assert len(runs["trace=2.5"]["repeats"]) == 2
@@ -47,8 +90,25 @@ def test_ouro_bench_smoke(toy_path, tmp_path):
 
 def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
     """depth=D runs the gate at a threshold whose mean depth on the run's prompts is near D, and says which."""
-    res, _ = bench(toy_path, tmp_path, "--output-len", "16", "--concurrency", "2", "--num-requests", "4",
-                   "--repeats", "1", "--workload", "full", "depth=2.0", "--baseline", "none", "--input-len", "40")
+    res, _ = bench(
+        toy_path,
+        tmp_path,
+        "--output-len",
+        "16",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "4",
+        "--repeats",
+        "1",
+        "--workload",
+        "full",
+        "depth=2.0",
+        "--baseline",
+        "none",
+        "--input-len",
+        "40",
+    )
     runs = {x["workload"]: x for x in res["runs"]}
     gated = runs["depth=2.0"]
     assert 0.0 < gated["median"]["threshold"] < 1.0 and runs["full"]["median"]["threshold"] == 1.0
@@ -80,9 +140,25 @@ def test_ideal_rounds_replaces_each_finished_request_in_the_next_round():
 def test_ouro_bench_poisson_arrivals_with_natural_eos(toy_path, tmp_path):
     """Open loop: the run lasts at least until its last (seeded Poisson) arrival; with every id an EOS
     (--eos-every 1), natural EOS ends each request at its first token."""
-    res, _ = bench(toy_path, tmp_path, "--output-len", "12", "--concurrency", "4", "--num-requests", "6",
-                   "--repeats", "1", "--arrival-rate", "20", "--natural-eos", "--eos-every", "1",
-                   "--baseline", "none")
+    res, _ = bench(
+        toy_path,
+        tmp_path,
+        "--output-len",
+        "12",
+        "--concurrency",
+        "4",
+        "--num-requests",
+        "6",
+        "--repeats",
+        "1",
+        "--arrival-rate",
+        "20",
+        "--natural-eos",
+        "--eos-every",
+        "1",
+        "--baseline",
+        "none",
+    )
     assert res["arrival_rate"] == 20.0 and res["natural_eos"] is True and res["eos_every"] == 1
     assert res["engine_options"]["eos_token_ids"].split(",")[:3] == ["1", "2", "3"]
     m = res["runs"][0]["median"]
@@ -92,8 +168,22 @@ def test_ouro_bench_poisson_arrivals_with_natural_eos(toy_path, tmp_path):
 
 def test_ouro_bench_min_output_len_draws_each_requests_length(toy_path, tmp_path):
     """--min-output-len: each request's max_tokens is drawn from [min, --output-len] (EOS still ignored)."""
-    res, _ = bench(toy_path, tmp_path, "--output-len", "12", "--min-output-len", "2", "--concurrency", "4",
-                   "--num-requests", "12", "--repeats", "1", "--baseline", "none")
+    res, _ = bench(
+        toy_path,
+        tmp_path,
+        "--output-len",
+        "12",
+        "--min-output-len",
+        "2",
+        "--concurrency",
+        "4",
+        "--num-requests",
+        "12",
+        "--repeats",
+        "1",
+        "--baseline",
+        "none",
+    )
     m = res["runs"][0]["median"]
     assert res["min_output_len"] == 2 and m["requests"] == 12
     assert 2 * 12 <= m["generated_tokens"] < 12 * 12  # not all 12 long (seeded draw)

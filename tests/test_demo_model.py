@@ -1,5 +1,6 @@
 """The shipped demo model (docs/demo-model.md): the default checkpoint, English that a word list knows, a
 gate that varies the depth, loss that falls with depth, and exact agreement with the dense oracle."""
+
 import json
 from pathlib import Path
 
@@ -101,8 +102,14 @@ def test_exit_distribution_is_the_gate_cdf():
 
     z = torch.tensor([[-2.0, 0.5, 40.0], [1.0, -1.0, 40.0], [0.0, 3.0, 40.0], [5.0, 5.0, 5.0]])
     lam = torch.sigmoid(z)
-    want = torch.stack([lam[0], (1 - lam[0]) * lam[1], (1 - lam[0]) * (1 - lam[1]) * lam[2],
-                        (1 - lam[0]) * (1 - lam[1]) * (1 - lam[2])])
+    want = torch.stack(
+        [
+            lam[0],
+            (1 - lam[0]) * lam[1],
+            (1 - lam[0]) * (1 - lam[1]) * lam[2],
+            (1 - lam[0]) * (1 - lam[1]) * (1 - lam[2]),
+        ]
+    )
     assert torch.allclose(exit_distribution(z), want, atol=1e-6)
     assert torch.allclose(exit_distribution(z).sum(0), torch.ones(3))
     z.requires_grad_(True)  # a saturated gate (lambda = 1.0 in fp32) keeps finite gradients
@@ -119,11 +126,22 @@ def test_training_writes_a_checkpoint_the_engine_serves(tmp_path):
     text = HELDOUT.read_text(encoding="utf-8")
     (corpus / "train.txt").write_text(text)
     (corpus / "heldout.txt").write_text(text[:4000])
-    o = TrainOptions(steps=3, batch=2, seq_len=32, eval_every=3, warmup=1, vocab_size=512, hidden_size=32,
-                     intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    o = TrainOptions(
+        steps=3,
+        batch=2,
+        seq_len=32,
+        eval_every=3,
+        warmup=1,
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+    )
     train(corpus, tmp_path / "model", o, torch.device("cpu"))
     out = LLM(model=str(tmp_path / "model"), device="cpu", dtype="float32").generate(
-        ["Once upon a time"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
+        ["Once upon a time"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    )[0]
     assert len(out.token_ids) == 4
     log = (tmp_path / "model" / "training_log.jsonl").read_text().splitlines()
     assert len(log) == 2 and len(json.loads(log[1])["heldout"]["ce_per_loop"]) == 4
@@ -147,11 +165,31 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
         pytest.skip(f"no tritonserver available: {e}")
     http = free_port()
     env = {k: v for k, v in os.environ.items() if k != "OURO_MODEL_PATH"}
-    proc = subprocess.Popen([sys.executable, "-m", "ouro_backend.entrypoints.serve", "--address", "127.0.0.1",
-                             "--http-port", str(http), "--grpc-port", str(free_port()),
-                             "--metrics-port", str(free_port()), "--engine-arg", "device=cpu",
-                             "--engine-arg", "dtype=float32", "--log-file", str(tmp_path / "server.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ouro_backend.entrypoints.serve",
+            "--address",
+            "127.0.0.1",
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(free_port()),
+            "--metrics-port",
+            str(free_port()),
+            "--engine-arg",
+            "device=cpu",
+            "--engine-arg",
+            "dtype=float32",
+            "--log-file",
+            str(tmp_path / "server.log"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         lines = []
         deadline = time.time() + 300
@@ -166,13 +204,18 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
         assert "ouro-serve: ready" in out, out + (tmp_path / "server.log").read_text()[-3000:]
         assert f"serving the demo model {DEMO_MODEL}" in out
         prompt = "Once upon a time, there was a little"
-        body = json.dumps({"text_input": prompt, "max_tokens": 24, "temperature": 0,
-                           "exclude_input_in_output": True}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/ouro/generate", data=body,
-                                     headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"text_input": prompt, "max_tokens": 24, "temperature": 0, "exclude_input_in_output": True}
+        ).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{http}/v2/models/ouro/generate", data=body, headers={"Content-Type": "application/json"}
+        )
         served = json.loads(urllib.request.urlopen(req, timeout=120).read())["text_output"]
-        offline = LLM(device="cpu", dtype="float32").generate(
-            [prompt], SamplingParams(max_tokens=24, temperature=0.0))[0].text
+        offline = (
+            LLM(device="cpu", dtype="float32")
+            .generate([prompt], SamplingParams(max_tokens=24, temperature=0.0))[0]
+            .text
+        )
         assert served == offline and served.strip(), (served, offline)
     finally:
         proc.send_signal(signal.SIGTERM)

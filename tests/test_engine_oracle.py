@@ -1,10 +1,11 @@
 """The engine against the dense fp32 oracle: prefill logits, greedy decode, early exit, both KV layouts."""
+
 import pytest
 import torch
-
 from engine_helpers import ORACLE_PROMPTS as PROMPTS
 from engine_helpers import check_exits_against_oracle, ouro_exit, run_all
 from engine_helpers import make_recording_engine as make_engine
+
 from ouro_backend import SamplingParams
 
 LAYOUTS = ["last_exited", "shared"]
@@ -13,8 +14,7 @@ LAYOUTS = ["last_exited", "shared"]
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("chunk", [None, 1, 3, 5])
 def test_prefill_logits_match_oracle(toy_path, oracle, layout, chunk):
-    eng = make_engine(toy_path, kv_layout=layout, prefill_chunk_size=chunk, max_num_batched_tokens=64,
-                      max_num_seqs=8)
+    eng = make_engine(toy_path, kv_layout=layout, prefill_chunk_size=chunk, max_num_batched_tokens=64, max_num_seqs=8)
     run_all(eng, PROMPTS, SamplingParams(max_tokens=1, temperature=0.0))
     for i, prompt in enumerate(PROMPTS):
         ref = oracle.forward(prompt, len(prompt), [4] * len(prompt), layout).logits[-1]
@@ -47,8 +47,8 @@ def test_layouts_differ_under_early_exit(toy_path, oracle):
     b = oracle.generate(prompt, 8, exit_fn=ouro_exit(0.5), layout="shared")
     seq = prompt + a[0]
     loops = [4] * len(prompt) + a[1][1:] + [4]
-    la = oracle.forward(seq[:-1], len(prompt), loops[:len(seq) - 1], "last_exited").logits[-1]
-    lb = oracle.forward(seq[:-1], len(prompt), loops[:len(seq) - 1], "shared").logits[-1]
+    la = oracle.forward(seq[:-1], len(prompt), loops[: len(seq) - 1], "last_exited").logits[-1]
+    lb = oracle.forward(seq[:-1], len(prompt), loops[: len(seq) - 1], "shared").logits[-1]
     assert (la - lb).abs().max() > 1e-3
     assert a[1] != [4] * 8 and b[1] != [4] * 8
 

@@ -3,6 +3,7 @@ names, what each engine process sees, the manifest clients find the engines by, 
 processes on the toy checkpoint: requests spread over both with the offline engine's tokens, and a killed
 engine comes back while the other serves on. Routing and per-engine streams: tests/test_streams.py; the
 same through a real tritonserver: tests/test_server_engines.py."""
+
 from __future__ import annotations
 
 import os
@@ -11,39 +12,53 @@ import threading
 import time
 
 import pytest
-
 from helpers import find_engine_process
+
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.serving import engine_auth
-from ouro_backend.serving.engine_pool import (EnginePool, EngineRouter, EngineSlot, engine_placement, read_manifest,
-                                              resolve_devices, visible_gpus, write_manifest)
 from ouro_backend.serving.engine_errors import EngineProcessError
 from ouro_backend.serving.engine_messages import Outputs
+from ouro_backend.serving.engine_pool import (
+    EnginePool,
+    EngineRouter,
+    EngineSlot,
+    engine_placement,
+    read_manifest,
+    resolve_devices,
+    visible_gpus,
+    write_manifest,
+)
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("spec, device, gpus, expected", [
-    ("auto", "auto", [], ["cpu"]),
-    ("auto", "auto", ["0", "1"], ["cuda:0", "cuda:1"]),
-    ("auto", "cuda", ["3"], ["cuda:0"]),
-    ("auto", "cpu", ["0", "1"], ["cpu"]),
-    ("auto", "cuda:1", ["0", "1"], ["cuda:1"]),
-    ("cuda:1,cuda:0", "auto", ["0", "1"], ["cuda:1", "cuda:0"]),
-    ("cpu, cpu", "auto", [], ["cpu", "cpu"]),
-])
+@pytest.mark.parametrize(
+    "spec, device, gpus, expected",
+    [
+        ("auto", "auto", [], ["cpu"]),
+        ("auto", "auto", ["0", "1"], ["cuda:0", "cuda:1"]),
+        ("auto", "cuda", ["3"], ["cuda:0"]),
+        ("auto", "cpu", ["0", "1"], ["cpu"]),
+        ("auto", "cuda:1", ["0", "1"], ["cuda:1"]),
+        ("cuda:1,cuda:0", "auto", ["0", "1"], ["cuda:1", "cuda:0"]),
+        ("cpu, cpu", "auto", [], ["cpu", "cpu"]),
+    ],
+)
 def test_resolve_devices(spec, device, gpus, expected):
     assert resolve_devices(spec, device, gpus) == expected
 
 
-@pytest.mark.parametrize("spec, device, gpus, match", [
-    ("auto", "cuda", [], "no GPU is visible"),
-    ("cuda:2", "auto", ["0", "1"], "cuda:2 is not visible"),
-    ("auto", "cuda:1", ["0"], "cuda:1 is not visible"),
-    ("gpu0", "auto", ["0"], "'gpu0' is not a device"),
-    ("cuda:0,,cuda:1", "auto", ["0", "1"], "'' is not a device"),
-])
+@pytest.mark.parametrize(
+    "spec, device, gpus, match",
+    [
+        ("auto", "cuda", [], "no GPU is visible"),
+        ("cuda:2", "auto", ["0", "1"], "cuda:2 is not visible"),
+        ("auto", "cuda:1", ["0"], "cuda:1 is not visible"),
+        ("gpu0", "auto", ["0"], "'gpu0' is not a device"),
+        ("cuda:0,,cuda:1", "auto", ["0", "1"], "'' is not a device"),
+    ],
+)
 def test_bad_devices_are_refused(spec, device, gpus, match):
     with pytest.raises(ConfigError, match=match):
         resolve_devices(spec, device, gpus)
@@ -113,8 +128,16 @@ def test_two_engines_share_the_requests_and_a_killed_one_comes_back(toy_path):
     got = Collector()
     logs: list = []
     config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=8)
-    pool = EnginePool("pool-test", os.getpid(), config, ["cpu", "cpu"], 0.1, got.on_message, got.closed.append,
-                      lambda level, text: logs.append((level, text)))
+    pool = EnginePool(
+        "pool-test",
+        os.getpid(),
+        config,
+        ["cpu", "cpu"],
+        0.1,
+        got.on_message,
+        got.closed.append,
+        lambda level, text: logs.append((level, text)),
+    )
     pool.start()
     try:
         assert [s.device for s in read_manifest("pool-test", os.getpid())] == ["cpu", "cpu"]
@@ -150,8 +173,16 @@ def test_two_engines_share_the_requests_and_a_killed_one_comes_back(toy_path):
 
 def test_a_bad_checkpoint_fails_the_pool_and_leaves_no_engine(tmp_path):
     config = EngineConfig(model=str(tmp_path), device="cpu")
-    pool = EnginePool("bad-pool", os.getpid(), config, ["cpu", "cpu"], 0.1, lambda i, m: None, lambda i: None,
-                      lambda level, text: None)
+    pool = EnginePool(
+        "bad-pool",
+        os.getpid(),
+        config,
+        ["cpu", "cpu"],
+        0.1,
+        lambda i, m: None,
+        lambda i: None,
+        lambda level, text: None,
+    )
     with pytest.raises(ConfigError, match="config.json"):
         pool.start()
     assert all(p is None or p.poll() is not None for p in pool.processes)
@@ -163,8 +194,16 @@ def test_an_engine_killed_while_it_restarts_is_restarted_again(toy_path, monkeyp
     got = Collector()
     logs: list = []
     config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=4)
-    pool = EnginePool("pool-restart", os.getpid(), config, ["cpu"], 0.1, got.on_message, got.closed.append,
-                      lambda level, text: logs.append((level, text)))
+    pool = EnginePool(
+        "pool-restart",
+        os.getpid(),
+        config,
+        ["cpu"],
+        0.1,
+        got.on_message,
+        got.closed.append,
+        lambda level, text: logs.append((level, text)),
+    )
     pool.start()
     try:
         first = pool.processes[0].pid

@@ -2,6 +2,7 @@
 without Triton: the owner channel and a second client over the Unix socket get the same tokens as the
 in-process engine; bad requests, aborts, a client that goes away, a bad config and a killed child are all
 reported."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ import time
 from collections import Counter
 
 import pytest
-
 from helpers import Inbox
+
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.engine import round_trace
@@ -79,8 +80,14 @@ def test_rejected_request_and_abort(engine):
     client.abort("long")
     inbox.pump(lambda: "long" in inbox.reasons)
     assert inbox.reasons["long"] == "abort" and len(inbox.tokens["long"]) < LONG
-    inbox.pump(lambda: inbox.stats and inbox.stats[-1].stats and inbox.stats[-1].stats["num_running"] == 0
-               and inbox.stats[-1].stats["kv_usage"] == 0)
+    inbox.pump(
+        lambda: (
+            inbox.stats
+            and inbox.stats[-1].stats
+            and inbox.stats[-1].stats["num_running"] == 0
+            and inbox.stats[-1].stats["kv_usage"] == 0
+        )
+    )
 
 
 def test_request_id_in_use_by_another_client_is_refused(engine):
@@ -110,8 +117,13 @@ def test_client_that_goes_away_frees_its_requests(engine):
     second.close()
     inbox.stats.clear()
     inbox.pump(lambda: any(s.finished.get("cancelled") for s in inbox.stats))
-    inbox.pump(lambda: inbox.stats[-1].stats and inbox.stats[-1].stats["num_running"] == 0
-               and inbox.stats[-1].stats["kv_usage"] == 0)
+    inbox.pump(
+        lambda: (
+            inbox.stats[-1].stats
+            and inbox.stats[-1].stats["num_running"] == 0
+            and inbox.stats[-1].stats["kv_usage"] == 0
+        )
+    )
 
 
 def test_client_without_the_key_is_rejected_and_the_server_keeps_serving(engine):
@@ -190,9 +202,15 @@ def test_engine_process_exits_when_its_owner_is_killed(toy_path, tmp_path):
         f"config = EngineConfig(model={toy_path!r}, device='cpu', dtype='float32', max_num_seqs=2)\n"
         "client, proc = start_engine_process(config, engine_address('orphan', 0), lambda m: None, lambda: None)\n"
         "print(proc.pid, flush=True)\n"
-        "sys.stdin.read()\n")
-    owner = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        "sys.stdin.read()\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     try:
         child = int(owner.stdout.readline())
         os.kill(owner.pid, signal.SIGKILL)

@@ -1,13 +1,14 @@
 """Bad input: a clear exception naming the problem, and the engine keeps serving everyone else."""
+
 import json
 import shutil
 
 import pytest
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import make_recording_engine as make_engine
+from engine_helpers import run_all
 
 from ouro_backend import ConfigError, EngineConfig, LLMEngine, RequestError, SamplingParams
-from engine_helpers import make_recording_engine as make_engine
-from engine_helpers import ORACLE_PROMPTS as PROMPTS
-from engine_helpers import run_all
 
 
 @pytest.fixture(scope="module")
@@ -15,32 +16,38 @@ def engine(toy_path):
     return make_engine(toy_path, max_model_len=64)
 
 
-@pytest.mark.parametrize("prompt, params, match", [
-    ("", {}, "prompt is empty"),
-    ([], {}, "prompt is empty"),
-    ([1] * 64, {}, "context limit"),
-    ([1] * 40, dict(max_tokens=30), "exceeds the context limit"),
-    ([5, 100000], {}, "outside the vocabulary"),
-    ([5, -1], {}, "outside the vocabulary"),
-])
+@pytest.mark.parametrize(
+    "prompt, params, match",
+    [
+        ("", {}, "prompt is empty"),
+        ([], {}, "prompt is empty"),
+        ([1] * 64, {}, "context limit"),
+        ([1] * 40, dict(max_tokens=30), "exceeds the context limit"),
+        ([5, 100000], {}, "outside the vocabulary"),
+        ([5, -1], {}, "outside the vocabulary"),
+    ],
+)
 def test_bad_prompts(engine, prompt, params, match):
     with pytest.raises(RequestError, match=match):
         engine.add_request("bad", prompt, SamplingParams(**params))
 
 
-@pytest.mark.parametrize("params, match", [
-    (dict(max_tokens=0), "max_tokens"),
-    (dict(max_tokens=-3), "max_tokens"),
-    (dict(min_loops=3, max_loops=2), "min_loops"),
-    (dict(exit_threshold=1.5), "exit_threshold"),
-    (dict(exit_threshold=-0.1), "exit_threshold"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.2), "top_p"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(top_k=-2), "top_k"),
-    (dict(seed=-1), "seed"),
-    (dict(min_tokens=20, max_tokens=5), "min_tokens"),
-])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=-3), "max_tokens"),
+        (dict(min_loops=3, max_loops=2), "min_loops"),
+        (dict(exit_threshold=1.5), "exit_threshold"),
+        (dict(exit_threshold=-0.1), "exit_threshold"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.2), "top_p"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=-2), "top_k"),
+        (dict(seed=-1), "seed"),
+        (dict(min_tokens=20, max_tokens=5), "min_tokens"),
+    ],
+)
 def test_bad_sampling_params(params, match):
     with pytest.raises(RequestError, match=match):
         SamplingParams(**params)
@@ -64,15 +71,18 @@ def test_engine_keeps_serving_after_bad_requests(engine):
         engine.step()
 
 
-@pytest.mark.parametrize("opts, match", [
-    (dict(exit_mode="sometimes"), "exit_mode"),
-    (dict(kv_layout="diagonal"), "kv_layout"),
-    (dict(dtype="int8"), "dtype"),
-    (dict(block_size=0), "block_size"),
-    (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
-    (dict(exit_threshold=2.0), "exit_threshold"),
-    (dict(attention_backend="magic"), "attention_backend"),
-])
+@pytest.mark.parametrize(
+    "opts, match",
+    [
+        (dict(exit_mode="sometimes"), "exit_mode"),
+        (dict(kv_layout="diagonal"), "kv_layout"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(block_size=0), "block_size"),
+        (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+        (dict(exit_threshold=2.0), "exit_threshold"),
+        (dict(attention_backend="magic"), "attention_backend"),
+    ],
+)
 def test_bad_engine_options(opts, match):
     with pytest.raises(ConfigError, match=match):
         EngineConfig(**opts).validate()

@@ -11,6 +11,7 @@ What is shown, for every exit mode and both KV layouts, with synchronous and asy
 - the same holds when requests arrive while others are mid-stream, when one is aborted mid-token, when
   requests stop on a stop string, EOS, a stop token or max_tokens, and for seeded sampling.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,10 +19,10 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from engine_helpers import BATCH_PROMPTS as PROMPTS
 from engine_helpers import ENGINE_THRESHOLD, Run, alone, assert_same, drive
 from engine_helpers import make_plain_engine as make_engine
+
 from ouro_backend import LLMEngine, SamplingParams
 
 T = 4  # the toy model's loops (total_ut_steps)
@@ -111,6 +112,7 @@ def check_against_oracle(oracle, prompt, out, layout, greedy=True):
 # ------------------------------------------------------------------------------------- the mixed batch
 def mixed_params(mode) -> list[SamplingParams]:
     """One request per prompt, each with its own exit settings and length (all greedy, no EOS stops)."""
+
     def sp(max_tokens, **kw):
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
 
@@ -121,8 +123,10 @@ def mixed_params(mode) -> list[SamplingParams]:
     if mode == "fixed":
         loops = [(1, 1), (1, 2), (2, 3), (1, 4), (1, None), (2, 2), (3, 3)]  # (min_loops, max_loops)
         thresholds = [0.5, 0.9, 0.3, 1.0, None, 0.0, 0.6]  # ignored: fixed depth is max_loops
-        return [sp(6 + i % 4, min_loops=lo, max_loops=hi, exit_threshold=th)
-                for i, ((lo, hi), th) in enumerate(zip(loops, thresholds))]
+        return [
+            sp(6 + i % 4, min_loops=lo, max_loops=hi, exit_threshold=th)
+            for i, ((lo, hi), th) in enumerate(zip(loops, thresholds))
+        ]
     return [  # gate modes: ouro, ouro_delayed, random_lookahead
         sp(8, exit_threshold=0.5),
         sp(10, exit_threshold=0.8, min_loops=2),
@@ -204,8 +208,9 @@ def test_gate_depths_equal_oracle_generate(toy_path, oracle, layout, mode):
     for i in (1, 2, 6):  # threshold 0.8 with min_loops=2; 0.3 with max_loops=3; the engine's threshold
         rid, prompt, params = mixed_requests(mode)[i]
         threshold, lo, hi = bounds_of(params)
-        tokens, depths = oracle.generate(prompt, params.max_tokens, layout=layout,
-                                         exit_fn=lambda g: gate_rule_depth(g, threshold, lo, hi, delay))
+        tokens, depths = oracle.generate(
+            prompt, params.max_tokens, layout=layout, exit_fn=lambda g: gate_rule_depth(g, threshold, lo, hi, delay)
+        )
         assert (run.final[rid].token_ids, run.final[rid].exit_depths) == (tokens, depths), rid
         assert len(set(depths[1:])) >= 2, "this request should exit at different depths"
 
@@ -304,8 +309,8 @@ def expected_stop(ref, params, eos, tokenizer):
         text = tokenizer.decode(ref.token_ids[:k])
         hits = [text.find(s) for s in params.stop if s in text]
         if hits:
-            return k, "stop", text[:min(hits)]
-    return params.max_tokens, "length", tokenizer.decode(ref.token_ids[:params.max_tokens])
+            return k, "stop", text[: min(hits)]
+    return params.max_tokens, "length", tokenizer.decode(ref.token_ids[: params.max_tokens])
 
 
 def first_new_token_at(tokens, lo=2):
@@ -324,8 +329,13 @@ def test_stops_in_an_early_exit_batch(toy_path, layout, mode, async_scheduling):
     output is its unstopped reference cut at the right token with the right finish reason and text, and the
     requests that do not stop are unaffected."""
     kw = dict(kv_layout=layout, exit_mode=mode)
-    exits = [dict(exit_threshold=0.5), dict(exit_threshold=0.8, min_loops=2), dict(exit_threshold=0.3, max_loops=3),
-             dict(exit_threshold=0.6), dict()]
+    exits = [
+        dict(exit_threshold=0.5),
+        dict(exit_threshold=0.8, min_loops=2),
+        dict(exit_threshold=0.3, max_loops=3),
+        dict(exit_threshold=0.6),
+        dict(),
+    ]
     if mode == "trace":
         exits = [dict(exit_trace=t) for t in ([1, 3, 2, 4], [2], [4, 1], [3, 1], [1, 2])]
 
@@ -338,7 +348,7 @@ def test_stops_in_an_early_exit_batch(toy_path, layout, mode, async_scheduling):
     stop_tok = first_new_token_at(ref_of(2).token_ids, lo=3)
     text = tokenizer.decode(ref_of(4).token_ids)
     visible = text.replace("\ufffd", "")
-    stop_str = visible[len(visible) // 2: len(visible) // 2 + 2]
+    stop_str = visible[len(visible) // 2 : len(visible) // 2 + 2]
     assert stop_str and stop_str in text
 
     def sp(i, **kw2):
@@ -356,7 +366,7 @@ def test_stops_in_an_early_exit_batch(toy_path, layout, mode, async_scheduling):
     eng = busy_engine(toy_path, eos_token_ids=[eos_tok], async_scheduling=async_scheduling, **kw)
     run = drive(eng, requests, arrivals={"plain": 3, "eos_too": 6})
     lengths = {}
-    for i, (rid, prompt, params) in enumerate(requests):
+    for i, (rid, _prompt, params) in enumerate(requests):
         ref = ref_of(i)
         n, reason, want_text = expected_stop(ref, params, {eos_tok}, tokenizer)
         out = run.final[rid]
@@ -374,10 +384,10 @@ def test_stops_in_an_early_exit_batch(toy_path, layout, mode, async_scheduling):
 # --------------------------------------------------------------------------------------- seeded sampling
 SAMPLED = [
     SamplingParams(max_tokens=10, temperature=0.9, seed=11, top_k=20, ignore_eos=True, exit_threshold=0.5),
-    SamplingParams(max_tokens=9, temperature=1.2, seed=12, top_p=0.8, ignore_eos=True, exit_threshold=0.6,
-                   min_loops=2),
-    SamplingParams(max_tokens=8, temperature=0.7, seed=13, top_k=50, top_p=0.9, ignore_eos=True,
-                   exit_threshold=0.3, max_loops=3),
+    SamplingParams(max_tokens=9, temperature=1.2, seed=12, top_p=0.8, ignore_eos=True, exit_threshold=0.6, min_loops=2),
+    SamplingParams(
+        max_tokens=8, temperature=0.7, seed=13, top_k=50, top_p=0.9, ignore_eos=True, exit_threshold=0.3, max_loops=3
+    ),
 ]
 
 
@@ -390,9 +400,14 @@ def test_seeded_sampling_equals_alone(toy_path, oracle, layout, mode, async_sche
     are the model's (oracle at the engine's depths), and they really sample (not the greedy output)."""
     kw = dict(kv_layout=layout, exit_mode=mode)
     seeded = [(f"s{i}", PROMPTS[i], p) for i, p in enumerate(SAMPLED)]
-    noise = [(f"u{i}", PROMPTS[3 + i], SamplingParams(max_tokens=7 + i, temperature=1.0, top_p=0.95,
-                                                      ignore_eos=True, exit_threshold=0.5))
-             for i in range(2)]
+    noise = [
+        (
+            f"u{i}",
+            PROMPTS[3 + i],
+            SamplingParams(max_tokens=7 + i, temperature=1.0, top_p=0.95, ignore_eos=True, exit_threshold=0.5),
+        )
+        for i in range(2)
+    ]
     greedy = mixed_requests(mode)[4:6]
     requests = [seeded[0], noise[0], greedy[0], seeded[1], noise[1], greedy[1], seeded[2]]
     arrivals = {rid: s for (rid, _, _), s in zip(requests, [0, 0, 1, 3, 4, 6, 9])}
@@ -403,9 +418,14 @@ def test_seeded_sampling_equals_alone(toy_path, oracle, layout, mode, async_sche
         out = run.final[rid]
         assert_same(out, alone(toy_path, prompt, params, **kw), rid)
         check_against_oracle(oracle, prompt, out, layout, greedy=False)
-        g = SamplingParams(max_tokens=params.max_tokens, temperature=0.0, ignore_eos=True,
-                           exit_threshold=params.exit_threshold, min_loops=params.min_loops,
-                           max_loops=params.max_loops)
+        g = SamplingParams(
+            max_tokens=params.max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            exit_threshold=params.exit_threshold,
+            min_loops=params.min_loops,
+            max_loops=params.max_loops,
+        )
         sampled_differs += alone(toy_path, prompt, g, **kw).token_ids != out.token_ids
     for rid, prompt, params in greedy:
         assert_same(run.final[rid], alone(toy_path, prompt, params, **kw), rid)

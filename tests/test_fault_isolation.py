@@ -2,6 +2,7 @@
 ends alone, with its error, while every other request gets exactly the tokens it gets without it; a failed
 batched launch ends only the requests of that launch; requests that exceed an engine limit are refused at
 add_request. The KV cache is whole afterwards."""
+
 from __future__ import annotations
 
 import os
@@ -9,10 +10,10 @@ import re
 import subprocess
 
 import pytest
-from helpers import Inbox
-from engine_helpers import alone, assert_same, drive
 from engine_helpers import BATCH_PROMPTS as PROMPTS
+from engine_helpers import alone, assert_same, drive
 from engine_helpers import make_plain_engine as make_engine
+from helpers import Inbox
 
 from ouro_backend import LLM, RequestError, SamplingParams
 from ouro_backend.config import EngineConfig
@@ -46,10 +47,12 @@ def check_isolated(eng, run, ref, match):
 
 def raise_for(original, when=lambda seq: True):
     """`original(seq, ...)`, except that it raises for request 'bad' once `when(seq)`."""
+
     def fn(seq, *args, **kw):
         if seq.request_id == "bad" and when(seq):
             raise RuntimeError("injected fault in bad")
         return original(seq, *args, **kw)
+
     return fn
 
 
@@ -62,18 +65,24 @@ def test_fault_while_staging_the_admitted_row_ends_that_request_only(toy_path, a
     assert run.final["bad"].token_ids == []
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("exit_trace", [2] * (MAX_TRACE + 1), f"exit_trace has {MAX_TRACE + 1} depths; at most {MAX_TRACE}"),
-    ("temperature", 10**400, "OverflowError"),
-    ("top_k", 2**63, r"TOP_K \(9223372036854775808\) does not fit"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("exit_trace", [2] * (MAX_TRACE + 1), f"exit_trace has {MAX_TRACE + 1} depths; at most {MAX_TRACE}"),
+        ("temperature", 10**400, "OverflowError"),
+        ("top_k", 2**63, r"TOP_K \(9223372036854775808\) does not fit"),
+    ],
+)
 def test_a_value_the_row_cannot_hold_fails_its_request_at_staging(toy_path, field, value, match):
     """No fault injected: a value changed after add_request validated it reaches the row's staging
     (`DecodeState.host_row`), which refuses it for that request alone."""
     eng = make_engine(toy_path, async_scheduling=True)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    run = drive(eng, REQUESTS[:-1] + [("bad", REQUESTS[-1][1], params)],
-                hook=lambda eng, step, run: step == 0 and setattr(params, field, value))
+    run = drive(
+        eng,
+        REQUESTS[:-1] + [("bad", REQUESTS[-1][1], params)],
+        hook=lambda eng, step, run: step == 0 and setattr(params, field, value),
+    )
     check_isolated(eng, run, without_bad(toy_path, True), "")
     assert run.final["bad"].token_ids == [] and re.search(match, run.final["bad"].error)
 
@@ -174,27 +183,33 @@ def test_exit_trace_longer_than_the_decode_state_is_refused(trace_engine):
     assert run.final["t"].exit_depths[1:] == trace[:7]  # the first token comes from the prompt (depth 4)
 
 
-@pytest.mark.parametrize("params, match", [
-    (dict(top_k=1025), r"top_k \(1025\) exceeds the vocabulary size \(1024\)"),
-    (dict(top_k=2**63), "top_k"),
-    (dict(stop_token_ids=[3, 1024]), r"stop_token_ids has id 1024 outside the vocabulary \[0, 1024\)"),
-    (dict(exit_trace=[5]), "exit_trace depths must be <= 4"),
-    (dict(max_loops=5), "max_loops"),
-    (dict(min_loops=5), "min_loops"),
-])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(top_k=1025), r"top_k \(1025\) exceeds the vocabulary size \(1024\)"),
+        (dict(top_k=2**63), "top_k"),
+        (dict(stop_token_ids=[3, 1024]), r"stop_token_ids has id 1024 outside the vocabulary \[0, 1024\)"),
+        (dict(exit_trace=[5]), "exit_trace depths must be <= 4"),
+        (dict(max_loops=5), "max_loops"),
+        (dict(min_loops=5), "min_loops"),
+    ],
+)
 def test_values_beyond_the_engines_limits_are_refused(trace_engine, params, match):
     p = SamplingParams(**params)  # valid on its own: the limits are the engine's
     with pytest.raises(RequestError, match=match):
         trace_engine.add_request("x", PROMPTS[0], p)
 
 
-@pytest.mark.parametrize("params, match", [
-    (dict(temperature=10**400), "temperature"),
-    (dict(temperature=float("inf")), "temperature"),
-    (dict(ignore_eos="yes"), "ignore_eos"),
-    (dict(exit_trace=[]), "exit_trace"),
-    (dict(stop_token_ids=[-1]), "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(temperature=10**400), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(ignore_eos="yes"), "ignore_eos"),
+        (dict(exit_trace=[]), "exit_trace"),
+        (dict(stop_token_ids=[-1]), "stop_token_ids"),
+    ],
+)
 def test_values_no_engine_can_hold_are_refused(params, match):
     with pytest.raises(RequestError, match=match):
         SamplingParams(**params)
@@ -232,8 +247,12 @@ def test_engine_process_fails_only_the_faulty_request(toy_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(engine_client.subprocess, "Popen", start_helper)
         client, proc = engine_client.start_engine_process(
-            config, engine_auth.engine_address("faulty", os.getpid()), inbox.on_message, lambda: None,
-            metrics_interval_s=0.1)
+            config,
+            engine_auth.engine_address("faulty", os.getpid()),
+            inbox.on_message,
+            lambda: None,
+            metrics_interval_s=0.1,
+        )
     try:
         params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
         prompts = {"ok0": [5, 6, 7, 8], "faulty": [9, 10, 11], "ok1": [12, 13, 14, 15, 16]}
@@ -248,8 +267,15 @@ def test_engine_process_fails_only_the_faulty_request(toy_path, monkeypatch):
         client.add("after", prompts["faulty"], params)  # the engine still serves, the same prompt included
         inbox.pump(lambda: "after" in inbox.reasons)
         assert len(inbox.tokens["after"]) == params.max_tokens
-        inbox.pump(lambda: inbox.stats and inbox.stats[-1].stats and inbox.stats[-1].stats["num_running"] == 0
-                   and inbox.stats[-1].stats["kv_usage"] == 0 and inbox.stats[-1].stats["num_failed"] == 1)
+        inbox.pump(
+            lambda: (
+                inbox.stats
+                and inbox.stats[-1].stats
+                and inbox.stats[-1].stats["num_running"] == 0
+                and inbox.stats[-1].stats["kv_usage"] == 0
+                and inbox.stats[-1].stats["num_failed"] == 1
+            )
+        )
         assert sum(s.counters.get("errors", 0) for s in inbox.stats) == 1
     finally:
         client.close()

@@ -6,6 +6,7 @@ genai-perf comes from the `test` extra; a missing genai-perf fails these tests. 
 perf_analyzer cannot be located or fetched (client/perf_analyzer/locate.py, the rule of tests/test_server_metrics.py's
 perf_analyzer test) or when there is no tritonserver (as every real-server test does).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,18 @@ REQUESTS, CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS = 6, 2, 16, 8
 @pytest.mark.timeout(480)  # server start (shared by the module) + genai-perf's start (transformers) + the run
 def test_genai_perf_recipe_against_server(server, toy_path, tmp_path):
     try:
-        report = recipe.run(server.grpc_url, "ouro", concurrency=CONCURRENCY, request_count=REQUESTS,
-                            input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, tokenizer=toy_path,
-                            artifact_dir=str(tmp_path), timeout=300,
-                            extra=["--extra-inputs", "return_num_output_tokens:true",
-                                   "--extra-inputs", "return_num_input_tokens:true"])
+        report = recipe.run(
+            server.grpc_url,
+            "ouro",
+            concurrency=CONCURRENCY,
+            request_count=REQUESTS,
+            input_tokens=INPUT_TOKENS,
+            output_tokens=OUTPUT_TOKENS,
+            tokenizer=toy_path,
+            artifact_dir=str(tmp_path),
+            timeout=300,
+            extra=["--extra-inputs", "return_num_output_tokens:true", "--extra-inputs", "return_num_input_tokens:true"],
+        )
     except PerfAnalyzerUnavailable as e:
         pytest.skip(f"perf_analyzer cannot run here: {e}")
     shown = {k: v for k, v in report.items() if k != "log_tail"}
@@ -36,8 +44,7 @@ def test_genai_perf_recipe_against_server(server, toy_path, tmp_path):
     # genai-perf's export: every request measured, positive throughput and token latencies.
     assert report["request_count"] == REQUESTS
     assert report["request_throughput_per_s"] > 0 and report["output_token_throughput_per_s"] > 0
-    ttft, itl, latency = (report[k] for k in ("time_to_first_token_ms", "inter_token_latency_ms",
-                                              "request_latency_ms"))
+    ttft, itl, latency = (report[k] for k in ("time_to_first_token_ms", "inter_token_latency_ms", "request_latency_ms"))
     assert 0 < ttft["avg"] <= latency["avg"] and itl["avg"] > 0
     assert ttft["max"] <= latency["max"]
     assert report["output_sequence_length"] > 0  # re-tokenized text: not exactly OUTPUT_TOKENS on the toy

@@ -1,15 +1,16 @@
 """GPU correctness (run on the device; skipped without CUDA): the Triton backend, with and without CUDA
 graphs and with several decode rounds per launch, against the dense fp32 oracle. fp32: identical greedy
 tokens and exit depths in every exit mode. bf16: relative logits error <= 2e-2."""
+
 import gc
 
 import pytest
 import torch
+from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import make_recording_engine as make_engine
+from engine_helpers import ouro_exit, run_all
 
 from ouro_backend import SamplingParams
-from engine_helpers import make_recording_engine as make_engine
-from engine_helpers import ORACLE_PROMPTS as PROMPTS
-from engine_helpers import ouro_exit, run_all
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 LAYOUTS = ["last_exited", "shared"]
@@ -32,11 +33,19 @@ def gpu_engine(toy_path, dtype, **kw):
 @pytest.mark.parametrize("threshold", [1.0, 0.5])
 @pytest.mark.parametrize("rounds", [1, 4])
 def test_fp32_greedy_equals_oracle(toy_path, oracle, layout, graphs, threshold, rounds):
-    eng = gpu_engine(toy_path, "float32", kv_layout=layout, cuda_graphs=graphs, prefill_chunk_size=5,
-                     max_num_batched_tokens=16, decode_rounds_per_launch=rounds)
+    eng = gpu_engine(
+        toy_path,
+        "float32",
+        kv_layout=layout,
+        cuda_graphs=graphs,
+        prefill_chunk_size=5,
+        max_num_batched_tokens=16,
+        decode_rounds_per_launch=rounds,
+    )
     eng.runner.record_logits = False  # exercise the graphs' in-graph coda and multi-round launches
-    outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
-                                                exit_threshold=threshold))
+    outs = run_all(
+        eng, PROMPTS, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
+    )
     for prompt, out in zip(PROMPTS, outs):
         tokens, depths = oracle.generate(prompt, 8, exit_fn=ouro_exit(threshold), layout=layout)
         assert (out.token_ids, out.exit_depths) == (tokens, depths)
@@ -50,6 +59,7 @@ def test_fp32_greedy_equals_oracle(toy_path, oracle, layout, graphs, threshold, 
 def delayed_exit(threshold, min_loops=1, max_loops=4):
     def fn(gates):
         return min(ouro_exit(threshold, min_loops, max_loops)(gates) + 1, max_loops)
+
     return fn
 
 
@@ -58,8 +68,15 @@ def delayed_exit(threshold, min_loops=1, max_loops=4):
 def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, layout, mode):
     """Per-request thresholds and loop bounds in one batch, arriving at different steps, with graphs and
     four rounds per launch: every request's tokens and depths equal the oracle's."""
-    eng = gpu_engine(toy_path, "float32", kv_layout=layout, exit_mode=mode, decode_rounds_per_launch=4,
-                     prefill_chunk_size=5, max_num_batched_tokens=16)
+    eng = gpu_engine(
+        toy_path,
+        "float32",
+        kv_layout=layout,
+        exit_mode=mode,
+        decode_rounds_per_launch=4,
+        prefill_chunk_size=5,
+        max_num_batched_tokens=16,
+    )
     eng.runner.record_logits = False
     specs = [(0.5, 1, 4), (0.8, 2, 4), (0.3, 1, 3), (1.0, 1, 4), (0.6, 3, 4)]
     rule = ouro_exit if mode == "ouro" else delayed_exit
@@ -68,8 +85,13 @@ def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, layout, mo
         if step % 3 == 0 and step // 3 < len(specs):
             i = step // 3
             thr, lo, hi = specs[i]
-            eng.add_request(str(i), PROMPTS[i % 3], SamplingParams(max_tokens=7 + i, temperature=0.0, ignore_eos=True,
-                                                               exit_threshold=thr, min_loops=lo, max_loops=hi))
+            eng.add_request(
+                str(i),
+                PROMPTS[i % 3],
+                SamplingParams(
+                    max_tokens=7 + i, temperature=0.0, ignore_eos=True, exit_threshold=thr, min_loops=lo, max_loops=hi
+                ),
+            )
         if not eng.has_unfinished_requests() and len(outs) == len(specs):
             break
         for o in eng.step():
@@ -86,8 +108,9 @@ def test_fp32_trace_and_max_tokens_mid_launch(toy_path):
     """Trace depths replayed on the device; max_tokens reached inside a 4-round launch stops exactly."""
     eng = gpu_engine(toy_path, "float32", exit_mode="trace", decode_rounds_per_launch=4)
     traces = [[1, 3, 2, 4], [2], [4, 1]]
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, exit_trace=t)
-              for n, t in zip((9, 5, 6), traces)]
+    params = [
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, exit_trace=t) for n, t in zip((9, 5, 6), traces)
+    ]
     outs = run_all(eng, PROMPTS, params)
     for out, trace, p in zip(outs, traces, params):
         assert len(out.token_ids) == p.max_tokens and out.finish_reason == "length"
@@ -100,8 +123,7 @@ def test_bf16_logits_within_tolerance(toy_path, oracle, layout, graphs):
     """Prefill, decode and mixed-depth decode logits of the bf16 engine vs the fp32 oracle, given the
     engine's own tokens and depths (so a bf16 argmax flip cannot derail the comparison)."""
     eng = gpu_engine(toy_path, "bfloat16", kv_layout=layout, cuda_graphs=graphs)
-    outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True,
-                                                exit_threshold=0.5))
+    outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, exit_threshold=0.5))
     worst = 0.0
     depths_seen = set()
     for i, (prompt, out) in enumerate(zip(PROMPTS, outs)):
@@ -119,10 +141,13 @@ def test_bf16_logits_within_tolerance(toy_path, oracle, layout, graphs):
 
 def test_seeded_sampling_same_with_and_without_graphs(toy_path):
     """Seeded tokens are the same with graphs, without, with several rounds a launch, and alone."""
-    params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=50, seed=11, ignore_eos=True,
-                            exit_threshold=0.5)
-    runs = [run_all(gpu_engine(toy_path, "float32", cuda_graphs=g, decode_rounds_per_launch=r), PROMPTS, params)
-            for g, r in ((True, 4), (True, 1), (False, 1))]
+    params = SamplingParams(
+        max_tokens=10, temperature=0.9, top_p=0.9, top_k=50, seed=11, ignore_eos=True, exit_threshold=0.5
+    )
+    runs = [
+        run_all(gpu_engine(toy_path, "float32", cuda_graphs=g, decode_rounds_per_launch=r), PROMPTS, params)
+        for g, r in ((True, 4), (True, 1), (False, 1))
+    ]
     alone = run_all(gpu_engine(toy_path, "float32"), PROMPTS[1:2], params)
     for outs in runs[1:]:
         assert [(o.token_ids, o.exit_depths) for o in outs] == [(o.token_ids, o.exit_depths) for o in runs[0]]
@@ -133,8 +158,9 @@ def test_seeded_sampling_same_with_and_without_graphs(toy_path):
 def test_fp32_speculation_equals_oracle(toy_path, oracle, K, d):
     """Self-speculation on the Triton backend (the verify pass is a varlen causal chunk over paged KV):
     greedy tokens equal the oracle's full-depth decoding; graphs on for plain launches, 4 rounds a launch."""
-    eng = gpu_engine(toy_path, "float32", spec_tokens=K, spec_draft_loops=d, prefill_chunk_size=5,
-                     max_num_batched_tokens=16)
+    eng = gpu_engine(
+        toy_path, "float32", spec_tokens=K, spec_draft_loops=d, prefill_chunk_size=5, max_num_batched_tokens=16
+    )
     eng.runner.record_logits = False
     outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     for prompt, out in zip(PROMPTS, outs):
@@ -144,8 +170,10 @@ def test_fp32_speculation_equals_oracle(toy_path, oracle, K, d):
 
 def test_fp32_sampled_speculation_equals_plain_sampling(toy_path):
     """Coupled sampling inside the speculative graphs: seeded sampled tokens equal a plain engine's."""
-    params = [SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=5 + i, ignore_eos=True)
-              for i in range(len(PROMPTS))]
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=5 + i, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
     plain = run_all(gpu_engine(toy_path, "float32"), PROMPTS, params)
     eng = gpu_engine(toy_path, "float32", spec_tokens=4, spec_draft_loops=2, spec_auto=False)
     eng.runner.record_logits = False
@@ -159,10 +187,12 @@ def test_fp32_preemption_with_graphs_equals_runs_alone(toy_path, layout, mode):
     """A cache that holds half of what 8 requests grow to: blocks grow under CUDA graphs and multi-round
     launches, requests are preempted (recomputed at their exit depths, or swapped out) and resumed, and
     each one's tokens and depths equal its run alone."""
-    from test_kv_memory import NUM_BLOCKS, PROMPTS as KV_PROMPTS, params
+    from test_kv_memory import NUM_BLOCKS, params
+    from test_kv_memory import PROMPTS as KV_PROMPTS
 
-    eng = gpu_engine(toy_path, "float32", kv_layout=layout, num_blocks=NUM_BLOCKS[layout], exit_threshold=0.5,
-                     preemption_mode=mode)
+    eng = gpu_engine(
+        toy_path, "float32", kv_layout=layout, num_blocks=NUM_BLOCKS[layout], exit_threshold=0.5, preemption_mode=mode
+    )
     eng.runner.record_logits = False
     outs = run_all(eng, KV_PROMPTS, [params(i, 0.5, False) for i in range(len(KV_PROMPTS))])
     st = eng.stats()

@@ -3,6 +3,7 @@ ports, the toy checkpoint, CPU): input limits checked before any work (a 10 MB p
 bits, an exit_trace longer than the engine holds), abort by id only with the id the server generated, and
 the serving limits: a request timeout and a cap on waiting requests, shown with a stalled (SIGSTOP) engine.
 Crash containment and local privacy: tests/test_supervisor.py."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,9 @@ import urllib.request
 
 import numpy as np
 import pytest
+from helpers import find_engine_process, processes
 
 from client.ouro_client import GrpcStream, request_options
-from helpers import find_engine_process, processes
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.entrypoints.tritonserver import ServerError, TritonServer, free_port
 
@@ -27,8 +28,13 @@ pytestmark = pytest.mark.timeout(300)
 
 SERVER_TIMEOUT_S = 120.0
 TIMEOUT_S = 3.0  # the stalled-engine test's own requests' Triton `timeout`: shorter, so it wins
-ENGINE_ARGS = {"device": "cpu", "dtype": "float32", "max_num_seqs": "4", "max_waiting_requests": "2",
-               "request_timeout_s": str(SERVER_TIMEOUT_S)}
+ENGINE_ARGS = {
+    "device": "cpu",
+    "dtype": "float32",
+    "max_num_seqs": "4",
+    "max_waiting_requests": "2",
+    "request_timeout_s": str(SERVER_TIMEOUT_S),
+}
 PROMPT = "Once upon a time there was a little robot who"
 
 
@@ -40,8 +46,14 @@ def server(toy_path):
         find_tritonserver()
     except ServerError as e:
         pytest.skip(f"no tritonserver available: {e}")
-    srv = TritonServer(model=toy_path, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                       engine_args=ENGINE_ARGS, address="127.0.0.1")
+    srv = TritonServer(
+        model=toy_path,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        engine_args=ENGINE_ARGS,
+        address="127.0.0.1",
+    )
     print(f"\ntritonserver log: {srv.log_file}", flush=True)
     try:
         srv.start(timeout=300)
@@ -57,8 +69,11 @@ def llm(toy_path):
 
 def generate(server, model, body, timeout=60):
     """(HTTP status, parsed JSON body) of one /generate call."""
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -95,11 +110,16 @@ def stream_in_background(server, prompt, max_tokens):
     def run():
         stream = GrpcStream(server.grpc_url)
         try:
-            chunks = list(stream.request("ouro", prompt, request_options(max_tokens=max_tokens, temperature=0.0,
-                                                                       ignore_eos=True, return_finish_reason=True)))
+            chunks = list(
+                stream.request(
+                    "ouro",
+                    prompt,
+                    request_options(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, return_finish_reason=True),
+                )
+            )
             result["text"] = "".join(c.text for c in chunks)
             result["reason"] = chunks[-1].finish_reason
-        except Exception as e:  # noqa: BLE001 - reported by the test
+        except Exception as e:
             result["error"] = str(e)
         finally:
             stream.close()
@@ -111,8 +131,11 @@ def stream_in_background(server, prompt, max_tokens):
 
 def wait_idle(server, timeout=30.0):
     deadline = time.monotonic() + timeout
-    while metric(server, "ouro_num_requests_running") or metric(server, "ouro_num_requests_waiting") \
-            or metric(server, "ouro_kv_cache_usage_ratio"):
+    while (
+        metric(server, "ouro_num_requests_running")
+        or metric(server, "ouro_num_requests_waiting")
+        or metric(server, "ouro_kv_cache_usage_ratio")
+    ):
         assert time.monotonic() < deadline, "the engine did not become idle"
         time.sleep(0.2)
 
@@ -124,7 +147,7 @@ def test_a_too_long_exit_trace_is_refused_and_other_streams_carry_on(server, llm
     for model in ("ouro", "ouro_ensemble"):
         status, body = generate(server, model, {"text_input": PROMPT, "max_tokens": 4, "exit_trace": [1] * 65})
         assert status == 400 and "exit_trace" in body["error"] and "64" in body["error"], body
-    for t, result in running:
+    for t, _result in running:
         t.join(120)
     assert [r.get("text") for _, r in running] == ref, [r for _, r in running]
     assert all(r["reason"] == "length" for _, r in running)
@@ -148,12 +171,15 @@ def test_a_10_mb_prompt_is_refused_fast_without_growing_the_front(server):
     assert status == 200 and reply["text_output"].startswith(PROMPT)
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("max_tokens", 2**32 + 3, "max_tokens \\(4294967299\\) exceeds the context limit"),
-    ("max_tokens", 2**31, "max_tokens \\(2147483648\\) exceeds the context limit"),
-    ("min_loops", 2**32 + 1, "min_loops"),
-    ("max_loops", 2**32 + 2, "max_loops"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("max_tokens", 2**32 + 3, "max_tokens \\(4294967299\\) exceeds the context limit"),
+        ("max_tokens", 2**31, "max_tokens \\(2147483648\\) exceeds the context limit"),
+        ("min_loops", 2**32 + 1, "min_loops"),
+        ("max_loops", 2**32 + 2, "max_loops"),
+    ],
+)
 def test_integers_past_32_bits_are_seen_and_refused(server, field, value, match):
     """Triton casts a JSON number to the declared type unchecked; INT64 inputs let the model see it."""
     for model in ("ouro", "ouro_ensemble"):
@@ -188,9 +214,12 @@ def _tensor(name, arr, dtype):
 
 
 def _engine_request(max_tokens, request_id=None):
-    inputs = [_tensor("input_ids", np.array([[5, 6, 7, 8]], np.int32), "INT32"),
-              _tensor("max_tokens", np.array([[max_tokens]], np.int64), "INT64"),
-              _tensor("ignore_eos", np.array([[True]]), "BOOL"), _tensor("stream", np.array([[True]]), "BOOL")]
+    inputs = [
+        _tensor("input_ids", np.array([[5, 6, 7, 8]], np.int32), "INT32"),
+        _tensor("max_tokens", np.array([[max_tokens]], np.int64), "INT64"),
+        _tensor("ignore_eos", np.array([[True]]), "BOOL"),
+        _tensor("stream", np.array([[True]]), "BOOL"),
+    ]
     if request_id is not None:
         inputs.append(_tensor("request_id", np.array([[request_id.encode()]], np.object_), "BYTES"))
     return inputs
@@ -198,8 +227,13 @@ def _engine_request(max_tokens, request_id=None):
 
 def _abort(server, rid) -> str:
     """The error of an abort control request for `rid`, or "" when it was accepted."""
-    client, q = _engine_stream(server, [_tensor("input_ids", np.zeros((1, 0), np.int32), "INT32"),
-                                        _tensor("abort_request_id", np.array([[rid.encode()]], np.object_), "BYTES")])
+    client, q = _engine_stream(
+        server,
+        [
+            _tensor("input_ids", np.zeros((1, 0), np.int32), "INT32"),
+            _tensor("abort_request_id", np.array([[rid.encode()]], np.object_), "BYTES"),
+        ],
+    )
     try:
         result, error = q.get(timeout=30)
         return str(error) if error is not None else ""
@@ -271,11 +305,16 @@ def test_a_stalled_engine_times_requests_out_and_refuses_more_than_it_may_queue(
     os.kill(engine, signal.SIGSTOP)
     results: list = [None] * 16
     try:
+
         def one(i):
             t0 = time.monotonic()
             try:
-                status, body = generate(server, "ouro", {"text_input": f"{PROMPT} {i}", "max_tokens": 8,
-                                                         "timeout": int(TIMEOUT_S * 1e6)}, timeout=60)
+                status, body = generate(
+                    server,
+                    "ouro",
+                    {"text_input": f"{PROMPT} {i}", "max_tokens": 8, "timeout": int(TIMEOUT_S * 1e6)},
+                    timeout=60,
+                )
             except OSError as e:
                 status, body = 0, {"error": f"no answer: {e}"}
             results[i] = (time.monotonic() - t0, status, body.get("error", ""))

@@ -8,6 +8,7 @@ facts this project depends on: ouro-serve's arguments (parsed by ouro-serve's ow
 ports, probes, the GPU limit, the model volume, the security context, the Prometheus annotations, the HPA
 and the prometheus-adapter rule for ouro_num_requests_waiting.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,10 @@ def render_kustomization(directory: Path) -> list[dict]:
     assert kfile.is_file(), f"{directory} has no kustomization.yaml"
     k = yaml.safe_load(kfile.read_text())
     unsupported = set(k) - SUPPORTED_KUSTOMIZATION_FIELDS
-    assert not unsupported, (f"{kfile}: {sorted(unsupported)} not implemented by this test's renderer "
-                             f"(tests/test_k8s_manifests.py render_kustomization): implement it there")
+    assert not unsupported, (
+        f"{kfile}: {sorted(unsupported)} not implemented by this test's renderer "
+        f"(tests/test_k8s_manifests.py render_kustomization): implement it there"
+    )
     assert k.get("kind") == "Kustomization"
     objects: list[dict] = []
     for entry in k.get("resources", []):
@@ -132,7 +135,7 @@ def serve_argv(container: dict) -> list[str]:
     """The arguments after `ouro-serve`, whether ouro-serve is the command or the first arg."""
     argv = list(container.get("command", [])) + list(container.get("args", []))
     assert "ouro-serve" in argv, f"the container does not run ouro-serve: {argv}"
-    return argv[argv.index("ouro-serve") + 1:]
+    return argv[argv.index("ouro-serve") + 1 :]
 
 
 class _Parsed(Exception):
@@ -180,25 +183,31 @@ def probe_port(container: dict, probe: dict) -> int:
 
 def dockerfile_exposed_ports() -> list[int]:
     text = (ROOT / "docker" / "Dockerfile").read_text()
-    ports = [int(p.split("/")[0]) for line in text.splitlines() if line.startswith("EXPOSE")
-             for p in line.split()[1:]]
+    ports = [int(p.split("/")[0]) for line in text.splitlines() if line.startswith("EXPOSE") for p in line.split()[1:]]
     assert ports, "docker/Dockerfile has no EXPOSE line"
     return ports
 
 
 # ---------------------------------------------------------------- schema validation
 
+
 @pytest.fixture
 def validate(monkeypatch):
     """kubernetes_validate.validate in strict mode against KUBE_VERSION, with every socket refused."""
     if kubernetes_validate is None:
-        pytest.fail(f"the PyPI package kubernetes-validate is not importable ({KV_IMPORT_ERROR!r}); it is in "
-                    f"the `test` extra of pyproject.toml: pip install -e '.[test]' (or pip install "
-                    f"kubernetes-validate)", pytrace=False)
+        pytest.fail(
+            f"the PyPI package kubernetes-validate is not importable ({KV_IMPORT_ERROR!r}); it is in "
+            f"the `test` extra of pyproject.toml: pip install -e '.[test]' (or pip install "
+            f"kubernetes-validate)",
+            pytrace=False,
+        )
     shipped = [kv_utils.major_minor(v) for v in kv_utils.all_versions()]
     if KUBE_VERSION not in shipped:
-        pytest.fail(f"kubernetes-validate {kubernetes_validate.__version__} ships no schema for Kubernetes "
-                    f"{KUBE_VERSION} (it has {shipped[0]}..{shipped[-1]}): change KUBE_VERSION", pytrace=False)
+        pytest.fail(
+            f"kubernetes-validate {kubernetes_validate.__version__} ships no schema for Kubernetes "
+            f"{KUBE_VERSION} (it has {shipped[0]}..{shipped[-1]}): change KUBE_VERSION",
+            pytrace=False,
+        )
 
     def no_network(*args, **kwargs):
         raise AssertionError("schema validation tried to use the network")
@@ -215,8 +224,7 @@ def validate(monkeypatch):
 
 def test_kustomization_renders(rendered):
     kinds = sorted(o["kind"] for o in rendered)
-    assert kinds == sorted(["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim",
-                            "Service"])
+    assert kinds == sorted(["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim", "Service"])
     keys = [(o["kind"], o["metadata"]["name"]) for o in rendered]
     assert len(keys) == len(set(keys)), f"duplicate objects: {keys}"
     for o in rendered:  # the namespace is the user's choice (kubectl -n, or an overlay's `namespace:`)
@@ -269,6 +277,7 @@ def test_strict_validation_catches_mistakes(deployment, validate):
 
 # ---------------------------------------------------------------- the project's facts
 
+
 def test_image_is_the_projects(container):
     k = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     assert [i["name"] for i in k["images"]] == ["ouro-triton"]
@@ -278,8 +287,11 @@ def test_image_is_the_projects(container):
 
 def test_ouro_serve_arguments(container, serve_args, serve_defaults):
     assert serve_args.address == "0.0.0.0"  # reachable from the Service and the kubelet's probes
-    assert (serve_args.http_port, serve_args.grpc_port, serve_args.metrics_port) == \
-        (serve_defaults.http_port, serve_defaults.grpc_port, serve_defaults.metrics_port) == (8000, 8001, 8002)
+    assert (
+        (serve_args.http_port, serve_args.grpc_port, serve_args.metrics_port)
+        == (serve_defaults.http_port, serve_defaults.grpc_port, serve_defaults.metrics_port)
+        == (8000, 8001, 8002)
+    )
     assert serve_args.model and serve_args.model.startswith(MODEL_MOUNT + "/")
     engine_args = serve.parse_engine_args(serve_args.engine_arg)
     from ouro_backend.config import EngineConfig
@@ -294,13 +306,13 @@ def test_ouro_serve_arguments(container, serve_args, serve_defaults):
 
 def test_ports_match_ouro_serve_and_the_dockerfile(container, serve_args, rendered, deployment):
     ports = named_ports(container)
-    assert ports == {"http": serve_args.http_port, "grpc": serve_args.grpc_port,
-                     "metrics": serve_args.metrics_port}
+    assert ports == {"http": serve_args.http_port, "grpc": serve_args.grpc_port, "metrics": serve_args.metrics_port}
     assert sorted(ports.values()) == sorted(dockerfile_exposed_ports())
     service = only(rendered, "Service")
     assert service["spec"]["type"] == "ClusterIP"
-    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == \
-        {name: (port, name) for name, port in ports.items()}
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        name: (port, name) for name, port in ports.items()
+    }
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -308,8 +320,11 @@ def test_ports_match_ouro_serve_and_the_dockerfile(container, serve_args, render
 
 def test_probes(container):
     ports = named_ports(container)
-    for kind, path in [("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live"),
-                       ("startupProbe", "/v2/health/ready")]:
+    for kind, path in [
+        ("readinessProbe", "/v2/health/ready"),
+        ("livenessProbe", "/v2/health/live"),
+        ("startupProbe", "/v2/health/ready"),
+    ]:
         probe = container[kind]
         assert probe["httpGet"]["path"] == path, kind
         assert probe_port(container, probe) == ports["http"] == 8000, kind
@@ -368,8 +383,11 @@ def test_prometheus_annotations(deployment, serve_args):
 def test_hpa_scales_the_deployment_on_the_waiting_queue(rendered, deployment):
     hpa = only(rendered, "HorizontalPodAutoscaler")
     assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": deployment["apiVersion"], "kind": "Deployment",
-                                             "name": deployment["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": deployment["apiVersion"],
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     [metric] = hpa["spec"]["metrics"]
     assert metric["type"] == "Pods"
     assert metric["pods"]["metric"]["name"] == HPA_METRIC

@@ -7,6 +7,7 @@ through a fixture), then restores the environment and ``sys.modules``: other tes
 import, whose kernels fall back to the torch references on CPU instead of crawling through the
 interpreter. Shapes are tiny; the whole file runs in well under a minute on 2 cores.
 """
+
 import importlib
 import os
 import sys
@@ -93,8 +94,18 @@ def test_kernels_really_run_triton():
     """Guards against comparing the torch fallback with itself."""
     if HAS_CUDA:
         return
-    for fn in (K.paged_attention, K.write_kv, K.copy_kv_slots, K.rms_norm, K.sandwich_norm, K.rope_,
-               K.rope_and_write_kv, K.silu_mul, K.decode_step.prepare, K.decode_step.advance):
+    for fn in (
+        K.paged_attention,
+        K.write_kv,
+        K.copy_kv_slots,
+        K.rms_norm,
+        K.sandwich_norm,
+        K.rope_,
+        K.rope_and_write_kv,
+        K.silu_mul,
+        K.decode_step.prepare,
+        K.decode_step.advance,
+    ):
         kernels = [v for k, v in fn.__globals__.items() if k.startswith("_") and k.endswith("_kernel")]
         assert kernels and all(kernel_is_interpreted(k) for k in kernels), fn.__name__
 
@@ -110,7 +121,7 @@ def _block_tables(rows_blocks, num_blocks, max_blocks, gen):
     bt = torch.zeros(len(rows_blocks), max_blocks, dtype=torch.int32)
     c = 0
     for r, nb in enumerate(rows_blocks):
-        bt[r, :nb] = perm[c:c + nb].to(torch.int32)
+        bt[r, :nb] = perm[c : c + nb].to(torch.int32)
         c += nb
     return bt
 
@@ -134,8 +145,13 @@ def _make_batch(ns, seq_lens, H, kvh, hd, bs, dtype, gen, extra_blocks=3):
         if L == 0:
             continue
         s = _slots(bt, r, range(L), bs)
-        K.write_kv_ref(torch.randn(L, kvh, hd, generator=gen).to(dtype),
-                       torch.randn(L, kvh, hd, generator=gen).to(dtype), kc, vc, s)
+        K.write_kv_ref(
+            torch.randn(L, kvh, hd, generator=gen).to(dtype),
+            torch.randn(L, kvh, hd, generator=gen).to(dtype),
+            kc,
+            vc,
+            s,
+        )
     N = sum(ns)
     qkv = torch.randn(N, (H + 2 * kvh) * hd, generator=gen).to(dtype)
     q = qkv[:, : H * hd].view(N, H, hd)  # token stride (H + 2 kvh) * hd
@@ -152,10 +168,10 @@ def _make_batch(ns, seq_lens, H, kvh, hd, bs, dtype, gen, extra_blocks=3):
 ATTN_CASES = [
     # (H, kvh, hd, dtype, num_splits, block_m, block_n)
     (4, 2, 16, torch.float32, 1, None, None),
-    (4, 2, 16, torch.float32, 3, 16, 16),   # split-K over a varlen batch
-    (4, 1, 32, torch.float32, 1, 16, 16),   # G = 4 -> BLOCK_Q = 4: several q tiles per row
+    (4, 2, 16, torch.float32, 3, 16, 16),  # split-K over a varlen batch
+    (4, 1, 32, torch.float32, 1, 16, 16),  # G = 4 -> BLOCK_Q = 4: several q tiles per row
     (6, 2, 24, torch.float32, 2, None, 16),  # G = 3 (padded to 4), head_dim 24 (padded to 32)
-    (2, 2, 16, torch.float32, 1, 16, 16),   # MHA
+    (2, 2, 16, torch.float32, 1, 16, 16),  # MHA
     (4, 2, 16, torch.bfloat16, 1, None, 16),
     (4, 1, 32, torch.bfloat16, 3, 16, 16),
 ]
@@ -171,10 +187,11 @@ def test_paged_attention_varlen(H, kvh, hd, dtype, splits, block_m, block_n):
     q, kc, vc, cu, sl, bt = _make_batch(ns, seq_lens, H, kvh, hd, bs, dtype, gen)
     out = torch.full(q.shape, float("nan"), dtype=dtype, device=DEV)
     max_q = 9  # > the real max (7): padding as under a captured CUDA graph
-    res = K.paged_attention(q, kc, vc, cu, sl, bt, hd ** -0.5, max_q, out=out, num_splits=splits,
-                            block_m=block_m, block_n=block_n)
+    res = K.paged_attention(
+        q, kc, vc, cu, sl, bt, hd**-0.5, max_q, out=out, num_splits=splits, block_m=block_m, block_n=block_n
+    )
     assert res.data_ptr() == out.data_ptr()
-    ref = K.paged_attention_ref(q, kc, vc, cu, sl, bt, hd ** -0.5, max_q)
+    ref = K.paged_attention_ref(q, kc, vc, cu, sl, bt, hd**-0.5, max_q)
     assert torch.isfinite(out).all(), "NaN in output: unwritten rows or a read of an unwritten KV slot"
     if dtype == torch.float32:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
@@ -202,7 +219,7 @@ def test_paged_attention_pad_row_zero_len(splits):
     H, kvh, hd, bs = 4, 2, 16, 4
     q, kc, vc, cu, sl, bt = _make_batch([1, 1, 2], [6, 1, 5], H, kvh, hd, bs, torch.float32, gen)
     sl[1] = 0
-    bt[1] = 10 ** 6  # never dereferenced
+    bt[1] = 10**6  # never dereferenced
     out = K.paged_attention(q, kc, vc, cu, sl, bt, 0.25, 2, num_splits=splits, block_n=16)
     assert torch.isfinite(out).all()
     assert (out[1] == 0).all()
@@ -221,8 +238,9 @@ def test_paged_attention_matches_dense_causal_sdpa():
     k = kc.cpu()[blocks, pos % bs].repeat_interleave(H // kvh, 1)
     v = vc.cpu()[blocks, pos % bs].repeat_interleave(H // kvh, 1)
     dense = torch.nn.functional.scaled_dot_product_attention(
-        q.cpu().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True).transpose(0, 1)
-    out = K.paged_attention(q, kc, vc, cu, sl, bt, hd ** -0.5, L)
+        q.cpu().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+    ).transpose(0, 1)
+    out = K.paged_attention(q, kc, vc, cu, sl, bt, hd**-0.5, L)
     torch.testing.assert_close(out.cpu(), dense, rtol=1e-5, atol=2e-5)
 
 
@@ -236,8 +254,8 @@ def test_write_kv(dtype):
     gen = torch.Generator().manual_seed(11)
     N, H, kvh, hd, bs, nb = 5, 4, 2, 16, 4, 6
     qkv = torch.randn(N, (H + 2 * kvh) * hd, generator=gen).to(dtype).to(DEV)
-    k = qkv[:, H * hd:(H + kvh) * hd].view(N, kvh, hd)  # strided views into a fused qkv output
-    v = qkv[:, (H + kvh) * hd:].view(N, kvh, hd)
+    k = qkv[:, H * hd : (H + kvh) * hd].view(N, kvh, hd)  # strided views into a fused qkv output
+    v = qkv[:, (H + kvh) * hd :].view(N, kvh, hd)
     slots = torch.tensor([13, 2, -1, 22, 7], dtype=torch.int64, device=DEV)
     kc = torch.full((nb, bs, kvh, hd), float("nan"), dtype=dtype, device=DEV)
     vc = kc.clone()
@@ -317,7 +335,7 @@ def _hf_rope(x, positions, hd, theta):
     freqs = (inv_freq[None, :, None] @ positions.float()[None, None, :]).transpose(1, 2)[0]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
@@ -329,12 +347,12 @@ def test_rope(dtype):
     positions = torch.tensor([0, 1, 7, 3999, 1234, 5], dtype=torch.int64, device=DEV)
     qkv = torch.randn(N, (H + 2 * kvh) * hd, generator=gen).to(dtype).to(DEV)
     q = qkv[:, : H * hd].view(N, H, hd)
-    k = qkv[:, H * hd:(H + kvh) * hd].view(N, kvh, hd)
-    q0, k0, v0 = q.clone(), k.clone(), qkv[:, (H + kvh) * hd:].clone()
+    k = qkv[:, H * hd : (H + kvh) * hd].view(N, kvh, hd)
+    q0, k0, v0 = q.clone(), k.clone(), qkv[:, (H + kvh) * hd :].clone()
     K.rope_(q, k, positions.to(torch.int32), cache)
     q_ref, k_ref = q0.clone(), k0.clone()
     K.rope_ref(q_ref, k_ref, positions, cache)
-    assert torch.equal(qkv[:, (H + kvh) * hd:], v0)  # v untouched
+    assert torch.equal(qkv[:, (H + kvh) * hd :], v0)  # v untouched
     _assert_bitwise_or_1ulp(q, q_ref, min_exact=1.0 if not HAS_CUDA else 0.99)
     _assert_bitwise_or_1ulp(k, k_ref, min_exact=1.0 if not HAS_CUDA else 0.99)
     # the reference is HF's formula
@@ -356,8 +374,8 @@ def test_rope_and_write_kv(dtype):
     slots = torch.tensor([6, -1, 15, 0], dtype=torch.int64, device=DEV)
     qkv = torch.randn(N, (H + 2 * kvh) * hd, generator=gen).to(dtype).to(DEV)
     q = qkv[:, : H * hd].view(N, H, hd)
-    k = qkv[:, H * hd:(H + kvh) * hd].view(N, kvh, hd)
-    v = qkv[:, (H + kvh) * hd:].view(N, kvh, hd)
+    k = qkv[:, H * hd : (H + kvh) * hd].view(N, kvh, hd)
+    v = qkv[:, (H + kvh) * hd :].view(N, kvh, hd)
     q_ref, k0 = q.clone(), k.clone()
     kc = torch.full((nb, bs, kvh, hd), float("nan"), dtype=dtype, device=DEV)
     vc = kc.clone()
@@ -434,8 +452,14 @@ def test_kernels_compile_for_sm90():
         pytest.skip("this Triton build has no NVIDIA backend")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, os.path.join("benchmarks", "kernels", "aot_check.py"), "--arch", "90"],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, os.path.join("benchmarks", "kernels", "aot_check.py"), "--arch", "90"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
 
 
@@ -479,8 +503,18 @@ def _clone_state(st, last_exited=True, eos_ids=()):
     module's interpreted copy, called directly)."""
     from ouro_backend.engine.decode_state import DecodeState
 
-    c = DecodeState(st.num_slots, st.num_loops, st.max_blocks, st.hidden.shape[1], st.hidden.dtype, st.device,
-                    block_size=st.block_size, last_exited=last_exited, eos_ids=list(eos_ids), fused=False)
+    c = DecodeState(
+        st.num_slots,
+        st.num_loops,
+        st.max_blocks,
+        st.hidden.shape[1],
+        st.hidden.dtype,
+        st.device,
+        block_size=st.block_size,
+        last_exited=last_exited,
+        eos_ids=list(eos_ids),
+        fused=False,
+    )
     for name in ("ints", "floats", "remaining", "trace", "tables", "hidden"):
         getattr(c, name).copy_(getattr(st, name))
     return c
@@ -524,8 +558,9 @@ def test_decode_advance_matches_twin(mode, last_exited):
         eos = [int(tok[0]), int(tok[3])]
         a, b = _clone_state(st, last_exited, eos), _clone_state(st, last_exited, eos)
         rec_a, rec_b = a.new_record(1)[0], b.new_record(1)[0]
-        sa, da = K.decode_step.advance(a, idx, lam, tok, lp, slots_all, a.eos, rec_a, ExitMode(mode), last_exited,
-                                       ds.COLUMNS)
+        sa, da = K.decode_step.advance(
+            a, idx, lam, tok, lp, slots_all, a.eos, rec_a, ExitMode(mode), last_exited, ds.COLUMNS
+        )
         sb, db = b.advance(idx, lam, tok, lp, slots_all, rec_b, ExitMode(mode))
         for name in ("ints", "remaining"):
             assert torch.equal(getattr(a, name).cpu(), getattr(b, name).cpu()), (trial, name)
@@ -533,7 +568,11 @@ def test_decode_advance_matches_twin(mode, last_exited):
         assert idle.numel() > 0
         assert torch.equal(b.ints[idle].cpu(), st.ints[idle].cpu()), "an idle row's next step changed"
         assert torch.equal(b.remaining[idle].cpu(), st.remaining[idle].cpu()), "an idle row's hazard changed"
-        assert torch.equal(rec_a.cpu(), rec_b.cpu()) and torch.equal(sa.cpu(), sb.cpu()) and torch.equal(da.cpu(), db.cpu())
+        assert (
+            torch.equal(rec_a.cpu(), rec_b.cpu())
+            and torch.equal(sa.cpu(), sb.cpu())
+            and torch.equal(da.cpu(), db.cpu())
+        )
         exits += int((rec_b[0] > 0).sum())
         stops |= set(rec_b[0].tolist())
     assert exits > 0

@@ -2,6 +2,7 @@
 newest requests are preempted (recomputed at their recorded exit depths, or swapped to host memory) and
 resumed, with every request's output exactly what it gets alone on a large cache (fp32, CPU), and
 nothing leaked."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,13 @@ NUM_BLOCKS = {"last_exited": 128, "shared": 48}
 
 
 def params(i: int, threshold: float, sampled: bool) -> SamplingParams:
-    return SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, exit_threshold=threshold,
-                          temperature=0.8 if sampled else 0.0, seed=1000 + i if sampled else None)
+    return SamplingParams(
+        max_tokens=MAX_TOKENS,
+        ignore_eos=True,
+        exit_threshold=threshold,
+        temperature=0.8 if sampled else 0.0,
+        seed=1000 + i if sampled else None,
+    )
 
 
 def check_clean(eng) -> None:
@@ -52,12 +58,18 @@ EXACT_MODES = [("last_exited", "recompute"), ("last_exited", "swap"), ("shared",
 @pytest.mark.parametrize("threshold", [pytest.param(1.0, id="full"), pytest.param(0.5, id="gate")])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
-def test_overflowing_cache_preempts_and_every_request_equals_its_run_alone(toy_path, layout, mode, threshold,
-                                                                           async_scheduling, sampled):
+def test_overflowing_cache_preempts_and_every_request_equals_its_run_alone(
+    toy_path, layout, mode, threshold, async_scheduling, sampled
+):
     """All 8 generate to max_tokens, twice what the cache holds: requests are preempted and resumed, yet
     each one's tokens, exit depths and logprobs are its own alone on a large cache; all blocks free after."""
-    eng = make_engine(toy_path, kv_layout=layout, num_blocks=NUM_BLOCKS[layout], async_scheduling=async_scheduling,
-                      preemption_mode=mode)
+    eng = make_engine(
+        toy_path,
+        kv_layout=layout,
+        num_blocks=NUM_BLOCKS[layout],
+        async_scheduling=async_scheduling,
+        preemption_mode=mode,
+    )
     run = drive(eng, [(str(i), p, params(i, threshold, sampled)) for i, p in enumerate(PROMPTS)])
     st = eng.stats()
     assert st["num_preemptions"] > 0
@@ -75,8 +87,9 @@ def test_overflowing_cache_preempts_and_every_request_equals_its_run_alone(toy_p
 def test_preemption_under_speculation_is_exact(toy_path, mode):
     """Speculative steps write drafts past a row's last token: the blocks ahead cover them, and a preempted
     speculating request resumes exactly."""
-    eng = make_engine(toy_path, num_blocks=128, spec_tokens=3, spec_auto=False, exit_threshold=1.0,
-                      preemption_mode=mode)
+    eng = make_engine(
+        toy_path, num_blocks=128, spec_tokens=3, spec_auto=False, exit_threshold=1.0, preemption_mode=mode
+    )
     run = drive(eng, [(str(i), p, params(i, 1.0, False)) for i, p in enumerate(PROMPTS)])
     st = eng.stats()
     assert st["num_preemptions"] > 0 and st["spec_steps"] > 0
@@ -105,7 +118,7 @@ def test_aborts_of_preempted_and_running_requests_leak_nothing(toy_path, mode):
     for i, p in enumerate(PROMPTS):
         out, ref = run.final[str(i)], alone(toy_path, p, params(i, 0.5, False))
         if str(i) in aborted:
-            assert out.finish_reason == "abort" and out.token_ids == ref.token_ids[:len(out.token_ids)]
+            assert out.finish_reason == "abort" and out.token_ids == ref.token_ids[: len(out.token_ids)]
         else:
             assert_same(out, ref, f"request {i}")
     check_clean(eng)
@@ -141,9 +154,14 @@ def test_a_request_that_cannot_fit_alone_is_rejected_at_admission(toy_path):
         eng.add_request("big", PROMPTS[0], params(0, 1.0, False))
 
 
-@pytest.mark.parametrize("bad, match", [(dict(kv_watermark=1.0), "kv_watermark must be in"),
-                                        (dict(swap_space_gib=-1.0), "swap_space_gib must be >= 0"),
-                                        (dict(preemption_mode="drop"), "preemption_mode='drop' is not supported")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(kv_watermark=1.0), "kv_watermark must be in"),
+        (dict(swap_space_gib=-1.0), "swap_space_gib must be >= 0"),
+        (dict(preemption_mode="drop"), "preemption_mode='drop' is not supported"),
+    ],
+)
 def test_kv_options_are_validated(bad, match):
     with pytest.raises(ConfigError, match=match):
         EngineConfig(**bad).validate()
@@ -154,8 +172,9 @@ def test_kv_options_are_validated(bad, match):
 def test_a_cache_for_one_request_at_a_time(toy_path, mode, async_scheduling):
     """Three requests in a cache that holds about one: they preempt each other again and again, after 3 to 16
     tokens (a resumed request starts at a token it already has, not sampling it again), and each is exact."""
-    eng = make_engine(toy_path, num_blocks=36, preemption_mode=mode, async_scheduling=async_scheduling,
-                      decode_rounds_per_launch=1)
+    eng = make_engine(
+        toy_path, num_blocks=36, preemption_mode=mode, async_scheduling=async_scheduling, decode_rounds_per_launch=1
+    )
     # 6-token prompts: a request's first token already takes its decode planes into a new block.
     reqs = [(str(i), p + [7, 8], params(i, 0.5, False)) for i, p in enumerate(PROMPTS[:3])]
     run = drive(eng, reqs)

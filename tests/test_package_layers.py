@@ -1,5 +1,6 @@
 """The package's layers import downward only: model/ and kernels/ know nothing of the engine, the engine
 nothing of serving or the entrypoints (README, "How the package is laid out")."""
+
 import ast
 import pathlib
 
@@ -45,7 +46,7 @@ def test_imports_run_downward():
                 if top not in allowed | SHARED | {sub}:
                     bad.append(f"{path.relative_to(PKG.parent)}:{line} imports ouro_backend.{top}")
     for path in sorted(PKG.glob("*.py")):  # the shared top-level modules import no subpackage but the engine's
-        for line, top in _imports(path):    # public classes (__init__)
+        for line, top in _imports(path):  # public classes (__init__)
             if top not in SHARED and not (path.name == "__init__.py" and top == "engine"):
                 bad.append(f"{path.relative_to(PKG.parent)}:{line} imports ouro_backend.{top}")
     assert not bad, "\n".join(bad)

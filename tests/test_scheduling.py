@@ -1,8 +1,8 @@
 """KV accounting, admission under KV pressure, aborts at any point, and the batching itself."""
 
 import pytest
-from engine_helpers import make_recording_engine as make_engine
 from engine_helpers import ORACLE_PROMPTS as PROMPTS
+from engine_helpers import make_recording_engine as make_engine
 from engine_helpers import run_all
 
 from ouro_backend import SamplingParams
@@ -38,7 +38,13 @@ def test_kv_all_free_after_finish_and_abort(toy_path, layout):
     eng.abort_request("r1")  # decoding
     drain(eng, outs=outs)
     assert {k: v[-1].finish_reason for k, v in outs.items()} == {
-        "r0": "abort", "r1": "abort", "r2": "length", "r3": "length", "r4": "length", "r5": "abort"}
+        "r0": "abort",
+        "r1": "abort",
+        "r2": "length",
+        "r3": "length",
+        "r4": "length",
+        "r5": "abort",
+    }
     assert eng.kv.pool.num_available == total
     assert eng.stats()["kv_usage"] == 0.0 and eng.stats()["num_aborted"] == 3
 
@@ -68,10 +74,10 @@ def test_request_larger_than_cache_is_rejected(toy_path):
 
 def test_exited_rows_are_refilled(toy_path):
     """Early exit turns into throughput: with exits, the same tokens take fewer rows-at-loop."""
+
     def rows(threshold):
         eng = make_engine(toy_path)
-        run_all(eng, PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                             exit_threshold=threshold))
+        run_all(eng, PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, exit_threshold=threshold))
         return eng.stats()["steps"]
 
     assert rows(0.3) < rows(1.0)
@@ -100,8 +106,9 @@ def test_prefill_interleaves_with_decode_under_token_budget(toy_path):
     sizes = []
 
     def spy(plan):
-        sizes.append((sum(c.n for c in plan.prefill) + len(plan.decode_slots), bool(plan.prefill),
-                      bool(plan.decode_slots)))
+        sizes.append(
+            (sum(c.n for c in plan.prefill) + len(plan.decode_slots), bool(plan.prefill), bool(plan.decode_slots))
+        )
         return launch(plan)
 
     eng.runner.launch = spy

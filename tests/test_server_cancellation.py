@@ -2,6 +2,7 @@
 healthy after many.
 
 The shared server is conftest.py's session fixture `server`; the helpers are in server_common.py."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,10 @@ import queue
 import socket
 
 import pytest
-
-from client.ouro_client import build_inputs, generate, request_options
 from helpers import wait_for
 from server_common import MAX_AFTER_CANCEL, PROMPT, metrics, offline
+
+from client.ouro_client import build_inputs, generate, request_options
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,11 +26,15 @@ def _generation_stopped(server, before, max_new=MAX_AFTER_CANCEL):
     fewer tokens than max_tokens. The metrics of one snapshot reach the server one update at a time (the
     abort counter before the exit-depth observations and the finished count), so a scrape can fall between
     them: wait for all of them."""
+
     def done():
         m = metrics(server)
-        ok = (m.get("ouro_requests_aborted_total", 0) >= before.get("ouro_requests_aborted_total", 0) + 1
-              and m.get("ouro_request_success_total", 0) >= before.get("ouro_request_success_total", 0) + 1
-              and m.get("ouro_kv_cache_usage_ratio", 1) == 0 and m.get("ouro_num_requests_running", 1) == 0)
+        ok = (
+            m.get("ouro_requests_aborted_total", 0) >= before.get("ouro_requests_aborted_total", 0) + 1
+            and m.get("ouro_request_success_total", 0) >= before.get("ouro_request_success_total", 0) + 1
+            and m.get("ouro_kv_cache_usage_ratio", 1) == 0
+            and m.get("ouro_num_requests_running", 1) == 0
+        )
         return m if ok else None
 
     m = wait_for(done, timeout=15)

@@ -3,6 +3,7 @@ request trace of every hop, one engine per device, bad options that fail the mod
 launcher refusing bad arguments.
 
 The shared server is conftest.py's session fixture `server`; the helpers are in server_common.py."""
+
 from __future__ import annotations
 
 import os
@@ -15,11 +16,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from helpers import wait_for
+from server_common import DEVICE, ENGINE_ARGS, PROMPT, PROMPTS, ROOT, offline, server_or_skip
 
 from client.ouro_client import GrpcStream, generate, request_options
-from helpers import wait_for
 from ouro_backend.entrypoints.tritonserver import ServerError
-from server_common import DEVICE, ENGINE_ARGS, PROMPT, PROMPTS, ROOT, offline, server_or_skip
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,8 +43,9 @@ def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
         results = {}
 
         def run(model):
-            results[model] = generate(srv.grpc_url, model, PROMPT, opts, timeout=60,
-                                      on_chunk=lambda c: started[model].set())
+            results[model] = generate(
+                srv.grpc_url, model, PROMPT, opts, timeout=60, on_chunk=lambda c: started[model].set()
+            )
 
         threads = [threading.Thread(target=run, args=(m,)) for m in models]
         for t in threads:
@@ -73,15 +75,15 @@ def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
     assert code == 0, srv.log_tail()
 
 
-
 def test_request_trace_times_every_hop(toy_path, llm, tmp_path):
     """OURO_REQUEST_TRACE: each streamed request is seen at every hop (client, front, engine process, front,
     client), in order, joined through the request id the client sent."""
     from ouro_backend.serving import request_trace
 
     trace_dir = tmp_path / "hops"
-    srv = server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1",
-                          env={request_trace.ENV: str(trace_dir)})
+    srv = server_or_skip(
+        model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1", env={request_trace.ENV: str(trace_dir)}
+    )
     srv.start(timeout=300)
     client_trace = request_trace.RequestTrace(str(trace_dir), "client")
     try:
@@ -127,8 +129,12 @@ def test_every_device_serves_and_a_killed_engine_comes_back(toy_path, llm):
     series, and a killed engine leaves the other serving and is back within a minute."""
     import signal
 
-    srv = server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1",
-                          devices=f"{DEVICE},{DEVICE}" if DEVICE == "cpu" else "cuda:0,cuda:0")
+    srv = server_or_skip(
+        model=toy_path,
+        engine_args=ENGINE_ARGS,
+        address="127.0.0.1",
+        devices=f"{DEVICE},{DEVICE}" if DEVICE == "cpu" else "cuda:0,cuda:0",
+    )
     srv.start(timeout=300)
     try:
         pids = {int(i): int(p) for i, p in re.findall(r"engine (\d) ready on \S+ \(process (\d+)\)", srv.log_text())}
@@ -143,14 +149,14 @@ def test_every_device_serves_and_a_killed_engine_comes_back(toy_path, llm):
             assert [(r.error, r.text) for r in got] == [(None, ref[p]) for _, p in work]
 
         serve_all()
-        assert wait_for(lambda: (c := engine_tokens(srv)) and c.get("0", 0) > 0 and c.get("1", 0) > 0), \
+        assert wait_for(lambda: (c := engine_tokens(srv)) and c.get("0", 0) > 0 and c.get("1", 0) > 0), (
             f"both engines take requests: {engine_tokens(srv)}"
+        )
 
         os.kill(pids[1], signal.SIGKILL)
         assert wait_for(lambda: "engine 1 (" in srv.log_text() and "exited with code" in srv.log_text(), timeout=30)
         serve_all()  # the other engine serves on (and engine 1 once it is back)
-        back = wait_for(lambda: re.findall(r"engine 1 \(\S+\): engine process (\d+) ready", srv.log_text()),
-                        timeout=60)
+        back = wait_for(lambda: re.findall(r"engine 1 \(\S+\): engine process (\d+) ready", srv.log_text()), timeout=60)
         assert back and int(back[-1]) != pids[1], "engine 1 was not restarted within a minute"
         before = engine_tokens(srv).get("1", 0)
         time.sleep(1.0)  # the front retries a lost engine at most once a second
@@ -162,10 +168,13 @@ def test_every_device_serves_and_a_killed_engine_comes_back(toy_path, llm):
     assert "Traceback" not in srv.log_text()
 
 
-@pytest.mark.parametrize("model, message", [
-    ("ouro_engine", "ouro_engine: invalid engine configuration: unknown engine option 'bogus_option'"),
-    ("ouro", "ouro: unknown parameter 'bogus_option'"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("ouro_engine", "ouro_engine: invalid engine configuration: unknown engine option 'bogus_option'"),
+        ("ouro", "ouro: unknown parameter 'bogus_option'"),
+    ],
+)
 def test_bad_option_fails_model_load(tmp_path, model, message):
     """A bad `parameters` entry in a model's config.pbtxt fails its load with a readable message."""
     repo = tmp_path / "repo"
@@ -186,14 +195,36 @@ def test_bad_option_fails_model_load(tmp_path, model, message):
 
 
 def test_launcher_rejects_bad_engine_arg():
-    r = subprocess.run([sys.executable, "-m", "ouro_backend.entrypoints.serve", "--engine-arg", "max_num_seqs=-1",
-                        "--http-port", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--engine-arg", "max_num_seqs=-1", "--http-port", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "bad --engine-arg: max_num_seqs must be a positive integer" in r.stderr, r.stderr
 
 
 def test_launcher_rejects_bad_devices():
-    r = subprocess.run([sys.executable, "-m", "ouro_backend.entrypoints.serve", "--devices", "cuda:7",
-                        "--engine-arg", "device=cpu", "--http-port", "1"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, CUDA_VISIBLE_DEVICES="0"))
-    assert r.returncode == 2 and "bad --devices: engine_devices='cuda:7': cuda:7 is not visible (1 GPU(s) visible)" \
-        in r.stderr, r.stderr
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ouro_backend.entrypoints.serve",
+            "--devices",
+            "cuda:7",
+            "--engine-arg",
+            "device=cpu",
+            "--http-port",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES="0"),
+    )
+    assert (
+        r.returncode == 2
+        and "bad --devices: engine_devices='cuda:7': cuda:7 is not visible (1 GPU(s) visible)" in r.stderr
+    ), r.stderr

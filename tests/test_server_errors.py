@@ -2,6 +2,7 @@
 model), the server serves on, and the error metric counts them.
 
 The shared server is conftest.py's session fixture `server`; the helpers are in server_common.py."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ import urllib.request
 
 import numpy as np
 import pytest
-
-from client.ouro_client import build_inputs, generate, request_options
 from helpers import wait_for
 from server_common import PROMPT, metrics
+
+from client.ouro_client import build_inputs, generate, request_options
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,7 +28,12 @@ BAD_REQUESTS = [
     ("empty text", "", {"max_tokens": 4}, "text_input is empty"),
     ("negative max_tokens", PROMPT, {"max_tokens": -5}, "max_tokens must be a positive integer, got -5"),
     ("max_tokens beyond context", PROMPT, {"max_tokens": 100000}, "exceeds the context limit"),
-    ("min_loops > max_loops", PROMPT, {"min_loops": 3, "max_loops": 2}, r"min_loops \(3\) must not exceed max_loops \(2\)"),
+    (
+        "min_loops > max_loops",
+        PROMPT,
+        {"min_loops": 3, "max_loops": 2},
+        r"min_loops \(3\) must not exceed max_loops \(2\)",
+    ),
     ("max_loops > model loops", PROMPT, {"max_loops": 9}, r"max_loops \(9\) exceeds the model's 4 loops"),
     ("exit_threshold 1.5", PROMPT, {"exit_threshold": 1.5}, r"exit_threshold must be in \[0, 1\], got 1.5"),
     ("temperature < 0", PROMPT, {"temperature": -1.0}, "temperature must be >= 0"),
@@ -77,26 +83,33 @@ def test_bad_request_types_and_unknown_inputs(server):
     text = tensor("text_input", np.array([[PROMPT.encode()]], dtype=np.object_), "BYTES")
     for model in ("ouro", "ouro_ensemble", "ouro_engine"):
         first = text if model != "ouro_engine" else tensor("input_ids", np.array([[5, 6]], np.int32), "INT32")
-        err = grpc_error(server, model, None, None, [first, tensor("max_tokens", np.array([[4.0]], np.float32), "FP32")])
+        err = grpc_error(
+            server, model, None, None, [first, tensor("max_tokens", np.array([[4.0]], np.float32), "FP32")]
+        )
         assert err and re.search(r"max_tokens.*FP32.*INT64", err), err  # Triton's own type check
         err = grpc_error(server, model, None, None, [first, tensor("frobnicate", np.array([[1]], np.int32), "INT32")])
         assert err and "frobnicate" in err, err
-    err = grpc_error(server, "ouro_engine", None, None,
-                      [tensor("input_ids", np.array([[5, 99999]], np.int32), "INT32")])
+    err = grpc_error(
+        server, "ouro_engine", None, None, [tensor("input_ids", np.array([[5, 99999]], np.int32), "INT32")]
+    )
     assert err and "outside the vocabulary" in err, err
 
 
 @pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
 def test_bad_requests_http(server, model):
-    cases = [({"text_input": PROMPT, "max_tokens": 4, "max_new_tokens": 3}, "unknown field.*'max_new_tokens'"),
-             ({"text_input": PROMPT, "max_tokens": "four"}, "Unable to parse"),  # Triton's JSON parser
-             ({"text_input": "", "max_tokens": 4}, "text_input is empty"),
-             ({"text_input": PROMPT, "exit_threshold": 1.5}, r"exit_threshold must be in \[0, 1\]")]
+    cases = [
+        ({"text_input": PROMPT, "max_tokens": 4, "max_new_tokens": 3}, "unknown field.*'max_new_tokens'"),
+        ({"text_input": PROMPT, "max_tokens": "four"}, "Unable to parse"),  # Triton's JSON parser
+        ({"text_input": "", "max_tokens": 4}, "text_input is empty"),
+        ({"text_input": PROMPT, "exit_threshold": 1.5}, r"exit_threshold must be in \[0, 1\]"),
+    ]
     for body, match in cases:
         for endpoint in ("generate", "generate_stream"):
-            req = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/{endpoint}",
-                                         data=json.dumps(dict(body, stream=endpoint == "generate_stream")).encode(),
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"http://{server.http_url}/v2/models/{model}/{endpoint}",
+                data=json.dumps(dict(body, stream=endpoint == "generate_stream")).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             try:
                 text = urllib.request.urlopen(req, timeout=60).read().decode()
             except urllib.error.HTTPError as e:

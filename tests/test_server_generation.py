@@ -2,6 +2,7 @@
 concurrency, one stream for many requests and the load generator, each compared with the offline engine.
 
 The shared server is conftest.py's session fixture `server`; the helpers are in server_common.py."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from server_common import PROMPT, PROMPTS, all_flags, offline
 
 from client.ouro_client import GrpcStream, generate, request_options
-from server_common import PROMPT, PROMPTS, all_flags, offline
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,8 +56,9 @@ def test_prefix_cache_hits_are_reported_and_change_nothing(server, llm, model):
     from the cache, says how many prompt tokens that was, and gets the same text."""
     prompt = f"{model}: " + " ".join(PROMPTS)  # long enough for several full 16-token blocks
     ref = offline(llm, prompt, max_tokens=8, temperature=0.0)
-    opts = request_options(max_tokens=8, temperature=0.0, stream=True, return_num_cached_tokens=True,
-                           return_num_input_tokens=True)
+    opts = request_options(
+        max_tokens=8, temperature=0.0, stream=True, return_num_cached_tokens=True, return_num_input_tokens=True
+    )
     first = generate(server.grpc_url, model, prompt, opts)
     second = generate(server.grpc_url, model, prompt, opts)
     assert first.error is None and second.error is None
@@ -74,10 +76,13 @@ def test_engine_direct_token_ids(server, llm):
     ref = offline(llm, PROMPT, max_tokens=12, temperature=0.0, exit_threshold=0.5)
     ids = np.array([ref.prompt_token_ids], dtype=np.int32)
     inputs = []
-    for name, arr, dt in [("input_ids", ids, "INT32"), ("max_tokens", np.array([[12]], np.int64), "INT64"),
-                          ("temperature", np.array([[0.0]], np.float32), "FP32"),
-                          ("exit_threshold", np.array([[0.5]], np.float32), "FP32"),
-                          ("stream", np.array([[True]]), "BOOL")]:
+    for name, arr, dt in [
+        ("input_ids", ids, "INT32"),
+        ("max_tokens", np.array([[12]], np.int64), "INT64"),
+        ("temperature", np.array([[0.0]], np.float32), "FP32"),
+        ("exit_threshold", np.array([[0.5]], np.float32), "FP32"),
+        ("stream", np.array([[True]]), "BOOL"),
+    ]:
         t = grpcclient.InferInput(name, list(arr.shape), dt)
         t.set_data_from_numpy(arr)
         inputs.append(t)
@@ -109,8 +114,9 @@ def test_non_streaming(server, llm, model):
     prompt = " leading space, 🙂 and  two spaces"
     ref = offline(llm, prompt, max_tokens=16, temperature=0.0)
     # Default: one response, the prompt echoed before the generated text (like the vLLM / TRT-LLM backends).
-    r = generate(server.http_url, model, prompt, all_flags(max_tokens=16, temperature=0.0, stream=False),
-                 protocol="http")
+    r = generate(
+        server.http_url, model, prompt, all_flags(max_tokens=16, temperature=0.0, stream=False), protocol="http"
+    )
     assert r.error is None and len(r.chunks) == 1
     assert r.text == prompt + ref.text
     assert r.exit_depths == ref.exit_depths and r.num_tokens == len(ref.token_ids)
@@ -126,10 +132,19 @@ def test_non_streaming(server, llm, model):
 
 def test_http_generate_plain_json(server, llm):
     ref = offline(llm, PROMPT, max_tokens=8, temperature=0.0)
-    body = json.dumps({"text_input": PROMPT, "max_tokens": 8, "temperature": 0, "exclude_input_in_output": True,
-                       "return_num_output_tokens": True, "return_finish_reason": True}).encode()
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/ouro/generate", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "text_input": PROMPT,
+            "max_tokens": 8,
+            "temperature": 0,
+            "exclude_input_in_output": True,
+            "return_num_output_tokens": True,
+            "return_finish_reason": True,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/ouro/generate", data=body, headers={"Content-Type": "application/json"}
+    )
     data = json.loads(urllib.request.urlopen(req, timeout=60).read())
     assert data["text_output"] == ref.text and data["num_output_tokens"] == len(ref.token_ids)
     assert data["finish_reason"] == ref.finish_reason
@@ -140,14 +155,20 @@ def test_stop_words(server, llm):
     ref = offline(llm, PROMPT, max_tokens=30, temperature=0.0)
     # a stop string taken from the middle of the greedy text: the output must end right before it
     text = ref.text
-    start = next(i for i in range(6, len(text) - 3) if "\ufffd" not in text[i:i + 3] and text[i:i + 3].strip())
-    stop = text[start:start + 3]
+    start = next(i for i in range(6, len(text) - 3) if "\ufffd" not in text[i : i + 3] and text[i : i + 3].strip())
+    stop = text[start : start + 3]
     expect = offline(llm, PROMPT, max_tokens=30, temperature=0.0, stop=[stop])
     assert expect.finish_reason == "stop" and stop not in expect.text
     for model in ("ouro", "ouro_ensemble"):
         for stream in (True, False):
-            r = generate(server.grpc_url, model, PROMPT, all_flags(max_tokens=30, temperature=0.0, stream=stream,
-                                                                  exclude_input_in_output=True, stop_words=[stop]))
+            r = generate(
+                server.grpc_url,
+                model,
+                PROMPT,
+                all_flags(
+                    max_tokens=30, temperature=0.0, stream=stream, exclude_input_in_output=True, stop_words=[stop]
+                ),
+            )
             assert r.error is None
             assert r.text == expect.text, (model, stream)
             assert r.finish_reason == "stop"
@@ -166,8 +187,9 @@ def test_sampling_with_seed_is_reproducible(server):
 
 def test_concurrent_streams(server, llm):
     """16 streams through `ouro` and 8 through the ensemble at once; every stream in order and exact."""
-    jobs = [("ouro", PROMPTS[i % len(PROMPTS)]) for i in range(16)] + \
-           [("ouro_ensemble", PROMPTS[i % len(PROMPTS)]) for i in range(8)]
+    jobs = [("ouro", PROMPTS[i % len(PROMPTS)]) for i in range(16)] + [
+        ("ouro_ensemble", PROMPTS[i % len(PROMPTS)]) for i in range(8)
+    ]
     refs = {p: offline(llm, p, max_tokens=24, temperature=0.0) for p in PROMPTS}
     opts = all_flags(max_tokens=24, temperature=0.0)
     with ThreadPoolExecutor(len(jobs)) as pool:
@@ -203,8 +225,9 @@ def test_load_generator(server):
     """client/load.py's closed loop: every request done, every token counted, no errors."""
     from client.load import run_load
 
-    opts = request_options(max_tokens=8, stream=True, ignore_eos=True, exclude_input_in_output=True,
-                           return_num_output_tokens=True)
+    opts = request_options(
+        max_tokens=8, stream=True, ignore_eos=True, exclude_input_in_output=True, return_num_output_tokens=True
+    )
     for processes in (1, 2):  # workers in this process; spread over two client processes
         report = run_load(server.grpc_url, "ouro", 4, 12, 120.0, opts, PROMPTS, processes=processes)
         assert report["errors"] == 0, report["error_samples"]

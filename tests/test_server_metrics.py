@@ -2,6 +2,7 @@
 query of the Grafana dashboard.
 
 The shared server is conftest.py's session fixture `server`; the helpers are in server_common.py."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ import sys
 import urllib.request
 
 import pytest
-
-from client.ouro_client import generate, request_options
 from helpers import wait_for
 from server_common import PROMPT, ROOT, all_flags, metrics
+
+from client.ouro_client import generate, request_options
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,14 +28,27 @@ def test_metrics(server):
     r = generate(server.grpc_url, "ouro", PROMPT, all_flags(max_tokens=24, temperature=0.0, exit_threshold=0.7))
     assert r.error is None and min(r.exit_depths) < 4
     # Published within about 2 x metrics_interval_s (engine process -> ouro_engine -> server).
-    m = wait_for(lambda: (lambda m: m if m.get("ouro_request_success_total") and m.get("ouro_exit_depth_bucket{3}")
-                          else None)(metrics(server)))
+    m = wait_for(
+        lambda: (lambda m: m if m.get("ouro_request_success_total") and m.get("ouro_exit_depth_bucket{3}") else None)(
+            metrics(server)
+        )
+    )
     assert m, metrics(server)
-    for name in ("ouro_prompt_tokens_total", "ouro_generation_tokens_total", "ouro_requests_aborted_total",
-                 "ouro_kv_cache_usage_ratio", "ouro_num_requests_running", "ouro_num_requests_waiting",
-                 "ouro_num_requests_swapped", "ouro_num_preemptions_total",
-                 "ouro_time_to_first_token_seconds_count", "ouro_time_per_output_token_seconds_count",
-                 "ouro_e2e_request_latency_seconds_count", "ouro_exit_depth_count", "ouro_request_success_total"):
+    for name in (
+        "ouro_prompt_tokens_total",
+        "ouro_generation_tokens_total",
+        "ouro_requests_aborted_total",
+        "ouro_kv_cache_usage_ratio",
+        "ouro_num_requests_running",
+        "ouro_num_requests_waiting",
+        "ouro_num_requests_swapped",
+        "ouro_num_preemptions_total",
+        "ouro_time_to_first_token_seconds_count",
+        "ouro_time_per_output_token_seconds_count",
+        "ouro_e2e_request_latency_seconds_count",
+        "ouro_exit_depth_count",
+        "ouro_request_success_total",
+    ):
         assert name in m, f"{name} missing from {sorted(m)}"
     assert m["ouro_generation_tokens_total"] > 0 and m["ouro_exit_depth_count"] > 0
     assert m["ouro_time_to_first_token_seconds_count"] > 0
@@ -45,13 +59,22 @@ def test_metrics(server):
 
 def test_perf_analyzer(server, tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "client", "perf_analyzer"))
-    from locate import PerfAnalyzerUnavailable  # noqa: E402
-    from run_perf import run  # noqa: E402
+    from locate import PerfAnalyzerUnavailable
+    from run_perf import run
 
     try:
-        report = run(server.grpc_url, models=("ouro", "ouro_ensemble"), concurrency=(2,), max_tokens=8,
-                     measurement_ms=1000, max_trials=3, timeout=120, out_dir=str(tmp_path), exit_threshold=1.0,
-                     prompts=[PROMPT])
+        report = run(
+            server.grpc_url,
+            models=("ouro", "ouro_ensemble"),
+            concurrency=(2,),
+            max_tokens=8,
+            measurement_ms=1000,
+            max_trials=3,
+            timeout=120,
+            out_dir=str(tmp_path),
+            exit_threshold=1.0,
+            prompts=[PROMPT],
+        )
     except PerfAnalyzerUnavailable as e:
         pytest.skip(f"perf_analyzer cannot run here: {e}")
     for r in report["runs"]:
@@ -67,8 +90,21 @@ def test_grafana_dashboard_queries_exist_on_metrics_port(server):
     `stat` label value of ouro_engine_stat it uses."""
     with open(os.path.join(ROOT, "deploy", "grafana", "ouro-dashboard.json")) as f:
         dash = json.load(f)
-    keywords = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
-                "offset", "inf", "nan"}
+    keywords = {
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "inf",
+        "nan",
+    }
 
     def metric_names(expr: str) -> set[str]:
         e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # label values, quantile strings
@@ -96,8 +132,12 @@ def test_grafana_dashboard_queries_exist_on_metrics_port(server):
 
     used: dict[str, set[str]] = {}  # metric name -> where the dashboard uses it
     stats: dict[str, set[str]] = {}
-    exprs = [(f"panel {p['id']} {p['title']!r}", t["expr"]) for p in panels(dash["panels"])
-             for t in p.get("targets", []) if t.get("expr")]
+    exprs = [
+        (f"panel {p['id']} {p['title']!r}", t["expr"])
+        for p in panels(dash["panels"])
+        for t in p.get("targets", [])
+        if t.get("expr")
+    ]
     for var in dash["templating"]["list"]:
         if var["type"] == "query":
             query = var["query"] if isinstance(var["query"], str) else var["query"]["query"]
@@ -121,8 +161,9 @@ def test_grafana_dashboard_queries_exist_on_metrics_port(server):
     # depths), one through the ensemble (nv_inference_* of every model).
     r = generate(server.grpc_url, "ouro", PROMPT, all_flags(max_tokens=8, temperature=0.0, exit_threshold=0.7))
     assert r.error is None
-    r = generate(server.http_url, "ouro_ensemble", PROMPT, request_options(max_tokens=4, temperature=0.0),
-                 protocol="http")
+    r = generate(
+        server.http_url, "ouro_ensemble", PROMPT, request_options(max_tokens=4, temperature=0.0), protocol="http"
+    )
     assert r.error is None
 
     def scrape():
@@ -130,8 +171,13 @@ def test_grafana_dashboard_queries_exist_on_metrics_port(server):
         samples = re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+\S+", text, re.M)
         types = dict(re.findall(r"^# TYPE (\S+) (\S+)", text, re.M))
         exposed = {name for name, _ in samples}
-        have_stats = {m.group(1) for name, labels in samples if name == "ouro_engine_stat"
-                      for m in [re.search(r'stat="([^"]*)"', labels)] if m}
+        have_stats = {
+            m.group(1)
+            for name, labels in samples
+            if name == "ouro_engine_stat"
+            for m in [re.search(r'stat="([^"]*)"', labels)]
+            if m
+        }
         missing = {n: sorted(w) for n, w in used.items() if n not in exposed}
         missing_stats = {s: sorted(w) for s, w in stats.items() if s not in have_stats}
         return missing, missing_stats, types
@@ -141,8 +187,10 @@ def test_grafana_dashboard_queries_exist_on_metrics_port(server):
     missing, missing_stats, types = scrape()
     problems = [f"metric {n} (used by {', '.join(w)})" for n, w in sorted(missing.items())]
     problems += [f'ouro_engine_stat{{stat="{s}"}} (used by {", ".join(w)})' for s, w in sorted(missing_stats.items())]
-    assert not problems, (f"queried by deploy/grafana/ouro-dashboard.json but not exposed on {server.metrics_url}:\n  "
-                          + "\n  ".join(problems))
+    assert not problems, (
+        f"queried by deploy/grafana/ouro-dashboard.json but not exposed on {server.metrics_url}:\n  "
+        + "\n  ".join(problems)
+    )
     # Suffixed series belong to a histogram family; plain names are counters or gauges, never a histogram.
     for n in used:
         base = re.sub(r"_(bucket|sum|count)$", "", n)

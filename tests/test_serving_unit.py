@@ -1,5 +1,6 @@
 """Fast tests of the Triton glue without a server: request parsing/validation, response arrays,
 incremental detokenization, engine options, and the model repository's generated files."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,14 @@ from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.sampling_params import RequestError
 from ouro_backend.serving import protocol
 from ouro_backend.serving.options import SERVING_KEYS, engine_options, parse_engine_args, resolve_model_path
-from ouro_backend.serving.protocol import (CLIENT_INPUTS, ENGINE_INPUTS, check_parameters, engine_response_arrays,
-                                           parse_request, postprocess_arrays)
+from ouro_backend.serving.protocol import (
+    CLIENT_INPUTS,
+    ENGINE_INPUTS,
+    check_parameters,
+    engine_response_arrays,
+    parse_request,
+    postprocess_arrays,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,14 +55,27 @@ def tokenizer():
 
 
 def test_parse_full_request():
-    req = parse_request({
-        "text_input": s("Héllo 🙂"), "max_tokens": i32(7), "min_tokens": i32(2), "stream": b(True),
-        "temperature": f32(0.5), "top_p": f32(0.9), "top_k": i32(5), "seed": np.array([[2**63 + 5]], np.uint64),
-        "stop_words": np.array([[b"\n\n", b"", "énd".encode()]], dtype=np.object_), "ignore_eos": b(True),
-        "exclude_input_in_output": b(True), "return_num_input_tokens": b(True),
-        "return_num_output_tokens": b(False), "return_finish_reason": b(True),
-        "min_loops": i32(2), "max_loops": i32(3), "exit_threshold": f32(0.75),
-    })
+    req = parse_request(
+        {
+            "text_input": s("Héllo 🙂"),
+            "max_tokens": i32(7),
+            "min_tokens": i32(2),
+            "stream": b(True),
+            "temperature": f32(0.5),
+            "top_p": f32(0.9),
+            "top_k": i32(5),
+            "seed": np.array([[2**63 + 5]], np.uint64),
+            "stop_words": np.array([[b"\n\n", b"", "énd".encode()]], dtype=np.object_),
+            "ignore_eos": b(True),
+            "exclude_input_in_output": b(True),
+            "return_num_input_tokens": b(True),
+            "return_num_output_tokens": b(False),
+            "return_finish_reason": b(True),
+            "min_loops": i32(2),
+            "max_loops": i32(3),
+            "exit_threshold": f32(0.75),
+        }
+    )
     assert req.prompt == "Héllo 🙂" and req.prompt_text == "Héllo 🙂"
     p = req.params
     assert (p.max_tokens, p.min_tokens, p.top_k, p.seed) == (7, 2, 5, 2**63 + 5)
@@ -77,77 +97,125 @@ def test_parse_defaults_and_unbatched_shapes():
 def test_random_seed_alias():
     assert parse_request({"text_input": s("x"), "random_seed": np.array([[9]], np.uint64)}).params.seed == 9
     with pytest.raises(RequestError, match="seed .* random_seed"):
-        parse_request({"text_input": s("x"), "seed": np.array([[1]], np.uint64),
-                       "random_seed": np.array([[2]], np.uint64)})
+        parse_request(
+            {"text_input": s("x"), "seed": np.array([[1]], np.uint64), "random_seed": np.array([[2]], np.uint64)}
+        )
 
 
-@pytest.mark.parametrize("inputs, match", [
-    ({}, "missing required input 'text_input'"),
-    ({"text_input": s("")}, "text_input is empty"),
-    ({"text_input": s(b"\xff\xfe")}, "not valid UTF-8"),
-    ({"text_input": np.array([[1]], np.int32)}, "text_input.*TYPE_STRING"),
-    ({"text_input": s("x"), "max_tokens": f32(3.0)}, "max_tokens.*TYPE_INT64.*float32"),
-    ({"text_input": s("x"), "stream": i32(1)}, "stream.*TYPE_BOOL"),
-    ({"text_input": s("x"), "temperature": s("hot")}, "temperature.*TYPE_FP32"),
-    ({"text_input": s("x"), "max_tokens": i32(-4)}, "max_tokens must be a positive integer, got -4"),
-    ({"text_input": s("x"), "max_tokens": i32(0)}, "max_tokens must be a positive integer"),
-    ({"text_input": s("x"), "min_loops": i32(3), "max_loops": i32(2)}, r"min_loops \(3\) must not exceed max_loops \(2\)"),
-    ({"text_input": s("x"), "exit_threshold": f32(1.5)}, r"exit_threshold must be in \[0, 1\], got 1.5"),
-    ({"text_input": s("x"), "exit_threshold": f32(float("nan"))}, "finite"),
-    ({"text_input": s("x"), "temperature": f32(-1)}, "temperature must be >= 0"),
-    ({"text_input": s("x"), "top_p": f32(0)}, "top_p"),
-    ({"text_input": s("x"), "max_tokens": np.array([[1], [2]], np.int32)}, "batch size 2"),
-    ({"text_input": np.array([[b"a"], [b"b"]], dtype=np.object_)}, "batch size 2"),
-    ({"text_input": s("x"), "max_tokens": np.array([[1, 2]], np.int32)}, "must hold one value"),
-    ({"text_input": s("x"), "frobnicate": i32(1)}, "unknown input.*frobnicate.*known inputs: text_input"),
-])
+@pytest.mark.parametrize(
+    "inputs, match",
+    [
+        ({}, "missing required input 'text_input'"),
+        ({"text_input": s("")}, "text_input is empty"),
+        ({"text_input": s(b"\xff\xfe")}, "not valid UTF-8"),
+        ({"text_input": np.array([[1]], np.int32)}, "text_input.*TYPE_STRING"),
+        ({"text_input": s("x"), "max_tokens": f32(3.0)}, "max_tokens.*TYPE_INT64.*float32"),
+        ({"text_input": s("x"), "stream": i32(1)}, "stream.*TYPE_BOOL"),
+        ({"text_input": s("x"), "temperature": s("hot")}, "temperature.*TYPE_FP32"),
+        ({"text_input": s("x"), "max_tokens": i32(-4)}, "max_tokens must be a positive integer, got -4"),
+        ({"text_input": s("x"), "max_tokens": i32(0)}, "max_tokens must be a positive integer"),
+        (
+            {"text_input": s("x"), "min_loops": i32(3), "max_loops": i32(2)},
+            r"min_loops \(3\) must not exceed max_loops \(2\)",
+        ),
+        ({"text_input": s("x"), "exit_threshold": f32(1.5)}, r"exit_threshold must be in \[0, 1\], got 1.5"),
+        ({"text_input": s("x"), "exit_threshold": f32(float("nan"))}, "finite"),
+        ({"text_input": s("x"), "temperature": f32(-1)}, "temperature must be >= 0"),
+        ({"text_input": s("x"), "top_p": f32(0)}, "top_p"),
+        ({"text_input": s("x"), "max_tokens": np.array([[1], [2]], np.int32)}, "batch size 2"),
+        ({"text_input": np.array([[b"a"], [b"b"]], dtype=np.object_)}, "batch size 2"),
+        ({"text_input": s("x"), "max_tokens": np.array([[1, 2]], np.int32)}, "must hold one value"),
+        ({"text_input": s("x"), "frobnicate": i32(1)}, "unknown input.*frobnicate.*known inputs: text_input"),
+    ],
+)
 def test_bad_requests(inputs, match):
     with pytest.raises(RequestError, match=match):
         parse_request(inputs, model="ouro")
 
 
 def test_engine_requests():
-    req = parse_request({"input_ids": np.array([[5, 6, 7]], np.int32), "request_id": s("abc"),
-                         "text_input": s("p"), "stream": b(True)},
-                        specs=ENGINE_INPUTS, prompt_input="input_ids")
+    req = parse_request(
+        {"input_ids": np.array([[5, 6, 7]], np.int32), "request_id": s("abc"), "text_input": s("p"), "stream": b(True)},
+        specs=ENGINE_INPUTS,
+        prompt_input="input_ids",
+    )
     assert req.prompt == [5, 6, 7] and req.request_id == "abc" and req.prompt_text == "p"
     with pytest.raises(RequestError, match="input_ids is empty"):
         parse_request({"input_ids": np.zeros((1, 0), np.int32)}, specs=ENGINE_INPUTS, prompt_input="input_ids")
     with pytest.raises(RequestError, match="missing required input 'input_ids'"):
         parse_request({"max_tokens": i32(3)}, specs=ENGINE_INPUTS, prompt_input="input_ids")
-    abort = parse_request({"input_ids": np.zeros((1, 0), np.int32), "abort_request_id": s("abc")},
-                          specs=ENGINE_INPUTS, prompt_input="input_ids")
+    abort = parse_request(
+        {"input_ids": np.zeros((1, 0), np.int32), "abort_request_id": s("abc")},
+        specs=ENGINE_INPUTS,
+        prompt_input="input_ids",
+    )
     assert abort.abort_request_id == "abc" and abort.prompt is None
     with pytest.raises(RequestError, match="unknown input"):  # text models' inputs are not the engine's
-        parse_request({"input_ids": np.array([[1]], np.int32), "text_output": s("x")},
-                      specs=ENGINE_INPUTS, prompt_input="input_ids")
+        parse_request(
+            {"input_ids": np.array([[1]], np.int32), "text_output": s("x")},
+            specs=ENGINE_INPUTS,
+            prompt_input="input_ids",
+        )
 
 
 def test_parameters_check():
     check_parameters(None)
     check_parameters("{}")
-    check_parameters(json.dumps({"triton_enable_empty_final_response": True, "sequence_id": 0,
-                                 "sequence_start": False, "sequence_end": False, "priority": 0}))
+    check_parameters(
+        json.dumps(
+            {
+                "triton_enable_empty_final_response": True,
+                "sequence_id": 0,
+                "sequence_start": False,
+                "sequence_end": False,
+                "priority": 0,
+            }
+        )
+    )
     with pytest.raises(RequestError, match="unknown field.*'max_new_tokens'.*known inputs: text_input"):
         check_parameters(json.dumps({"max_new_tokens": 5}), "ouro")
 
 
 def test_client_inputs_cover_design():
-    design = ["text_input", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "random_seed",
-              "stop_words", "ignore_eos", "exclude_input_in_output", "return_num_input_tokens",
-              "return_num_output_tokens", "return_finish_reason", "min_loops", "max_loops", "exit_threshold"]
+    design = [
+        "text_input",
+        "max_tokens",
+        "stream",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "random_seed",
+        "stop_words",
+        "ignore_eos",
+        "exclude_input_in_output",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+        "return_finish_reason",
+        "min_loops",
+        "max_loops",
+        "exit_threshold",
+    ]
     assert set(design) <= set(CLIENT_INPUTS)
-    assert set(protocol.CLIENT_OUTPUTS) == {"text_output", "num_input_tokens", "num_output_tokens",
-                                            "finish_reason", "exit_depths", "num_spec_drafted_tokens",
-                                            "num_spec_accepted_tokens", "num_cached_tokens"}
+    assert set(protocol.CLIENT_OUTPUTS) == {
+        "text_output",
+        "num_input_tokens",
+        "num_output_tokens",
+        "finish_reason",
+        "exit_depths",
+        "num_spec_drafted_tokens",
+        "num_spec_accepted_tokens",
+        "num_cached_tokens",
+    }
 
 
 # ---------------------------------------------------------------------------------------------- responses
 
 
 def test_engine_response_arrays():
-    out = engine_response_arrays([10, 11], [1, 2, 3], [4, 2], 0, 9, None, "", (True, False, True, True, True),
-                                 (12, 7), 32)
+    out = engine_response_arrays(
+        [10, 11], [1, 2, 3], [4, 2], 0, 9, None, "", (True, False, True, True, True), (12, 7), 32
+    )
     assert out["output_ids"].dtype == np.int32 and out["output_ids"].tolist() == [[10, 11]]
     assert out["prefix_ids"].tolist() == [[1, 2, 3]] and out["exit_depths"].tolist() == [[4, 2]]
     assert out["num_input_tokens"].tolist() == [[9]] and out["num_output_tokens"].tolist() == [[2]]
@@ -173,16 +241,19 @@ def _stream(tokenizer, prompt_ids, ids, chunk_sizes, window=5):
     while pos < len(ids):
         n = sizes.pop(0) if sizes else 1
         start = len(prompt_ids) + pos
-        out.append((ids[pos:pos + n], all_ids[max(0, start - window):start]))
+        out.append((ids[pos : pos + n], all_ids[max(0, start - window) : start]))
         pos += n
     return out
 
 
-@pytest.mark.parametrize("text", [
-    " leading spaces  and  double  spaces",
-    "héllo wörld: naïve café 🙂🙂 👍 你好，世界。こんにちは Привет 🎉🚀",
-    "Emoji: 🙂 😀 😂 👍 🎉",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        " leading spaces  and  double  spaces",
+        "héllo wörld: naïve café 🙂🙂 👍 你好，世界。こんにちは Привет 🎉🚀",
+        "Emoji: 🙂 😀 😂 👍 🎉",
+    ],
+)
 @pytest.mark.parametrize("chunks", [[1], [2, 3, 1], [100]])
 def test_streamed_deltas_concatenate_to_one_shot_text(tokenizer, text, chunks):
     prompt_ids = tokenizer.encode("The prompt:", add_special_tokens=False).ids
@@ -192,10 +263,16 @@ def test_streamed_deltas_concatenate_to_one_shot_text(tokenizer, text, chunks):
     deltas = []
     for k, (new, prefix) in enumerate(responses):
         final = k == len(responses) - 1
-        out = postprocess_arrays(tokenizer, {
-            "output_ids": np.array([new], np.int32), "prefix_ids": np.array([prefix], np.int32),
-            "trim_chars": i32(0), "finish_reason": s("length" if final else ""),
-            "exit_depths": np.array([[4] * len(new)], np.int32)})
+        out = postprocess_arrays(
+            tokenizer,
+            {
+                "output_ids": np.array([new], np.int32),
+                "prefix_ids": np.array([prefix], np.int32),
+                "trim_chars": i32(0),
+                "finish_reason": s("length" if final else ""),
+                "exit_depths": np.array([[4] * len(new)], np.int32),
+            },
+        )
         deltas.append(out["text_output"][0, 0].decode("utf-8"))  # every delta is valid UTF-8
         assert "\ufffd" not in deltas[-1]
     assert "".join(deltas) == tokenizer.decode(ids) == text
@@ -207,9 +284,18 @@ def test_front_responses_equal_the_ensembles_postprocessing(tokenizer, flags, re
     """The `ouro` front builds client tensors straight from a response's fields; `ouro_ensemble` goes through
     the engine's tensors and `postprocessing`. Both give the same tensors."""
     ids = tokenizer.encode(" the robot said STOP here", add_special_tokens=False).ids
-    fields = dict(output_ids=ids, prefix_ids=ids[:2], exit_depths=[3] * len(ids), trim_chars=trim,
-                  num_input_tokens=9, finish_reason=reason, echo_text=echo, return_flags=flags,
-                  spec_counts=(12, 7), num_cached_tokens=32)
+    fields = dict(
+        output_ids=ids,
+        prefix_ids=ids[:2],
+        exit_depths=[3] * len(ids),
+        trim_chars=trim,
+        num_input_tokens=9,
+        finish_reason=reason,
+        echo_text=echo,
+        return_flags=flags,
+        spec_counts=(12, 7),
+        num_cached_tokens=32,
+    )
     direct = protocol.client_response_arrays(tokenizer, **fields)
     via_engine = postprocess_arrays(tokenizer, engine_response_arrays(**fields))
     assert direct.keys() == via_engine.keys()
@@ -219,17 +305,27 @@ def test_front_responses_equal_the_ensembles_postprocessing(tokenizer, flags, re
 
 def test_postprocess_echo_trim_and_return_flags(tokenizer):
     ids = tokenizer.encode(" the robot said STOP here", add_special_tokens=False).ids
-    base = {"output_ids": np.array([ids], np.int32), "prefix_ids": np.zeros((1, 0), np.int32),
-            "trim_chars": i32(len(" here")), "finish_reason": s("stop"),
-            "exit_depths": np.array([[3] * len(ids)], np.int32), "num_input_tokens": i32(4),
-            "num_output_tokens": i32(len(ids)), "echo_text": s("Prompt:"),
-            "num_spec_drafted_tokens": i32(8), "num_spec_accepted_tokens": i32(5), "num_cached_tokens": i32(16)}
+    base = {
+        "output_ids": np.array([ids], np.int32),
+        "prefix_ids": np.zeros((1, 0), np.int32),
+        "trim_chars": i32(len(" here")),
+        "finish_reason": s("stop"),
+        "exit_depths": np.array([[3] * len(ids)], np.int32),
+        "num_input_tokens": i32(4),
+        "num_output_tokens": i32(len(ids)),
+        "echo_text": s("Prompt:"),
+        "num_spec_drafted_tokens": i32(8),
+        "num_spec_accepted_tokens": i32(5),
+        "num_cached_tokens": i32(16),
+    }
     out = postprocess_arrays(tokenizer, base)
     assert out["text_output"][0, 0].decode() == "Prompt: the robot said STOP"
     assert set(out) == {"text_output", "exit_depths"}  # metadata only when asked for
     assert out["exit_depths"].tolist() == [[3] * len(ids)]
-    out = postprocess_arrays(tokenizer, dict(base, return_num_input_tokens=b(True),
-                                             return_num_output_tokens=b(True), return_finish_reason=b(True)))
+    out = postprocess_arrays(
+        tokenizer,
+        dict(base, return_num_input_tokens=b(True), return_num_output_tokens=b(True), return_finish_reason=b(True)),
+    )
     assert out["num_input_tokens"].tolist() == [[4]] and out["num_output_tokens"].tolist() == [[len(ids)]]
     assert out["finish_reason"].tolist() == [[b"stop"]] and "num_spec_drafted_tokens" not in out
     out = postprocess_arrays(tokenizer, dict(base, return_spec_counts=b(True)))
@@ -354,8 +450,9 @@ def test_launcher_prepares_pytriton_backend(tmp_path, monkeypatch):
     stub = os.path.join(backend_dir, "python", "triton_python_backend_stub")
     assert os.access(stub, os.X_OK) and os.path.isfile(os.path.join(backend_dir, "python", "libtriton_python.so"))
     assert "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
-    server = tritonserver.TritonServer(model=str(tmp_path), engine_args={"max_num_seqs": "4"}, http_port=1,
-                                       grpc_port=2, metrics_port=3)
+    server = tritonserver.TritonServer(
+        model=str(tmp_path), engine_args={"max_num_seqs": "4"}, http_port=1, grpc_port=2, metrics_port=3
+    )
     cmd, env = server.command()
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert json.loads(env["OURO_ENGINE_ARGS"]) == {"max_num_seqs": "4"} and env["OURO_MODEL_PATH"] == str(tmp_path)
@@ -367,9 +464,17 @@ def test_launcher_prepares_pytriton_backend(tmp_path, monkeypatch):
         serve.parse_engine_args(["oops"])
 
 
-@pytest.mark.parametrize("parameters, expected", [
-    (None, 0), ("", 0), ("{}", 0), ('{"timeout": 2500000}', 2500000), ({"timeout": 7}, 7), ({"priority": 1}, 0),
-])
+@pytest.mark.parametrize(
+    "parameters, expected",
+    [
+        (None, 0),
+        ("", 0),
+        ("{}", 0),
+        ('{"timeout": 2500000}', 2500000),
+        ({"timeout": 7}, 7),
+        ({"priority": 1}, 0),
+    ],
+)
 def test_timeout_parameter(parameters, expected):
     from ouro_backend.serving.protocol import timeout_parameter_us
 

@@ -1,7 +1,8 @@
 """Soak: the real server (`ouro-serve`, toy model, a small KV cache) under churn.
 
 1,000 requests from 32 concurrent clients: max_tokens from 1 to 4,096, prompts with and without a long
-shared prefix (prefix caching on), stop strings, gRPC streaming and HTTP SSE, and 30% cancelled at a random point (gRPC stream
+shared prefix (prefix caching on), stop strings, gRPC streaming and HTTP SSE, and 30% cancelled at a random point
+(gRPC stream
 cancel or HTTP disconnect). The cache holds far less than 32 requests' worth, so requests are preempted
 and resumed all along. Afterwards: every uncancelled request's text equals its text on the quiet server,
 nothing is stuck, every KV block is free, nothing is swapped, and the engine process never restarted.
@@ -12,6 +13,7 @@ lengths are mostly short: max_tokens 4,096 is drawn for 5% of the requests, and 
 (after 20-200 responses); they grow for hundreds of tokens and get preempted like any other.
 OURO_SOAK_REQUESTS changes the number of requests.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -25,20 +27,28 @@ import threading
 import time
 
 import pytest
-
-from client.ouro_client import build_inputs, generate, request_options
 from helpers import wait_for
 from server_common import metrics, server_or_skip
+
+from client.ouro_client import build_inputs, generate, request_options
 
 pytestmark = pytest.mark.timeout(900)
 
 NUM_REQUESTS = int(os.environ.get("OURO_SOAK_REQUESTS", "1000"))
 CLIENTS = 32
 CANCEL_SHARE = 0.3
-SHARED_PREFIX = ("You are a careful assistant. Answer briefly and truthfully, cite nothing, and stop when the "
-                 "question is answered. Here is the question of the day, the background and the constraints. ") * 3
-QUESTIONS = ["Why is the sky blue?", "What is a loop?", "Name a prime.", "How far is the moon?",
-             "Who wrote it?", "Is it raining?"]
+SHARED_PREFIX = (
+    "You are a careful assistant. Answer briefly and truthfully, cite nothing, and stop when the "
+    "question is answered. Here is the question of the day, the background and the constraints. "
+) * 3
+QUESTIONS = [
+    "Why is the sky blue?",
+    "What is a loop?",
+    "Name a prime.",
+    "How far is the moon?",
+    "Who wrote it?",
+    "Is it raining?",
+]
 MAX_TOKENS = [1, 3, 9, 27, 81, 243]  # log-spaced; 4,096 is drawn apart (LONG_SHARE), always cancelled
 LONG_MAX_TOKENS, LONG_SHARE = 4096, 0.05
 STOPS = [None, ["th"], ["a", "qz"]]
@@ -89,8 +99,9 @@ def cancel_grpc(url: str, spec: dict, after: int) -> None:
     client = grpcclient.InferenceServerClient(url)
     q: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)))
-    client.async_stream_infer("ouro", build_inputs(grpcclient, spec["prompt"], options(spec)),
-                              enable_empty_final_response=True)
+    client.async_stream_infer(
+        "ouro", build_inputs(grpcclient, spec["prompt"], options(spec)), enable_empty_final_response=True
+    )
     finished = False
     for _ in range(after):
         result, error = q.get(timeout=120)
@@ -127,8 +138,9 @@ def test_soak_churn_preemption_and_cancellation(soak_model):
     # 1,100 blocks of 16: one 4,096-token request fits alone (4 planes x 263 blocks), 32 requests of a few
     # hundred tokens do not.
     # Prefix caching on: the shared-prefix prompts hit it, under preemption and cancellation.
-    engine_args = dict(device="cpu", dtype="float32", num_blocks=1100, max_num_seqs=CLIENTS,
-                       enable_prefix_caching="true")
+    engine_args = dict(
+        device="cpu", dtype="float32", num_blocks=1100, max_num_seqs=CLIENTS, enable_prefix_caching="true"
+    )
     srv = server_or_skip(model=soak_model, engine_args=engine_args, address="127.0.0.1")
     specs = request_specs()
     try:
@@ -164,12 +176,19 @@ def test_soak_churn_preemption_and_cancellation(soak_model):
                 try:
                     if cancel:
                         (cancel_grpc if grpc_side else cancel_http)(
-                            srv.grpc_url if grpc_side else srv.http_url, spec, after)
+                            srv.grpc_url if grpc_side else srv.http_url, spec, after
+                        )
                     else:
-                        r = generate(srv.grpc_url if grpc_side else srv.http_url, "ouro", spec["prompt"],
-                                     options(spec), protocol="grpc" if grpc_side else "http", timeout=300)
+                        r = generate(
+                            srv.grpc_url if grpc_side else srv.http_url,
+                            "ouro",
+                            spec["prompt"],
+                            options(spec),
+                            protocol="grpc" if grpc_side else "http",
+                            timeout=300,
+                        )
                         results[i] = r
-                except Exception as e:  # noqa: BLE001 - reported below
+                except Exception as e:
                     errors.append(f"request {i}: {type(e).__name__}: {e}")
 
         t0 = time.monotonic()
@@ -188,16 +207,23 @@ def test_soak_churn_preemption_and_cancellation(soak_model):
         # Everything drains: no request left anywhere, every block free.
         def drained():
             m = metrics(srv)
-            ok = (m.get("ouro_num_requests_running", 1) == 0 and m.get("ouro_num_requests_waiting", 1) == 0
-                  and m.get("ouro_num_requests_swapped", 1) == 0 and m.get("ouro_kv_cache_usage_ratio", 1) == 0)
+            ok = (
+                m.get("ouro_num_requests_running", 1) == 0
+                and m.get("ouro_num_requests_waiting", 1) == 0
+                and m.get("ouro_num_requests_swapped", 1) == 0
+                and m.get("ouro_kv_cache_usage_ratio", 1) == 0
+            )
             return m if ok else None
+
         m = wait_for(drained, timeout=60)
         assert m, f"not drained: {metrics(srv)}"
         stats = {k: v for k, v in m.items() if k.startswith("ouro_engine_stat")}
-        print(f"\nsoak: {NUM_REQUESTS} requests in {elapsed:.0f} s, {len(results)} completed, "
-              f"{m.get('ouro_num_preemptions_total', 0):.0f} preemptions, {m.get('ouro_requests_aborted_total', 0):.0f} "
-              f"aborted, {m.get('ouro_generation_tokens_total', 0):.0f} tokens, prefix cache hit rate "
-              f"{m.get('ouro_prefix_cache_hit_rate', 0):.2f}")
+        print(
+            f"\nsoak: {NUM_REQUESTS} requests in {elapsed:.0f} s, {len(results)} completed, "
+            f"{m.get('ouro_num_preemptions_total', 0):.0f} preemptions, {m.get('ouro_requests_aborted_total', 0):.0f} "
+            f"aborted, {m.get('ouro_generation_tokens_total', 0):.0f} tokens, prefix cache hit rate "
+            f"{m.get('ouro_prefix_cache_hit_rate', 0):.2f}"
+        )
         assert m.get("ouro_num_preemptions_total", 0) > 0, "the cache was never short: no preemption tested"
         assert m.get("ouro_requests_aborted_total", 0) > 0, stats
         assert m.get("ouro_prefix_cache_hit_rate", 0) > 0.3, stats  # half the prompts share a long prefix

@@ -3,6 +3,7 @@ greedy tokens identical (logprobs within fp32 batching noise) for every K and d,
 prompt lengths, staggered arrivals, aborts, stop strings, EOS and max_tokens inside an accepted run;
 seeded sampled tokens identical to plain sampling's, and their distribution checked by chi-square; the
 automatic fallback; served through tritonserver; clear errors for what it cannot serve."""
+
 import pytest
 from engine_helpers import ORACLE_PROMPTS as PROMPTS
 
@@ -74,8 +75,7 @@ def test_demo_model_drafts_are_accepted():
     prompts = ["Once upon a time, there was a little", "My dear friend,", "The weather today is"]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     plain = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32").generate(prompts, params)
-    spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=4, spec_draft_loops=3,
-               spec_auto=False)
+    spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=4, spec_draft_loops=3, spec_auto=False)
     got = spec.generate(prompts, params)
     assert_same(plain, got)
     st = spec.engine.stats()
@@ -84,8 +84,12 @@ def test_demo_model_drafts_are_accepted():
 
 def test_staggered_arrivals_and_aborts(toy_path):
     long = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-    arrivals = {0: [("a", PROMPTS[0], GREEDY)], 2: [("b", PROMPTS[1], long)], 3: [("c", PROMPTS[2], GREEDY)],
-                7: [("d", PROMPTS[1], GREEDY)]}
+    arrivals = {
+        0: [("a", PROMPTS[0], GREEDY)],
+        2: [("b", PROMPTS[1], long)],
+        3: [("c", PROMPTS[2], GREEDY)],
+        7: [("d", PROMPTS[1], GREEDY)],
+    }
     plain = {rid: drive(make(toy_path), {0: [(rid, p, sp)]})[rid] for reqs in arrivals.values() for rid, p, sp in reqs}
     outs = drive(make(toy_path, spec_tokens=4, spec_draft_loops=2), arrivals, aborts={5: ["b"]})
     for rid in "acd":
@@ -96,15 +100,18 @@ def test_staggered_arrivals_and_aborts(toy_path):
 
 def test_stop_string_eos_and_max_tokens_inside_a_run():
     llm_plain = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32")
-    llm_spec = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=7, spec_draft_loops=3,
-                   spec_auto=False)
+    llm_spec = LLM(
+        model=str(DEMO_MODEL), device="cpu", dtype="float32", spec_tokens=7, spec_draft_loops=3, spec_auto=False
+    )
     prompt = "She looked at him and said"
     full = llm_plain.generate([prompt], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))[0]
     words = full.text.split()
     stop = " ".join(words[4:6])  # a stop string that shows up mid-text, very likely inside an accepted run
-    cases = [SamplingParams(max_tokens=30, temperature=0.0, stop=[stop]),
-             SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True),  # ends inside a run of K=7
-             SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=[full.token_ids[9]])]
+    cases = [
+        SamplingParams(max_tokens=30, temperature=0.0, stop=[stop]),
+        SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True),  # ends inside a run of K=7
+        SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=[full.token_ids[9]]),
+    ]
     for params in cases:
         a = llm_plain.generate([prompt], params)[0]
         b = llm_spec.generate([prompt], params)[0]
@@ -112,9 +119,17 @@ def test_stop_string_eos_and_max_tokens_inside_a_run():
     assert stop not in llm_spec.generate([prompt], cases[0])[0].text
     eos = full.token_ids[12]  # the model's EOS set to a token it emits: the device stops the row itself
     a = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", eos_token_ids=[eos]).generate(
-        [prompt], SamplingParams(max_tokens=30, temperature=0.0))[0]
-    b = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32", eos_token_ids=[eos], spec_tokens=7,
-            spec_draft_loops=3, spec_auto=False).generate([prompt], SamplingParams(max_tokens=30, temperature=0.0))[0]
+        [prompt], SamplingParams(max_tokens=30, temperature=0.0)
+    )[0]
+    b = LLM(
+        model=str(DEMO_MODEL),
+        device="cpu",
+        dtype="float32",
+        eos_token_ids=[eos],
+        spec_tokens=7,
+        spec_draft_loops=3,
+        spec_auto=False,
+    ).generate([prompt], SamplingParams(max_tokens=30, temperature=0.0))[0]
     assert b.token_ids == a.token_ids and a.token_ids[-1] == eos and a.finish_reason == b.finish_reason == "stop"
 
 
@@ -122,10 +137,14 @@ def test_stop_string_eos_and_max_tokens_inside_a_run():
 def test_sampled_output_equals_plain_sampling(toy_path, K, d):
     """Coupled sampling: speculation draws each token with plain sampling's own noise, so seeded sampled
     requests (mixed with greedy ones, top-k and top-p included) produce plain sampling's tokens."""
-    reqs = {0: [("g", PROMPTS[0], GREEDY),
-                ("s1", PROMPTS[1], SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)),
-                ("s2", PROMPTS[2], SamplingParams(max_tokens=16, temperature=1.3, top_k=5, seed=11, ignore_eos=True))],
-            3: [("s3", PROMPTS[0], SamplingParams(max_tokens=10, temperature=0.5, seed=3, ignore_eos=True))]}
+    reqs = {
+        0: [
+            ("g", PROMPTS[0], GREEDY),
+            ("s1", PROMPTS[1], SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)),
+            ("s2", PROMPTS[2], SamplingParams(max_tokens=16, temperature=1.3, top_k=5, seed=11, ignore_eos=True)),
+        ],
+        3: [("s3", PROMPTS[0], SamplingParams(max_tokens=10, temperature=0.5, seed=3, ignore_eos=True))],
+    }
     plain = drive(make(toy_path), reqs)
     eng = make(toy_path, spec_tokens=K, spec_draft_loops=d)
     spec = drive(eng, reqs)
@@ -150,6 +169,7 @@ def test_sampled_distribution_chi_square(toy_path, oracle):
         logits = oracle.forward(tokens, len(prompt), [4] * len(tokens)).logits[-1] / temp
         top = logits.topk(k)
         return dict(zip(top.indices.tolist(), torch.softmax(top.values, -1).tolist()))
+
     expected = {}
     for t1, p1 in dist(prompt).items():
         for t2, p2 in dist(prompt + [t1]).items():
@@ -166,11 +186,14 @@ def test_sampled_distribution_chi_square(toy_path, oracle):
 
 
 def test_bad_options_and_requests_are_clear_errors(toy_path):
-    for kw, words in [(dict(spec_tokens=-1), "spec_tokens"), (dict(spec_tokens=33), "spec_tokens"),
-                      (dict(spec_tokens=4, spec_draft_loops=0), "spec_draft_loops"),
-                      (dict(spec_tokens=4, kv_layout="shared"), "last_exited"),
-                      (dict(spec_tokens=4, exit_mode="trace"), "trace"),
-                      (dict(spec_tokens=4, exit_threshold=0.5), "full depth")]:
+    for kw, words in [
+        (dict(spec_tokens=-1), "spec_tokens"),
+        (dict(spec_tokens=33), "spec_tokens"),
+        (dict(spec_tokens=4, spec_draft_loops=0), "spec_draft_loops"),
+        (dict(spec_tokens=4, kv_layout="shared"), "last_exited"),
+        (dict(spec_tokens=4, exit_mode="trace"), "trace"),
+        (dict(spec_tokens=4, exit_threshold=0.5), "full depth"),
+    ]:
         with pytest.raises(ConfigError, match=words):
             EngineConfig(model=toy_path, **kw).validate()
     with pytest.raises(ConfigError, match="spec_draft_loops"):
@@ -184,7 +207,7 @@ def test_bad_options_and_requests_are_clear_errors(toy_path):
 
 def test_fallback_policy_cost_model_and_estimator():
     p = SpecPolicy(K=8, d=1, T=4, auto=True, max_verify_tokens=256)
-    assert p.expected_gain(0.9) == pytest.approx(sum(0.9 ** i for i in range(9)) * 4 / 12)  # about 2.04
+    assert p.expected_gain(0.9) == pytest.approx(sum(0.9**i for i in range(9)) * 4 / 12)  # about 2.04
     assert p.expected_gain(0.0) < 1.0 < p.expected_gain(1.0)
     assert p.decide(28) and not p.decide(29)  # 29 x 9 verify tokens > 256: compute-bound, no drafts
     for drafted in range(8, 8 * 200, 8):  # every step accepts 1 of 8: the estimate falls to 1/8
@@ -229,15 +252,28 @@ def test_served_speculation_text_equals_plain_and_metrics_show_acceptance(tmp_pa
     except ServerError as e:
         pytest.skip(f"no tritonserver available: {e}")
     args = dict(device="cpu", dtype="float32", spec_tokens=4, spec_draft_loops=3, spec_auto=False)
-    srv = TritonServer(model=str(DEMO_MODEL), engine_args=args, address="127.0.0.1", http_port=free_port(),
-                       grpc_port=free_port(), metrics_port=free_port())
+    srv = TritonServer(
+        model=str(DEMO_MODEL),
+        engine_args=args,
+        address="127.0.0.1",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+    )
     prompt = "Once upon a time, there was a little"
-    plain = LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32").generate(
-        [prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))[0].text
+    plain = (
+        LLM(model=str(DEMO_MODEL), device="cpu", dtype="float32")
+        .generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))[0]
+        .text
+    )
     try:
         srv.start(timeout=300)
-        res = generate(srv.grpc_url, "ouro", prompt, request_options(max_tokens=32, temperature=0.0,
-                                                                     ignore_eos=True, return_spec_counts=True))
+        res = generate(
+            srv.grpc_url,
+            "ouro",
+            prompt,
+            request_options(max_tokens=32, temperature=0.0, ignore_eos=True, return_spec_counts=True),
+        )
         assert res.error is None and res.text == plain
 
         offline = LLM(model=str(DEMO_MODEL), **args)
@@ -245,14 +281,17 @@ def test_served_speculation_text_equals_plain_and_metrics_show_acceptance(tmp_pa
         want = offline.engine.stats()["spec_acceptance_rate"]  # the same request on an idle engine
         # The request's own counts come with its final response (and equal the offline request's).
         final = res.chunks[-1]
-        assert (final.num_spec_drafted_tokens, final.num_spec_accepted_tokens) == \
-            (out.num_spec_drafted, out.num_spec_accepted)
+        assert (final.num_spec_drafted_tokens, final.num_spec_accepted_tokens) == (
+            out.num_spec_drafted,
+            out.num_spec_accepted,
+        )
         assert out.num_spec_drafted > 0 and 0 < out.num_spec_accepted <= out.num_spec_drafted
 
         def acceptance():
             text = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()
             m = re.search(r'^ouro_spec_acceptance_rate\{[^}]*model="ouro_engine"[^}]*\} (\S+)$', text, re.M)
             return float(m.group(1)) if m else None
+
         deadline = time.monotonic() + 15  # the engine publishes a snapshot every 0.25 s
         while acceptance() != pytest.approx(want) and time.monotonic() < deadline:
             time.sleep(0.2)

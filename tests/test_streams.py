@@ -1,7 +1,9 @@
 """The streaming layer the two decoupled models share (ouro_backend.serving.streams), without a server:
 a stand-in for `triton_python_backend_utils` records what each response sender was given.
-Covers coalescing while a send waits, order, first responses first, FINAL, non-streaming, engine rejections and failures, a lost
+Covers coalescing while a send waits, order, first responses first, FINAL, non-streaming, engine rejections and
+failures, a lost
 engine, cancellation and the typed options."""
+
 from __future__ import annotations
 
 import threading
@@ -14,8 +16,8 @@ from ouro_backend.config import ConfigError
 from ouro_backend.sampling_params import RequestError, SamplingParams
 from ouro_backend.serving import protocol
 from ouro_backend.serving.cancellation import CancelWatcher
-from ouro_backend.serving.engine_pool import EngineRouter
 from ouro_backend.serving.engine_messages import Delta, Failed, Load, LoadReport, Outputs, Rejected
+from ouro_backend.serving.engine_pool import EngineRouter
 from ouro_backend.serving.options import FrontOptions, ServingOptions, typed_options
 from ouro_backend.serving.streams import SendQueue, StreamingModel
 
@@ -25,6 +27,7 @@ IDLE = Load(0, 0.0)
 
 class TritonError(str):
     """pb_utils.TritonError's stand-in: compares as its message and keeps its code."""
+
     UNAVAILABLE = "UNAVAILABLE"
 
     def __new__(cls, message, code=None):
@@ -72,8 +75,9 @@ class Client:
 
     def __init__(self, capacity=1000, request_timeout_s=0.0):
         self.added, self.aborted = [], []
-        self.info = types.SimpleNamespace(capacity=capacity, max_num_seqs=capacity, max_waiting_requests=0,
-                                          request_timeout_s=request_timeout_s)
+        self.info = types.SimpleNamespace(
+            capacity=capacity, max_num_seqs=capacity, max_waiting_requests=0, request_timeout_s=request_timeout_s
+        )
 
     def add(self, rid, ids, params):
         self.added.append((rid, ids, params))
@@ -89,14 +93,17 @@ class Model(StreamingModel):
         self.client = Client()
         self.router = EngineRouter(1)
         self.router.set_client(0, self.client)
-        self.setup_streams(fake_pb(), ServingOptions(cancel_check_interval_s=cancel_interval,
-                                                     response_threads=threads))
-
+        self.setup_streams(fake_pb(), ServingOptions(cancel_check_interval_s=cancel_interval, response_threads=threads))
 
     def parse(self, request):
         stream, rid = request.payload
-        parsed = protocol.ParsedRequest([1, 2, 3], SamplingParams(max_tokens=8), stream=stream,
-                                        exclude_input_in_output=True, return_finish_reason=True)
+        parsed = protocol.ParsedRequest(
+            [1, 2, 3],
+            SamplingParams(max_tokens=8),
+            stream=stream,
+            exclude_input_in_output=True,
+            return_finish_reason=True,
+        )
         return parsed, [1, 2, 3], rid
 
 
@@ -212,8 +219,9 @@ def test_many_streams_each_in_order(model):
     senders = {f"r{i}": Sender() for i in range(16)}
     model.execute([Request(s, rid=rid) for rid, s in senders.items()])
     for step in range(20):
-        model.on_engine_message(0, Outputs([delta(rid, [step], "length" if step == 19 else None)
-                                                for rid in senders], IDLE))
+        model.on_engine_message(
+            0, Outputs([delta(rid, [step], "length" if step == 19 else None) for rid in senders], IDLE)
+        )
     for s in senders.values():
         assert s.finished.wait(5)
         assert s.tokens() == list(range(20))
@@ -239,8 +247,9 @@ def test_requests_past_their_timeout_end_with_an_error_and_are_aborted():
     try:
         slow, quick, fine = Sender(), Sender(), Sender()
         t0 = time.monotonic()
-        m.execute([Request(slow, rid="slow"), Request(quick, rid="quick", timeout_us=100_000),
-                   Request(fine, rid="fine")])
+        m.execute(
+            [Request(slow, rid="slow"), Request(quick, rid="quick", timeout_us=100_000), Request(fine, rid="fine")]
+        )
         m.on_engine_message(0, Outputs([delta("fine", [5], "length")], IDLE))
         assert quick.finished.wait(5)
         t_quick = time.monotonic() - t0
@@ -248,8 +257,11 @@ def test_requests_past_their_timeout_end_with_an_error_and_are_aborted():
         t_slow = time.monotonic() - t0
         assert 0.1 <= t_quick < t_slow and t_slow >= 0.3
         for sender, limit in ((slow, "0.3s"), (quick, "0.1s")):
-            (response, flags), = sender.sent
-            assert flags == FINAL and response["error"] == f"test: request timed out: not finished {limit} after it arrived"
+            ((response, flags),) = sender.sent
+            assert (
+                flags == FINAL
+                and response["error"] == f"test: request timed out: not finished {limit} after it arrived"
+            )
             assert response["error"].code == "UNAVAILABLE"
         assert fine.tokens() == [5] and fine.sent[-1][0]["error"] is None
         assert sorted(m.client.aborted) == ["quick", "slow"]
@@ -266,7 +278,7 @@ def test_over_capacity_is_refused_at_once_as_busy():
     try:
         senders = [Sender() for _ in range(3)]
         m.execute([Request(s, rid=f"r{i}") for i, s in enumerate(senders)])
-        (response, flags), = senders[2].sent
+        ((response, flags),) = senders[2].sent
         assert response["error"].startswith("test: server busy") and response["error"].code == "UNAVAILABLE"
         assert [rid for rid, *_ in m.client.added] == ["r0", "r1"]
         m.on_engine_message(0, Rejected("r1", "server busy: 1 requests running", "busy"))
@@ -323,10 +335,13 @@ def test_watcher_never_asks_a_finished_request():
     assert CancelWatcher._client_cancelled(s)
 
 
-@pytest.mark.parametrize("error, message", [
-    (RequestError("cannot detokenize"), "test: cannot detokenize"),
-    (KeyError("bug"), "test: internal error: KeyError: 'bug'"),
-])
+@pytest.mark.parametrize(
+    "error, message",
+    [
+        (RequestError("cannot detokenize"), "test: cannot detokenize"),
+        (KeyError("bug"), "test: internal error: KeyError: 'bug'"),
+    ],
+)
 def test_bad_response_conversion_ends_the_request_and_aborts_it(error, message):
     class Failing(Model):
         def response_arrays(self, fields, rid):
@@ -356,8 +371,7 @@ def test_unload_answers_open_requests():
 
 def test_typed_options():
     assert typed_options(ServingOptions, {}) == ServingOptions()
-    opts = typed_options(FrontOptions, {"engine_model": "eng", "response_threads": "3",
-                                        "EXECUTION_ENV_PATH": "/x"})
+    opts = typed_options(FrontOptions, {"engine_model": "eng", "response_threads": "3", "EXECUTION_ENV_PATH": "/x"})
     assert opts.engine_model == "eng" and opts.response_threads == 3
     for cls, values, match in [
         (ServingOptions, {"response_threads": "0"}, "response_threads=0 must be > 0"),

@@ -9,6 +9,7 @@ itself (a private /dev/shm in a mount namespace where it can make one) and stops
 
 The 60 s / 10 s / 15 s bounds are the requirements under test, not measurements of speed.
 """
+
 from __future__ import annotations
 
 import glob
@@ -27,13 +28,19 @@ import urllib.error
 import urllib.request
 
 import pytest
+from helpers import wait_for
 
 from client.ouro_client import generate, request_options
-from helpers import wait_for
 from ouro_backend.entrypoints.procfs import child_stubs, group_members, process_argv
 from ouro_backend.entrypoints.supervisor import Supervisor
-from ouro_backend.entrypoints.tritonserver import (ADMIN_HEADER, GRPC_ADMIN_HEADER, ServerError, TritonServer,
-                                                   find_tritonserver, free_port)
+from ouro_backend.entrypoints.tritonserver import (
+    ADMIN_HEADER,
+    GRPC_ADMIN_HEADER,
+    ServerError,
+    TritonServer,
+    find_tritonserver,
+    free_port,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)
@@ -85,21 +92,33 @@ def other_user() -> str:
     if not shutil.which("runuser"):
         pytest.skip("no runuser")
     if subprocess.run(["id", "-u", OTHER_USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            check=True,
+            capture_output=True,
+        )
     return OTHER_USER
 
 
 def as_other(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", other_user(), "--", *cmd], capture_output=True, text=True, timeout=60,
-                          cwd="/")
+    return subprocess.run(
+        ["runuser", "-u", other_user(), "--", *cmd], capture_output=True, text=True, timeout=60, cwd="/"
+    )
 
 
 @pytest.fixture(scope="module")
 def supervised(toy_path, request):
     _tritonserver_or_skip()
-    server = TritonServer(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1", http_port=free_port(),
-                          grpc_port=free_port(), metrics_port=free_port(), admin_key=KEY, private_shm="off")
+    server = TritonServer(
+        model=toy_path,
+        engine_args=ENGINE_ARGS,
+        address="127.0.0.1",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        admin_key=KEY,
+        private_shm="off",
+    )
     print(f"\ntritonserver log: {server.log_file}", flush=True)
     sup = Supervisor(server, ready_timeout=240)
     result = {}
@@ -137,8 +156,11 @@ def test_large_form_post_crash_is_restarted_and_cleaned(supervised):
 
     crashed = time.monotonic()
     body = b"a" * 4_500_000
-    req = urllib.request.Request(f"http://{server.http_url}/v2/health/ready", data=body,
-                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/health/ready",
+        data=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
         urllib.request.urlopen(req, timeout=30)
     assert wait_for(lambda: server.pid != pid, timeout=30), "tritonserver did not die (or was not restarted)"
@@ -147,8 +169,11 @@ def test_large_form_post_crash_is_restarted_and_cleaned(supervised):
     assert [n for n in regions.values() if os.path.exists(f"/dev/shm/{n}")] == []
     assert not group_alive(pid)
 
-    assert wait_for(lambda: supervised.ready.is_set() and served(server.grpc_url), timeout=60 - (time.monotonic() - crashed),
-                    interval=0.5), f"not serving 60 s after the crash; log {server.log_file}:\n{server.log_tail()}"
+    assert wait_for(
+        lambda: supervised.ready.is_set() and served(server.grpc_url),
+        timeout=60 - (time.monotonic() - crashed),
+        interval=0.5,
+    ), f"not serving 60 s after the crash; log {server.log_file}:\n{server.log_tail()}"
     print(f"\ncrash -> ready: {supervised.recoveries[-1]:.1f} s; crash -> served: {time.monotonic() - crashed:.1f} s")
     assert supervised.restarts == before + 1
     assert restarts_metric(server) == supervised.restarts
@@ -182,10 +207,13 @@ def test_killed_stub_drops_its_streams_and_the_server_is_restarted(supervised):
         r = results[i]
         assert r.error is not None, f"stream {i} ended without an error ({r.num_tokens} tokens)"
         assert r.end - killed < 10, f"stream {i} failed only {r.end - killed:.1f} s after the kill: {r.error}"
-    print(f"\nstub killed -> every stream failed: {max(r.end for r in results.values()) - killed:.1f} s "
-          f"({results[0].error[:80]!r})")
-    assert wait_for(lambda: supervised.ready.is_set() and server.pid != pid and served(server.grpc_url),
-                    timeout=120, interval=0.5), server.log_tail()
+    print(
+        f"\nstub killed -> every stream failed: {max(r.end for r in results.values()) - killed:.1f} s "
+        f"({results[0].error[:80]!r})"
+    )
+    assert wait_for(
+        lambda: supervised.ready.is_set() and server.pid != pid and served(server.grpc_url), timeout=120, interval=0.5
+    ), server.log_tail()
     assert supervised.restarts == before + 1
     assert "Python backend stub of model 'ouro'" in server.log_text()
     assert not group_alive(pid)
@@ -207,10 +235,22 @@ def test_second_local_user_cannot_read_shm_or_use_admin_apis(supervised):
         assert r.returncode != 0 and "Permission denied" in r.stderr, (name, r.returncode, r.stderr)
 
     def post(path: str, *headers: str) -> str:
-        r = as_other("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H",
-                     "Content-Type: application/json", *[a for h in headers for a in ("-H", h)], "-d",
-                     json.dumps({"key": "/ouro_test_region", "offset": 0, "byte_size": 64}),
-                     f"http://{server.http_url}{path}")
+        r = as_other(
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            *[a for h in headers for a in ("-H", h)],
+            "-d",
+            json.dumps({"key": "/ouro_test_region", "offset": 0, "byte_size": 64}),
+            f"http://{server.http_url}{path}",
+        )
         return r.stdout
 
     assert post("/v2/systemsharedmemory/region/x/register") == "403"
@@ -245,11 +285,31 @@ def test_sigterm_stops_ouro_serve_cleanly(toy_path, tmp_path):
     _tritonserver_or_skip()
     http, grpc, metrics = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "OURO_ADMIN_KEY"}
-    cmd = [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--model", toy_path, "--address", "127.0.0.1",
-           "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--devices", "cpu",
-           "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--log-file", str(tmp_path / "log")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ouro_backend.entrypoints.serve",
+        "--model",
+        toy_path,
+        "--address",
+        "127.0.0.1",
+        "--http-port",
+        str(http),
+        "--grpc-port",
+        str(grpc),
+        "--metrics-port",
+        str(metrics),
+        "--devices",
+        "cpu",
+        "--engine-arg",
+        "device=cpu",
+        "--engine-arg",
+        "dtype=float32",
+        "--log-file",
+        str(tmp_path / "log"),
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: "queue.Queue[str]" = queue.Queue()
+    lines: queue.Queue[str] = queue.Queue()
     output: list[str] = []
 
     def read():
@@ -318,12 +378,15 @@ def test_restricted_api_options_and_a_users_own(toy_path):
     ours, _ = TritonServer(model=toy_path, admin_key=KEY).command()
     assert [a for a in ours if "restricted" in a] == [
         f"--http-restricted-api=shared-memory,model-repository,logging,trace:{ADMIN_HEADER}={KEY}",
-        f"--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:{ADMIN_HEADER}={KEY}"]
+        f"--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:{ADMIN_HEADER}={KEY}",
+    ]
     mine = "--http-restricted-api=shared-memory:my-key=1"
     server = TritonServer(model=toy_path, admin_key=KEY, extra_args=[mine])
     cmd, _ = server.command()
     assert [a for a in cmd if "restricted" in a] == [
-        f"--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:{ADMIN_HEADER}={KEY}", mine]
+        f"--grpc-restricted-protocol=shared-memory,model-repository,logging,trace:{ADMIN_HEADER}={KEY}",
+        mine,
+    ]
     assert not any("restricted" in a for a in TritonServer(model=toy_path).command()[0])
     with pytest.raises(ServerError, match="admin key"):
         TritonServer(model=toy_path, admin_key="a key with spaces")
@@ -336,8 +399,14 @@ def test_gives_up_after_consecutive_failed_restarts(toy_path):
     """A server that dies and then cannot start again (here tritonserver refuses an option) is retried
     `max_failed_starts` times, then run() gives up with exit code 1 and says so."""
     _tritonserver_or_skip()
-    server = TritonServer(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1", http_port=free_port(),
-                          grpc_port=free_port(), metrics_port=free_port())
+    server = TritonServer(
+        model=toy_path,
+        engine_args=ENGINE_ARGS,
+        address="127.0.0.1",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+    )
     said: list[str] = []
     sup = Supervisor(server, ready_timeout=240, max_failed_starts=2, backoff_s=0.1, log=said.append)
     result = {}

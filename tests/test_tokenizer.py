@@ -5,8 +5,13 @@ from tokenizers import Tokenizer
 
 from ouro_backend.config import ConfigError
 from ouro_backend.model.checkpoint import CheckpointError
-from ouro_backend.model.tokenizer import (PREFIX_WINDOW, REPLACEMENT, IncrementalDetokenizer, decode_delta,
-                                          load_tokenizer)
+from ouro_backend.model.tokenizer import (
+    PREFIX_WINDOW,
+    REPLACEMENT,
+    IncrementalDetokenizer,
+    decode_delta,
+    load_tokenizer,
+)
 from ouro_backend.model.toy import build_tokenizer_json, write_checkpoint
 
 TEXTS = [
@@ -27,7 +32,7 @@ def stream(tok, ids, chunk_sizes=None, **kw) -> list[str]:
     deltas, i = [], 0
     while i < len(ids):
         n = chunk_sizes.pop(0) if chunk_sizes else 1
-        deltas.append(detok.add(ids[i:i + n] if n > 1 else ids[i]))
+        deltas.append(detok.add(ids[i : i + n] if n > 1 else ids[i]))
         i += n
     deltas.append(detok.flush())
     return deltas
@@ -64,7 +69,7 @@ def test_decode_delta_matches_stateful(tok):
     detok = IncrementalDetokenizer(tok)
     stateless = []
     for i, t in enumerate(ids):
-        prefix = ids[max(0, i - PREFIX_WINDOW):i]
+        prefix = ids[max(0, i - PREFIX_WINDOW) : i]
         d = decode_delta(tok, prefix, [t], final=i == len(ids) - 1)
         stateless.append(d)
         assert d == detok.add(t) + (detok.flush() if i == len(ids) - 1 else "")
@@ -80,8 +85,10 @@ def test_fuzz_random_ids_including_invalid_utf8(tok):
         full = tok.decode(ids)
         assert "".join(stream(tok, ids)) == full
         assert "".join(stream(tok, ids, [rng.randint(1, 5) for _ in ids])) == full
-        out = [decode_delta(tok, ids[max(0, i - PREFIX_WINDOW):i], [ids[i]], final=i == len(ids) - 1)
-               for i in range(len(ids))]
+        out = [
+            decode_delta(tok, ids[max(0, i - PREFIX_WINDOW) : i], [ids[i]], final=i == len(ids) - 1)
+            for i in range(len(ids))
+        ]
         assert "".join(out) == full
 
 
@@ -117,7 +124,7 @@ def test_prompt_context(tok):
     gen = tok.encode("très bien 🙂").ids
     detok = IncrementalDetokenizer(tok, prompt_ids=prompt)
     out = "".join(detok.add(i) for i in gen) + detok.flush()
-    assert out == tok.decode(prompt + gen)[len(tok.decode(prompt)):] == "très bien 🙂"
+    assert out == tok.decode(prompt + gen)[len(tok.decode(prompt)) :] == "très bien 🙂"
     assert detok.num_tokens == len(gen)
 
 

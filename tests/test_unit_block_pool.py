@@ -4,6 +4,7 @@ release, eviction, clear, hit rate).
 Blocks here are plain ids; an entry holds one block per plane (4 here). Exact ids, refcounts and free
 counts are asserted, as a safety net for refactors (tests/conftest.py, tier `unit`).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -4,6 +4,7 @@ A characterization safety net: every block id, table and count below is what the
 refactor that changes allocation order, layout tables or growth shows up here first (tests/conftest.py,
 tier `unit`). No checkpoint, no model, no forward.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,18 @@ BS, T = 4, 4  # block size, loops (= planes)
 
 
 def make_kv(layout=KVLayout.LAST_EXITED, num_blocks=32, prefix=False) -> KVCache:
-    return KVCache(num_layers=2, num_blocks=num_blocks, block_size=BS, kv_heads=1, head_dim=2, num_loops=T,
-                   layout=layout, dtype=torch.float32, device=torch.device("cpu"), enable_prefix_caching=prefix)
+    return KVCache(
+        num_layers=2,
+        num_blocks=num_blocks,
+        block_size=BS,
+        kv_heads=1,
+        head_dim=2,
+        num_loops=T,
+        layout=layout,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        enable_prefix_caching=prefix,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ KVCache
@@ -43,15 +54,18 @@ def test_decode_planes_per_layout():
     assert make_kv("shared").layout is KVLayout.SHARED  # the string works too
 
 
-@pytest.mark.parametrize("layout, prompt_len, horizon, needed", [
-    (KVLayout.LAST_EXITED, 6, 6, 8),  # 2 blocks x 4 planes
-    (KVLayout.LAST_EXITED, 6, 10, 12),  # every plane decodes: 3 x 4
-    (KVLayout.LAST_EXITED, 6, 3, 8),  # a horizon inside the prompt: the prompt still counts
-    (KVLayout.LAST_EXITED, 4, 5, 8),  # one position past a full block: a second block everywhere
-    (KVLayout.SHARED, 6, 6, 8),
-    (KVLayout.SHARED, 6, 10, 9),  # planes 0-2 cover the prompt (2 each), the last plane 3
-    (KVLayout.SHARED, 6, 17, 11),  # 2 + 2 + 2 + 5
-])
+@pytest.mark.parametrize(
+    "layout, prompt_len, horizon, needed",
+    [
+        (KVLayout.LAST_EXITED, 6, 6, 8),  # 2 blocks x 4 planes
+        (KVLayout.LAST_EXITED, 6, 10, 12),  # every plane decodes: 3 x 4
+        (KVLayout.LAST_EXITED, 6, 3, 8),  # a horizon inside the prompt: the prompt still counts
+        (KVLayout.LAST_EXITED, 4, 5, 8),  # one position past a full block: a second block everywhere
+        (KVLayout.SHARED, 6, 6, 8),
+        (KVLayout.SHARED, 6, 10, 9),  # planes 0-2 cover the prompt (2 each), the last plane 3
+        (KVLayout.SHARED, 6, 17, 11),  # 2 + 2 + 2 + 5
+    ],
+)
 def test_blocks_needed(layout, prompt_len, horizon, needed):
     assert make_kv(layout).blocks_needed(prompt_len, horizon) == needed
 
@@ -93,8 +107,16 @@ def test_grow_last_exited_returns_the_new_entries():
     assert tables == [[0, 1, 8], [2, 3, 9], [4, 5, 10], [6, 7, 11]]
     assert kv.growth_needed(tables, 9) == 0 and kv.grow(tables, 9) == []
     # Two blocks at once per plane, plane by plane.
-    assert kv.grow(tables, 20) == [(0, 3, 12), (0, 4, 13), (1, 3, 14), (1, 4, 15), (2, 3, 16), (2, 4, 17),
-                                   (3, 3, 18), (3, 4, 19)]
+    assert kv.grow(tables, 20) == [
+        (0, 3, 12),
+        (0, 4, 13),
+        (1, 3, 14),
+        (1, 4, 15),
+        (2, 3, 16),
+        (2, 4, 17),
+        (3, 3, 18),
+        (3, 4, 19),
+    ]
     assert kv.pool.num_free == 12
     # A horizon behind the tables never shrinks them.
     assert kv.grow(tables, 4) == [] and [len(t) for t in tables] == [5, 5, 5, 5]
@@ -186,8 +208,11 @@ def test_take_without_prefix_cache_raises_when_short():
 
 def test_kv_slots_is_kv_slot_over_a_range():
     kv = make_kv()
-    assert kv.kv_slots([5, 2, 9], 2, 10) == [kv.kv_slot([5, 2, 9], p) for p in range(2, 10)] == \
-        [22, 23, 8, 9, 10, 11, 36, 37]
+    assert (
+        kv.kv_slots([5, 2, 9], 2, 10)
+        == [kv.kv_slot([5, 2, 9], p) for p in range(2, 10)]
+        == [22, 23, 8, 9, 10, 11, 36, 37]
+    )
     assert kv.kv_slots([5], 1, 1) == []
 
 

@@ -1,6 +1,7 @@
 """Model-free unit tier: what the runner builds on the host before a launch (tests/conftest.py, tier `unit`):
 the prompt chunks' layout (`prompt_batch`), which slots a row graph runs (`graph_rows`), the graphs' buckets
 and CPU staging. Exact values throughout."""
+
 from __future__ import annotations
 
 import torch

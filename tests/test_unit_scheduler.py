@@ -6,6 +6,7 @@ plan's prompt chunks, decode slots, admissions, releases, table growth and preem
 exactly (tests/conftest.py, tier `unit`). Geometry everywhere: block_size 4, 4 loops (planes),
 last_exited unless a test says otherwise; `decode_rounds_per_launch=1` so the lookahead is 2 positions.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -28,14 +29,29 @@ def make(num_blocks=32, layout="last_exited", prefix=False, **kw) -> Scheduler:
     kw.setdefault("kv_watermark", 0.0)
     cfg = EngineConfig(block_size=BS, kv_layout=layout, enable_prefix_caching=prefix, **kw).validate()
     assert cfg.model is None  # nothing here resolves or loads a model
-    kv = KVCache(2, num_blocks, BS, 1, 2, T, KVLayout(layout), torch.float32, torch.device("cpu"),
-                 enable_prefix_caching=cfg.prefix_caching)
+    kv = KVCache(
+        2,
+        num_blocks,
+        BS,
+        1,
+        2,
+        T,
+        KVLayout(layout),
+        torch.float32,
+        torch.device("cpu"),
+        enable_prefix_caching=cfg.prefix_caching,
+    )
     return Scheduler(cfg, kv, T)
 
 
 def req(rid, n, max_tokens=8, start=100, temperature=0.0) -> Sequence:
-    return Sequence(rid, list(range(start, start + n)), SamplingParams(max_tokens=max_tokens, temperature=temperature),
-                    0, StopChecker([]))
+    return Sequence(
+        rid,
+        list(range(start, start + n)),
+        SamplingParams(max_tokens=max_tokens, temperature=temperature),
+        0,
+        StopChecker([]),
+    )
 
 
 def chunks(plan: SchedulerOutput):
@@ -266,8 +282,15 @@ def test_decode_rows_span_every_running_request_past_its_prompt():
 
 
 def test_speculative_steps_replace_decode_rounds_when_there_is_no_prompt_work():
-    s = make(num_blocks=64, max_num_seqs=2, max_num_batched_tokens=16, decode_rounds_per_launch=4, spec_tokens=2,
-             exit_threshold=1.0, spec_auto=False)
+    s = make(
+        num_blocks=64,
+        max_num_seqs=2,
+        max_num_batched_tokens=16,
+        decode_rounds_per_launch=4,
+        spec_tokens=2,
+        exit_threshold=1.0,
+        spec_auto=False,
+    )
     assert s.lookahead == 2 * 4 + 2
     a = req("a", 4)
     s.add(a)
@@ -515,8 +538,10 @@ def test_prefix_cache_second_request_reuses_the_first_ones_full_blocks():
     k0, k1 = a.prompt_keys
     assert len(a.prompt_keys) == 2 and a.cached_keys == [k0, k1]
     assert prefix.num_entries == 2
-    assert {k: (prefix.blocks_of(k), prefix.refs(k)) for k in (k0, k1)} == {k0: ((0, 3, 6, 9), 1),
-                                                                            k1: ((1, 4, 7, 10), 1)}
+    assert {k: (prefix.blocks_of(k), prefix.refs(k)) for k in (k0, k1)} == {
+        k0: ((0, 3, 6, 9), 1),
+        k1: ((1, 4, 7, 10), 1),
+    }
     b = req("b", 10, 2)  # the same prompt
     s.add(b)
     emit(a)

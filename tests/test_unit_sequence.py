@@ -3,6 +3,7 @@
 The tokenizer is a stand-in with one fixed string per id (only `decode` is used), so every text, hold-back
 and trim below is exact (tests/conftest.py, tier `unit`).
 """
+
 from __future__ import annotations
 
 import pytest

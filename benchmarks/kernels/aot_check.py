@@ -8,6 +8,7 @@ unit strides become constants, pointers and the other strides are marked 16-divi
 prints registers / spills per kernel (needs a ptxas that accepts the generated PTX version).
 Must be imported WITHOUT ``TRITON_INTERPRET=1`` (the kernels have to be real JIT functions).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,7 @@ def _compile(kernel, args: dict, arch: int, **options):
             sig[name] = v
             if v.startswith("*") or name.startswith("stride_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", arch, 32),
-                          options=options)
+    return triton.compile(ASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _strides(prefix: str, dims: str, unit_last=True) -> dict:
@@ -54,27 +54,86 @@ def configs():
     for dt, fp32 in (("bf16", False), ("fp32", True)):
         for max_q, splits in ((1, 1), (1, 4), (1024, 1)):
             g_pad, hd_pad, bq, bm, bn, nw, ns = attention._attn_config(max_q, 1, HD, fp32, None, None, None, None)
-            a = dict(q_ptr=f"*{dt}", kc_ptr=f"*{dt}", vc_ptr=f"*{dt}", out_ptr=f"*{dt}", o_part_ptr="*fp32",
-                     lse_part_ptr="*fp32", cu_q_ptr="*i32", seq_lens_ptr="*i32", bt_ptr="*i32", qk_scale="fp32",
-                     num_tokens="i32", stride_bt="i32", NUM_HEADS=H, QUERIES_PER_KV=1, G_PAD=g_pad,
-                     HEAD_DIM=HD, HD_PAD=hd_pad, BLOCK_SIZE=BS, BLOCK_Q=bq, BLOCK_M=bm, BLOCK_N=bn,
-                     NUM_SPLITS=splits, DOT_PREC="ieee" if fp32 else "tf32", INTERP=False)
+            a = dict(
+                q_ptr=f"*{dt}",
+                kc_ptr=f"*{dt}",
+                vc_ptr=f"*{dt}",
+                out_ptr=f"*{dt}",
+                o_part_ptr="*fp32",
+                lse_part_ptr="*fp32",
+                cu_q_ptr="*i32",
+                seq_lens_ptr="*i32",
+                bt_ptr="*i32",
+                qk_scale="fp32",
+                num_tokens="i32",
+                stride_bt="i32",
+                NUM_HEADS=H,
+                QUERIES_PER_KV=1,
+                G_PAD=g_pad,
+                HEAD_DIM=HD,
+                HD_PAD=hd_pad,
+                BLOCK_SIZE=BS,
+                BLOCK_Q=bq,
+                BLOCK_M=bm,
+                BLOCK_N=bn,
+                NUM_SPLITS=splits,
+                DOT_PREC="ieee" if fp32 else "tf32",
+                INTERP=False,
+            )
             for p in "qo":
                 a.update(_strides(p, "nhd"))
             for p in "kv":
                 a.update(_strides(p, "bshd"))
-            out.append((f"paged_attn {dt} max_q={max_q} splits={splits} BM={bm} BN={bn} w={nw} s={ns}",
-                        attention._paged_attn_kernel, a, dict(num_warps=nw, num_stages=ns)))
-        a = dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr=f"*{dt}", num_tokens="i32",
-                 NUM_HEADS=H, HEAD_DIM=HD, HD_PAD=HD, NUM_SPLITS=4, S_PAD=4, INTERP=False, **_strides("o", "nhd"))
+            out.append(
+                (
+                    f"paged_attn {dt} max_q={max_q} splits={splits} BM={bm} BN={bn} w={nw} s={ns}",
+                    attention._paged_attn_kernel,
+                    a,
+                    dict(num_warps=nw, num_stages=ns),
+                )
+            )
+        a = dict(
+            o_part_ptr="*fp32",
+            lse_part_ptr="*fp32",
+            out_ptr=f"*{dt}",
+            num_tokens="i32",
+            NUM_HEADS=H,
+            HEAD_DIM=HD,
+            HD_PAD=HD,
+            NUM_SPLITS=4,
+            S_PAD=4,
+            INTERP=False,
+            **_strides("o", "nhd"),
+        )
         out.append((f"combine_splits {dt}", attention._combine_splits_kernel, a, dict(num_warps=2)))
     # GQA (G=3 padded to 4), head_dim 96 padded to 128, prefill tile
     g_pad, hd_pad, bq, bm, bn, nw, ns = attention._attn_config(512, 3, 96, False, None, None, None, None)
-    a = dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", out_ptr="*bf16", o_part_ptr="*fp32",
-             lse_part_ptr="*fp32", cu_q_ptr="*i32", seq_lens_ptr="*i32", bt_ptr="*i32", qk_scale="fp32",
-             num_tokens="i32", stride_bt="i32", NUM_HEADS=12, QUERIES_PER_KV=3, G_PAD=g_pad, HEAD_DIM=96,
-             HD_PAD=hd_pad, BLOCK_SIZE=BS, BLOCK_Q=bq, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=1, DOT_PREC="tf32",
-             INTERP=False)
+    a = dict(
+        q_ptr="*bf16",
+        kc_ptr="*bf16",
+        vc_ptr="*bf16",
+        out_ptr="*bf16",
+        o_part_ptr="*fp32",
+        lse_part_ptr="*fp32",
+        cu_q_ptr="*i32",
+        seq_lens_ptr="*i32",
+        bt_ptr="*i32",
+        qk_scale="fp32",
+        num_tokens="i32",
+        stride_bt="i32",
+        NUM_HEADS=12,
+        QUERIES_PER_KV=3,
+        G_PAD=g_pad,
+        HEAD_DIM=96,
+        HD_PAD=hd_pad,
+        BLOCK_SIZE=BS,
+        BLOCK_Q=bq,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        NUM_SPLITS=1,
+        DOT_PREC="tf32",
+        INTERP=False,
+    )
     for p in "qo":
         a.update(_strides(p, "nhd"))
     for p in "kv":
@@ -83,37 +142,110 @@ def configs():
 
     dt = "bf16"
     kv_tile = dict(BLOCK_SIZE=BS, NUM_KV_HEADS=KVH, HEAD_DIM=HD, BLOCK_H=16, BLOCK_D=HD)
-    a = dict(k_ptr=f"*{dt}", v_ptr=f"*{dt}", kc_ptr=f"*{dt}", vc_ptr=f"*{dt}", slot_ptr="*i64", INTERP=False,
-             **kv_tile, **_strides("k", "nhd"), **_strides("v", "nhd"), **_strides("kc", "bshd"),
-             **_strides("vc", "bshd"))
+    a = dict(
+        k_ptr=f"*{dt}",
+        v_ptr=f"*{dt}",
+        kc_ptr=f"*{dt}",
+        vc_ptr=f"*{dt}",
+        slot_ptr="*i64",
+        INTERP=False,
+        **kv_tile,
+        **_strides("k", "nhd"),
+        **_strides("v", "nhd"),
+        **_strides("kc", "bshd"),
+        **_strides("vc", "bshd"),
+    )
     out.append(("write_kv", attention._write_kv_kernel, a, dict(num_warps=4)))
     a = dict(a, k_ptr="*fp32", v_ptr="*fp32")
     out.append(("write_kv fp32->bf16", attention._write_kv_kernel, a, dict(num_warps=4)))
-    a = dict(kv_ptr=f"*{dt}", src_ptr="*i64", dst_ptr="*i64", stride_l="i64", stride_kv="i32", stride_b="i32",
-             stride_s="i32", stride_h="i32", stride_d=1, **kv_tile)
+    a = dict(
+        kv_ptr=f"*{dt}",
+        src_ptr="*i64",
+        dst_ptr="*i64",
+        stride_l="i64",
+        stride_kv="i32",
+        stride_b="i32",
+        stride_s="i32",
+        stride_h="i32",
+        stride_d=1,
+        **kv_tile,
+    )
     out.append(("copy_kv_slots", attention._copy_kv_slots_kernel, a, dict(num_warps=4)))
     nopt = dict(num_warps=8, enable_fp_fusion=False)
     for ndt in ("bf16", "fp32"):
-        a = dict(x_ptr=f"*{ndt}", w_ptr=f"*{ndt}", y_ptr=f"*{ndt}", stride_xn="i32", stride_yn="i32", D="i32",
-                 eps="fp32", BLOCK_D=D, INTERP=False)
+        a = dict(
+            x_ptr=f"*{ndt}",
+            w_ptr=f"*{ndt}",
+            y_ptr=f"*{ndt}",
+            stride_xn="i32",
+            stride_yn="i32",
+            D="i32",
+            eps="fp32",
+            BLOCK_D=D,
+            INTERP=False,
+        )
         out.append((f"rms_norm {ndt}", norm._rms_norm_kernel, a, nopt))
-        a = dict(x_ptr=f"*{ndt}", res_ptr=f"*{ndt}", w_post_ptr=f"*{ndt}", w_next_ptr=f"*{ndt}",
-                 res_out_ptr=f"*{ndt}", y_ptr=f"*{ndt}", stride_xn="i32", stride_rn="i32", stride_ron="i32",
-                 stride_yn="i32", D="i32", eps="fp32", BLOCK_D=D, INTERP=False)
+        a = dict(
+            x_ptr=f"*{ndt}",
+            res_ptr=f"*{ndt}",
+            w_post_ptr=f"*{ndt}",
+            w_next_ptr=f"*{ndt}",
+            res_out_ptr=f"*{ndt}",
+            y_ptr=f"*{ndt}",
+            stride_xn="i32",
+            stride_rn="i32",
+            stride_ron="i32",
+            stride_yn="i32",
+            D="i32",
+            eps="fp32",
+            BLOCK_D=D,
+            INTERP=False,
+        )
         out.append((f"sandwich_norm {ndt}", norm._sandwich_norm_kernel, a, nopt))
     ropt = dict(num_warps=4, enable_fp_fusion=False)
-    heads = dict(NUM_Q_HEADS=H, NUM_K_HEADS=KVH, HALF=HD // 2, BLOCK_HQ=16, BLOCK_HK=16, BLOCK_HALF=HD // 2,
-                 INTERP=False)
-    a = dict(q_ptr=f"*{dt}", k_ptr=f"*{dt}", pos_ptr="*i64", cs_ptr="*fp32", stride_cs="i32", **heads,
-             **_strides("q", "nhd"), **_strides("k", "nhd"))
+    heads = dict(
+        NUM_Q_HEADS=H, NUM_K_HEADS=KVH, HALF=HD // 2, BLOCK_HQ=16, BLOCK_HK=16, BLOCK_HALF=HD // 2, INTERP=False
+    )
+    a = dict(
+        q_ptr=f"*{dt}",
+        k_ptr=f"*{dt}",
+        pos_ptr="*i64",
+        cs_ptr="*fp32",
+        stride_cs="i32",
+        **heads,
+        **_strides("q", "nhd"),
+        **_strides("k", "nhd"),
+    )
     out.append(("rope", rope._rope_kernel, a, ropt))
-    a = dict(q_ptr=f"*{dt}", k_ptr=f"*{dt}", v_ptr=f"*{dt}", pos_ptr="*i64", cs_ptr="*fp32", kc_ptr=f"*{dt}",
-             vc_ptr=f"*{dt}", slot_ptr="*i64", stride_cs="i32", BLOCK_SIZE=BS, **heads,
-             **_strides("q", "nhd"), **_strides("k", "nhd"), **_strides("v", "nhd"), **_strides("kc", "bshd"),
-             **_strides("vc", "bshd"))
+    a = dict(
+        q_ptr=f"*{dt}",
+        k_ptr=f"*{dt}",
+        v_ptr=f"*{dt}",
+        pos_ptr="*i64",
+        cs_ptr="*fp32",
+        kc_ptr=f"*{dt}",
+        vc_ptr=f"*{dt}",
+        slot_ptr="*i64",
+        stride_cs="i32",
+        BLOCK_SIZE=BS,
+        **heads,
+        **_strides("q", "nhd"),
+        **_strides("k", "nhd"),
+        **_strides("v", "nhd"),
+        **_strides("kc", "bshd"),
+        **_strides("vc", "bshd"),
+    )
     out.append(("rope_and_write_kv", rope._rope_write_kv_kernel, a, ropt))
-    a = dict(x_ptr=f"*{dt}", y_ptr=f"*{dt}", stride_xn="i32", stride_yn="i32", I="i32", BLOCK=1024, INTERP=False,
-             LIBDEVICE=activation._HAS_LIBDEVICE)
+    a = dict(
+        x_ptr=f"*{dt}",
+        y_ptr=f"*{dt}",
+        stride_xn="i32",
+        stride_yn="i32",
+        I="i32",
+        BLOCK=1024,
+        INTERP=False,
+        LIBDEVICE=activation._HAS_LIBDEVICE,
+    )
     out.append(("silu_mul", activation._silu_mul_kernel, a, dict(num_warps=4, enable_fp_fusion=False)))
     return out
 
@@ -130,11 +262,17 @@ def _ptxas_info(ptx: str, arch: int) -> str:
             path = os.path.join(bindir, exe)
             if not os.path.exists(path):
                 continue
-            r = subprocess.run([path, f"--gpu-name=sm_{arch}a", "-v", src, "-o", os.path.join(d, "k.cubin")],
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                [path, f"--gpu-name=sm_{arch}a", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode == 0:
-                lines = [ln.split(":", 1)[-1].strip() for ln in (r.stdout + r.stderr).splitlines()
-                         if "registers" in ln or "spill" in ln]
+                lines = [
+                    ln.split(":", 1)[-1].strip()
+                    for ln in (r.stdout + r.stderr).splitlines()
+                    if "registers" in ln or "spill" in ln
+                ]
                 return " | ".join(lines)
     return "(ptxas unavailable)"
 
@@ -149,7 +287,7 @@ def compile_all(arch: int = 90, verbose: bool = True, ptxas_v: bool = False) -> 
             msg = f"ok  {time.time() - t:5.1f}s  smem={ck.metadata.shared}"
             if ptxas_v:
                 msg += "  " + _ptxas_info(ck.asm["ptx"], arch)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             failures += 1
             msg = f"FAILED: {type(e).__name__}: {str(e)[:2000]}"
         if verbose:

@@ -10,6 +10,7 @@ plain-PyTorch equivalent exists it is timed too (``torch_us``; for attention: SD
 A CUDA-graph check captures rope+KV write, decode attention (split-K) and the sandwich norm, replays with
 changed lengths/slots, and compares with eager references. Exit status 1 if any check fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,11 @@ def _ulp_stats(got: torch.Tensor, ref: torch.Tensor) -> dict:
     a = got.to(torch.bfloat16).view(torch.int16).to(torch.int32)
     b = ref.to(torch.bfloat16).view(torch.int16).to(torch.int32)
     d = (a - b).abs()
-    return {"max_ulp": int(d.max().item()), "exact_frac": float((d == 0).float().mean().item()),
-            "finite": bool(torch.isfinite(got.float()).all().item())}
+    return {
+        "max_ulp": int(d.max().item()),
+        "exact_frac": float((d == 0).float().mean().item()),
+        "finite": bool(torch.isfinite(got.float()).all().item()),
+    }
 
 
 def _ulp_ok(st: dict, max_ulp=1, min_exact=0.99) -> bool:
@@ -68,7 +72,7 @@ def _paged_batch(ns, seq_lens, dev, gen, dtype=DT):
     bt = torch.zeros(R, max_blocks, dtype=torch.int32)
     c = 0
     for r, nb in enumerate(nblk):
-        bt[r, :nb] = perm[c:c + nb].to(torch.int32)
+        bt[r, :nb] = perm[c : c + nb].to(torch.int32)
         c += nb
     kc = torch.randn(total, BS, KVH, HD, device=dev, dtype=dtype)
     vc = torch.randn(total, BS, KVH, HD, device=dev, dtype=dtype)
@@ -94,8 +98,7 @@ class Runner:
         self.rows = []
         self.failed = False
 
-    def record(self, name, shape, fn=None, nbytes=None, check=None, ok=True, torch_fn=None, flops=None,
-               extra=None):
+    def record(self, name, shape, fn=None, nbytes=None, check=None, ok=True, torch_fn=None, flops=None, extra=None):
         row = {"name": name, "shape": shape, "ok": bool(ok), "check": check or {}}
         try:
             if fn is not None:
@@ -121,8 +124,7 @@ class Runner:
 
     def error(self, name, exc):
         self.failed = True
-        row = {"name": name, "ok": False, "error": f"{type(exc).__name__}: {exc}",
-               "traceback": traceback.format_exc()}
+        row = {"name": name, "ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         self.rows.append(row)
         print(f"{name:34s} ERROR {row['error']}", flush=True)
         traceback.print_exc()
@@ -136,8 +138,11 @@ class Runner:
         extra = f" {r['TFLOPs']:.1f} TFLOP/s" if "TFLOPs" in r else ""
         chk = "ok  " if r["ok"] else "FAIL"
         cfg = f" cfg={r['config']}" if "config" in r else ""
-        print(f"{r['name']:34s} {chk} {us} us {gbs} GB/s {pct}  torch {tus} us{extra} "
-              f"{json.dumps(r['check'])}{cfg}" + (f" ERROR {r['error']}" if "error" in r else ""), flush=True)
+        print(
+            f"{r['name']:34s} {chk} {us} us {gbs} GB/s {pct}  torch {tus} us{extra} "
+            f"{json.dumps(r['check'])}{cfg}" + (f" ERROR {r['error']}" if "error" in r else ""),
+            flush=True,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -152,7 +157,7 @@ def bench_decode_attention(run: Runner, dev, gen):
         name = f"decode_attn B={B} ctx={ctx}"
         try:
             q, kc, vc, cu, sl, bt = _paged_batch([1] * B, [ctx] * B, dev, gen)
-            scale = HD ** -0.5
+            scale = HD**-0.5
             out = paged_attention(q, kc, vc, cu, sl, bt, scale, 1)
             ref = paged_attention_ref(q, kc, vc, cu, sl, bt, scale, 1)
             err = _rel_err(out, ref)
@@ -161,14 +166,27 @@ def bench_decode_attention(run: Runner, dev, gen):
             q_d = q.view(B, H, 1, HD)
             sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q_d, k_d, v_d)  # noqa: E731
             splits = auto_num_splits(B, KVH, 1, q.device)
-            run.record(name, {"B": B, "ctx": ctx}, lambda: paged_attention(q, kc, vc, cu, sl, bt, scale, 1, out=out),
-                       nbytes, {"rel_err": err}, err < 2e-2, torch_fn=sdpa, extra={"num_splits": splits})
+            run.record(
+                name,
+                {"B": B, "ctx": ctx},
+                lambda: paged_attention(q, kc, vc, cu, sl, bt, scale, 1, out=out),
+                nbytes,
+                {"rel_err": err},
+                err < 2e-2,
+                torch_fn=sdpa,
+                extra={"num_splits": splits},
+            )
             if splits != 1:
                 out1 = paged_attention(q, kc, vc, cu, sl, bt, scale, 1, num_splits=1)
                 err1 = _rel_err(out1, ref)
-                run.record(name + " splits=1", {"B": B, "ctx": ctx},
-                           lambda: paged_attention(q, kc, vc, cu, sl, bt, scale, 1, out=out1, num_splits=1),
-                           nbytes, {"rel_err": err1}, err1 < 2e-2)
+                run.record(
+                    name + " splits=1",
+                    {"B": B, "ctx": ctx},
+                    lambda: paged_attention(q, kc, vc, cu, sl, bt, scale, 1, out=out1, num_splits=1),
+                    nbytes,
+                    {"rel_err": err1},
+                    err1 < 2e-2,
+                )
             if run.args.sweep:
                 _sweep_attention(run, name, q, kc, vc, cu, sl, bt, scale, 1, nbytes, decode=True)
             q = kc = vc = k_d = v_d = None  # the GPU memory goes before the next batch takes its own
@@ -183,7 +201,7 @@ def bench_prefill_attention(run: Runner, dev, gen):
     name = f"prefill_attn {R}x{n}"
     try:
         q, kc, vc, cu, sl, bt = _paged_batch([n] * R, [n] * R, dev, gen)
-        scale = HD ** -0.5
+        scale = HD**-0.5
         out = paged_attention(q, kc, vc, cu, sl, bt, scale, n)
         ref = paged_attention_ref(q, kc, vc, cu, sl, bt, scale, n)
         err = _rel_err(out, ref)
@@ -192,9 +210,16 @@ def bench_prefill_attention(run: Runner, dev, gen):
         k_d, v_d = _gather_dense(kc, vc, bt, n, R)
         q_d = q.view(R, n, H, HD).transpose(1, 2).contiguous()
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q_d, k_d, v_d, is_causal=True)  # noqa
-        run.record(name, {"rows": R, "tokens_per_row": n},
-                   lambda: paged_attention(q, kc, vc, cu, sl, bt, scale, n, out=out),
-                   nbytes, {"rel_err": err}, err < 2e-2, torch_fn=sdpa, flops=flops)
+        run.record(
+            name,
+            {"rows": R, "tokens_per_row": n},
+            lambda: paged_attention(q, kc, vc, cu, sl, bt, scale, n, out=out),
+            nbytes,
+            {"rel_err": err},
+            err < 2e-2,
+            torch_fn=sdpa,
+            flops=flops,
+        )
         if run.args.sweep:
             _sweep_attention(run, name, q, kc, vc, cu, sl, bt, scale, n, nbytes, decode=False, flops=flops)
         q = kc = vc = k_d = v_d = None  # the GPU memory goes before the next benchmark
@@ -207,14 +232,19 @@ def bench_prefill_attention(run: Runner, dev, gen):
         ns = [chunk] + [1] * ndec
         sls = [chunk_len] + [CTX] * ndec
         q, kc, vc, cu, sl, bt = _paged_batch(ns, sls, dev, gen)
-        scale = HD ** -0.5
+        scale = HD**-0.5
         out = paged_attention(q, kc, vc, cu, sl, bt, scale, chunk)
         ref = paged_attention_ref(q, kc, vc, cu, sl, bt, scale, chunk)
         err = _rel_err(out, ref)
         nbytes = sum(sls) * KVH * HD * 2 * 2 + 2 * q.numel() * 2
-        run.record(name, {"ns": f"{chunk}+{ndec}x1"},
-                   lambda: paged_attention(q, kc, vc, cu, sl, bt, scale, chunk, out=out),
-                   nbytes, {"rel_err": err}, err < 2e-2)
+        run.record(
+            name,
+            {"ns": f"{chunk}+{ndec}x1"},
+            lambda: paged_attention(q, kc, vc, cu, sl, bt, scale, chunk, out=out),
+            nbytes,
+            {"rel_err": err},
+            err < 2e-2,
+        )
     except Exception as e:
         run.error(name, e)
 
@@ -223,11 +253,21 @@ def _sweep_attention(run, name, q, kc, vc, cu, sl, bt, scale, max_q, nbytes, dec
     from ouro_backend.kernels import paged_attention
 
     if decode:
-        grid = [dict(block_n=bn, num_warps=w, num_stages=s, num_splits=sp)
-                for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4) for sp in (1, 2, 4, 8)]
+        grid = [
+            dict(block_n=bn, num_warps=w, num_stages=s, num_splits=sp)
+            for bn in (32, 64, 128)
+            for w in (2, 4, 8)
+            for s in (2, 3, 4)
+            for sp in (1, 2, 4, 8)
+        ]
     else:
-        grid = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
-                for bm in (64, 128) for bn in (32, 64, 128) for w in (4, 8) for s in (1, 2, 3)]
+        grid = [
+            dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+            for bm in (64, 128)
+            for bn in (32, 64, 128)
+            for w in (4, 8)
+            for s in (1, 2, 3)
+        ]
     import random
 
     random.Random(0).shuffle(grid)  # a time-boxed sweep still samples the whole grid
@@ -245,9 +285,16 @@ def _sweep_attention(run, name, q, kc, vc, cu, sl, bt, scale, max_q, nbytes, dec
             best = (us, cfg)
     if best is not None:
         us, cfg = best
-        row = {"name": name + " [sweep best]", "ok": True, "check": {}, "us": us, "config": cfg,
-               "bytes": int(nbytes), "GBps": nbytes / (us * 1e-6) / 1e9,
-               "pct_hbm_peak": 100.0 * nbytes / (us * 1e-6) / HBM_PEAK}
+        row = {
+            "name": name + " [sweep best]",
+            "ok": True,
+            "check": {},
+            "us": us,
+            "config": cfg,
+            "bytes": int(nbytes),
+            "GBps": nbytes / (us * 1e-6) / 1e9,
+            "pct_hbm_peak": 100.0 * nbytes / (us * 1e-6) / HBM_PEAK,
+        }
         if flops:
             row["TFLOPs"] = flops / (us * 1e-6) / 1e12
         run.rows.append(row)
@@ -264,8 +311,15 @@ def bench_norms(run: Runner, dev, gen):
             w = (1 + 0.2 * torch.randn(HIDDEN, device=dev)).to(DT)
             y = rms_norm(x, w, EPS)
             st = _ulp_stats(y, rms_norm_ref(x, w, EPS))
-            run.record(name, {"N": N, "D": HIDDEN}, lambda: rms_norm(x, w, EPS, out=y), 2 * N * HIDDEN * 2 + HIDDEN * 2,
-                       st, _ulp_ok(st), torch_fn=lambda: rms_norm_ref(x, w, EPS))
+            run.record(
+                name,
+                {"N": N, "D": HIDDEN},
+                lambda: rms_norm(x, w, EPS, out=y),
+                2 * N * HIDDEN * 2 + HIDDEN * 2,
+                st,
+                _ulp_ok(st),
+                torch_fn=lambda: rms_norm_ref(x, w, EPS),
+            )
         except Exception as e:
             run.error(name, e)
         name = f"sandwich_norm N={N}"
@@ -277,23 +331,36 @@ def bench_norms(run: Runner, dev, gen):
             nr, y = sandwich_norm(x, res, w1, w2, EPS)
             nr_ref, y_ref = sandwich_norm_ref(x, res, w1, w2, EPS)
             st1, st2 = _ulp_stats(nr, nr_ref), _ulp_stats(y, y_ref)
-            run.record(name, {"N": N, "D": HIDDEN},
-                       lambda: sandwich_norm(x, res, w1, w2, EPS, residual_out=nr, out=y),
-                       4 * N * HIDDEN * 2 + 2 * HIDDEN * 2, {"residual": st1, "y": st2},
-                       _ulp_ok(st1) and _ulp_ok(st2), torch_fn=lambda: sandwich_norm_ref(x, res, w1, w2, EPS))
+            run.record(
+                name,
+                {"N": N, "D": HIDDEN},
+                lambda: sandwich_norm(x, res, w1, w2, EPS, residual_out=nr, out=y),
+                4 * N * HIDDEN * 2 + 2 * HIDDEN * 2,
+                {"residual": st1, "y": st2},
+                _ulp_ok(st1) and _ulp_ok(st2),
+                torch_fn=lambda: sandwich_norm_ref(x, res, w1, w2, EPS),
+            )
         except Exception as e:
             run.error(name, e)
 
 
 def bench_rope_kv(run: Runner, dev, gen):
-    from ouro_backend.kernels import build_cos_sin_cache, rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref, write_kv, write_kv_ref
+    from ouro_backend.kernels import (
+        build_cos_sin_cache,
+        rope_,
+        rope_and_write_kv,
+        rope_and_write_kv_ref,
+        rope_ref,
+        write_kv,
+        write_kv_ref,
+    )
 
     cache = build_cos_sin_cache(MAX_POS, HD, 1e6, device=dev)
     for N in TOKENS:
         qkv = torch.randn(N, (H + 2 * KVH) * HD, device=dev, dtype=DT)
         q = qkv[:, : H * HD].view(N, H, HD)
-        k = qkv[:, H * HD:(H + KVH) * HD].view(N, KVH, HD)
-        v = qkv[:, (H + KVH) * HD:].view(N, KVH, HD)
+        k = qkv[:, H * HD : (H + KVH) * HD].view(N, KVH, HD)
+        v = qkv[:, (H + KVH) * HD :].view(N, KVH, HD)
         positions = torch.randint(0, min(4096, MAX_POS), (N,), device=dev, dtype=torch.int64)
         nblocks = N // BS + 64
         slots = torch.randperm(nblocks * BS, device=dev)[:N].to(torch.int64)
@@ -309,9 +376,15 @@ def bench_rope_kv(run: Runner, dev, gen):
             rope_ref(q2, k2, positions, cache)
             st = {"q": _ulp_stats(q1, q2), "k": _ulp_stats(k1, k2)}
             nbytes = 2 * N * (H + KVH) * HD * 2 + N * HD * 4 + N * 8
-            run.record(name, {"N": N}, lambda: rope_(q, k, positions, cache), nbytes, st,
-                       _ulp_ok(st["q"], 0, 1.0) and _ulp_ok(st["k"], 0, 1.0),
-                       torch_fn=lambda: rope_ref(q1, k1, positions, cache))
+            run.record(
+                name,
+                {"N": N},
+                lambda: rope_(q, k, positions, cache),
+                nbytes,
+                st,
+                _ulp_ok(st["q"], 0, 1.0) and _ulp_ok(st["k"], 0, 1.0),
+                torch_fn=lambda: rope_ref(q1, k1, positions, cache),
+            )
         except Exception as e:
             run.error(name, e)
 
@@ -322,8 +395,15 @@ def bench_rope_kv(run: Runner, dev, gen):
             write_kv_ref(k, v, kc2, vc2, slots)
             ok = torch.equal(kc, kc2) and torch.equal(vc, vc2)
             nv = int((slots >= 0).sum().item())
-            run.record(name, {"N": N}, lambda: write_kv(k, v, kc, vc, slots), nv * KVH * HD * 2 * 2 * 2 + N * 8,
-                       {"equal": ok}, ok, torch_fn=lambda: write_kv_ref(k, v, kc2, vc2, slots))
+            run.record(
+                name,
+                {"N": N},
+                lambda: write_kv(k, v, kc, vc, slots),
+                nv * KVH * HD * 2 * 2 * 2 + N * 8,
+                {"equal": ok},
+                ok,
+                torch_fn=lambda: write_kv_ref(k, v, kc2, vc2, slots),
+            )
         except Exception as e:
             run.error(name, e)
 
@@ -336,9 +416,15 @@ def bench_rope_kv(run: Runner, dev, gen):
             st = {"q": _ulp_stats(q1, q2), "k_cache": _ulp_stats(kc1, kc2), "v_equal": torch.equal(vc1, vc2)}
             nv = int((slots >= 0).sum().item())
             nbytes = 2 * N * H * HD * 2 + N * HD * 4 + N * 16 + nv * KVH * HD * 2 * 4  # q rw, k/v read+write
-            run.record(name, {"N": N}, lambda: rope_and_write_kv(q1, k, v, positions, cache, kc1, vc1, slots),
-                       nbytes, st, _ulp_ok(st["q"], 0, 1.0) and _ulp_ok(st["k_cache"], 0, 1.0) and st["v_equal"],
-                       torch_fn=lambda: rope_and_write_kv_ref(q2, k.clone(), v, positions, cache, kc2, vc2, slots))
+            run.record(
+                name,
+                {"N": N},
+                lambda: rope_and_write_kv(q1, k, v, positions, cache, kc1, vc1, slots),
+                nbytes,
+                st,
+                _ulp_ok(st["q"], 0, 1.0) and _ulp_ok(st["k_cache"], 0, 1.0) and st["v_equal"],
+                torch_fn=lambda: rope_and_write_kv_ref(q2, k.clone(), v, positions, cache, kc2, vc2, slots),
+            )
         except Exception as e:
             run.error(name, e)
 
@@ -352,8 +438,15 @@ def bench_silu_copy(run: Runner, dev, gen):
             gu = torch.randn(N, 2 * INTER, device=dev, dtype=DT) * 3
             y = silu_mul(gu)
             st = _ulp_stats(y, silu_mul_ref(gu))
-            run.record(name, {"N": N, "I": INTER}, lambda: silu_mul(gu, out=y), 3 * N * INTER * 2, st,
-                       _ulp_ok(st, 2, 0.98), torch_fn=lambda: silu_mul_ref(gu))
+            run.record(
+                name,
+                {"N": N, "I": INTER},
+                lambda: silu_mul(gu, out=y),
+                3 * N * INTER * 2,
+                st,
+                _ulp_ok(st, 2, 0.98),
+                torch_fn=lambda: silu_mul_ref(gu),
+            )
         except Exception as e:
             run.error(name, e)
     name = f"copy_kv_slots L={LAYERS} M=64"
@@ -366,9 +459,15 @@ def bench_silu_copy(run: Runner, dev, gen):
         copy_kv_slots(kv, src, dst)
         copy_kv_slots_ref(kv2, src, dst)
         ok = torch.equal(kv, kv2)
-        run.record(name, {"L": LAYERS, "M": 64}, lambda: copy_kv_slots(kv, src, dst),
-                   2 * 64 * LAYERS * 2 * KVH * HD * 2, {"equal": ok}, ok,
-                   torch_fn=lambda: copy_kv_slots_ref(kv2, src, dst))
+        run.record(
+            name,
+            {"L": LAYERS, "M": 64},
+            lambda: copy_kv_slots(kv, src, dst),
+            2 * 64 * LAYERS * 2 * KVH * HD * 2,
+            {"equal": ok},
+            ok,
+            torch_fn=lambda: copy_kv_slots_ref(kv2, src, dst),
+        )
     except Exception as e:
         run.error(name, e)
 
@@ -382,8 +481,16 @@ def check_cuda_graph(run: Runner, dev, gen):
 
 
 def _check_cuda_graph(run: Runner, dev, gen, B):
-    from ouro_backend.kernels import (auto_num_splits, build_cos_sin_cache, paged_attention, paged_attention_ref, rope_and_write_kv,
-                   rope_and_write_kv_ref, sandwich_norm, sandwich_norm_ref)
+    from ouro_backend.kernels import (
+        auto_num_splits,
+        build_cos_sin_cache,
+        paged_attention,
+        paged_attention_ref,
+        rope_and_write_kv,
+        rope_and_write_kv_ref,
+        sandwich_norm,
+        sandwich_norm_ref,
+    )
 
     name = f"cuda_graph decode B={B}"
     try:
@@ -404,10 +511,10 @@ def _check_cuda_graph(run: Runner, dev, gen, B):
 
         def step_on(qkv_, kc_, vc_, attn_, res_out_, y_):
             qv = qkv_[:, : H * HD].view(B, H, HD)
-            kv_ = qkv_[:, H * HD:(H + KVH) * HD].view(B, KVH, HD)
-            vv = qkv_[:, (H + KVH) * HD:].view(B, KVH, HD)
+            kv_ = qkv_[:, H * HD : (H + KVH) * HD].view(B, KVH, HD)
+            vv = qkv_[:, (H + KVH) * HD :].view(B, KVH, HD)
             rope_and_write_kv(qv, kv_, vv, pos, cache, kc_, vc_, slots)
-            paged_attention(qv, kc_, vc_, cu, sl, bt, HD ** -0.5, 1, out=attn_)
+            paged_attention(qv, kc_, vc_, cu, sl, bt, HD**-0.5, 1, out=attn_)
             sandwich_norm(attn_.view(B, HIDDEN), res, w1, w2, EPS, residual_out=res_out_, out=y_)
 
         def step():
@@ -415,10 +522,10 @@ def _check_cuda_graph(run: Runner, dev, gen, B):
 
         def eager_ref(qkv0, kc0, vc0):
             qv = qkv0[:, : H * HD].view(B, H, HD).clone()
-            kv_ = qkv0[:, H * HD:(H + KVH) * HD].view(B, KVH, HD)
-            vv = qkv0[:, (H + KVH) * HD:].view(B, KVH, HD)
+            kv_ = qkv0[:, H * HD : (H + KVH) * HD].view(B, KVH, HD)
+            vv = qkv0[:, (H + KVH) * HD :].view(B, KVH, HD)
             rope_and_write_kv_ref(qv, kv_.clone(), vv, pos, cache, kc0, vc0, slots)
-            a = paged_attention_ref(qv, kc0, vc0, cu, sl, bt, HD ** -0.5, 1)
+            a = paged_attention_ref(qv, kc0, vc0, cu, sl, bt, HD**-0.5, 1)
             return a, sandwich_norm_ref(a.view(B, HIDDEN), res, w1, w2, EPS)
 
         s = torch.cuda.Stream()
@@ -446,13 +553,21 @@ def _check_cuda_graph(run: Runner, dev, gen, B):
             step_on(qkv1, kc1, vc1, a1, r1, y1)
             g.replay()
             torch.cuda.synchronize()
-            same = same and all(torch.equal(u, w) for u, w in
-                                ((attn_out, a1), (res_out, r1), (y, y1), (kc, kc1), (vc, vc1), (qkv, qkv1)))
+            same = same and all(
+                torch.equal(u, w)
+                for u, w in ((attn_out, a1), (res_out, r1), (y, y1), (kc, kc1), (vc, vc1), (qkv, qkv1))
+            )
             a_ref, (nr_ref, y_ref) = eager_ref(qkv0, kc0, vc0)
             errs.append(max(_rel_err(attn_out, a_ref), _rel_err(res_out, nr_ref), _rel_err(y, y_ref)))
         err = max(errs)
-        run.record(name, {"B": B, "num_splits": auto_num_splits(B, KVH, 1, q.device)}, None, None,
-                   {"replay_equals_eager": same, "max_rel_err_vs_ref": err}, same and err < 3e-2)
+        run.record(
+            name,
+            {"B": B, "num_splits": auto_num_splits(B, KVH, 1, q.device)},
+            None,
+            None,
+            {"replay_equals_eager": same, "max_rel_err_vs_ref": err},
+            same and err < 3e-2,
+        )
     except Exception as e:
         run.error(name, e)
 
@@ -474,8 +589,11 @@ def main(argv=None):
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(dev)
-    print(f"device: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; "
-          f"triton {triton.__version__}; HBM peak assumed {HBM_PEAK / 1e12:.1f} TB/s", flush=True)
+    print(
+        f"device: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; "
+        f"triton {triton.__version__}; HBM peak assumed {HBM_PEAK / 1e12:.1f} TB/s",
+        flush=True,
+    )
     run = Runner(args)
     t0 = time.time()
     bench_decode_attention(run, dev, gen)
@@ -486,10 +604,14 @@ def main(argv=None):
     if not args.no_graph:
         check_cuda_graph(run, dev, gen)
     summary = {
-        "device": props.name, "torch": torch.__version__, "triton": triton.__version__,
-        "hbm_peak_Bps": HBM_PEAK, "shapes": {"H": H, "KVH": KVH, "HD": HD, "hidden": HIDDEN, "inter": INTER,
-                                             "block_size": BS, "dtype": str(DT)},
-        "all_ok": not run.failed, "seconds": time.time() - t0, "results": run.rows,
+        "device": props.name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "hbm_peak_Bps": HBM_PEAK,
+        "shapes": {"H": H, "KVH": KVH, "HD": HD, "hidden": HIDDEN, "inter": INTER, "block_size": BS, "dtype": str(DT)},
+        "all_ok": not run.failed,
+        "seconds": time.time() - t0,
+        "results": run.rows,
     }
     if args.out:
         with open(args.out, "w") as f:

@@ -16,6 +16,7 @@ cuBLAS over 24 layers (907 against 969 us at 1 row, 2.72 against 2.55 TB/s) and 
    graph, cuBLAS vs the sweep's best config per shape, vs the faster of the two per shape ("mixed").
 Everything goes to ``--out`` as JSON. Takes ~1-2 minutes on an H200 (Triton compiles included).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,12 +26,12 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel import SkinnyConfig, candidate_configs, skinny_matmul  # noqa: E402
+from kernel import SkinnyConfig, candidate_configs, skinny_matmul
 
 SHAPES = {"qkv": (6144, 2048), "o": (2048, 2048), "gate_up": (11264, 2048), "down": (2048, 5632)}  # (N, K)
 LAYERS = 24
@@ -42,7 +43,7 @@ def log(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
-def graph_us(fns: List[Callable[[], object]], calls: int, replays: int) -> float:
+def graph_us(fns: list[Callable[[], object]], calls: int, replays: int) -> float:
     """Median microseconds per call of a CUDA graph running ``calls`` calls, cycling through ``fns``."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -77,11 +78,11 @@ def gbps(M: int, N: int, K: int, us: float) -> float:
     return 2 * (N * K + M * K + M * N) / (us * 1e-6) / 1e9
 
 
-def sweep(ms: List[int], calls: int, replays: int, sms: int) -> List[dict]:
+def sweep(ms: list[int], calls: int, replays: int, sms: int) -> list[dict]:
     rows = []
     for name, (N, K) in SHAPES.items():
         copies = max(1, min(64, math.ceil(256e6 / (N * K * 2))))
-        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5 for _ in range(copies)]
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for _ in range(copies)]
         for M in ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ ws[0].float().t()
@@ -90,7 +91,7 @@ def sweep(ms: List[int], calls: int, replays: int, sms: int) -> List[dict]:
             row["cublas_us"] = graph_us([lambda w=w: x @ w.t() for w in ws], calls, replays)
             row["cublas_gbps"] = gbps(M, N, K, row["cublas_us"])
             for cfg in candidate_configs(M, N, K, sms):
-                r: Dict[str, object] = dict(name=cfg.name, config=cfg.__dict__.copy())
+                r: dict[str, object] = dict(name=cfg.name, config=cfg.__dict__.copy())
                 try:
                     y = skinny_matmul(x, ws[0], cfg)
                     r["err"] = rel_err(y, ref)
@@ -98,15 +99,17 @@ def sweep(ms: List[int], calls: int, replays: int, sms: int) -> List[dict]:
                     r["us"] = graph_us([lambda w=w, c=cfg: skinny_matmul(x, w, c) for w in ws], calls, replays)
                     r["gbps"] = gbps(M, N, K, r["us"])
                     r["ok"] = r["err"] <= TOL and r["deterministic"]
-                except Exception as e:  # noqa: BLE001  (a config that fails to compile/launch is data)
+                except Exception as e:
                     r.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
                 row["configs"].append(r)
             good = [r for r in row["configs"] if r["ok"]]
             best = min(good, key=lambda r: r["us"]) if good else None
             row["best"] = best
             b = f"{best['us']:7.2f} us {best['gbps']:6.0f} GB/s {best['name']}" if best else "NONE OK"
-            log(f"{name:8s} M={M:3d}  cuBLAS {row['cublas_us']:7.2f} us {row['cublas_gbps']:6.0f} GB/s | "
-                f"best Triton {b}  ({len(good)}/{len(row['configs'])} ok)")
+            log(
+                f"{name:8s} M={M:3d}  cuBLAS {row['cublas_us']:7.2f} us {row['cublas_gbps']:6.0f} GB/s | "
+                f"best Triton {b}  ({len(good)}/{len(row['configs'])} ok)"
+            )
             bad = [r for r in row["configs"] if not r["ok"]]
             for r in bad:
                 log(f"    NOT OK {r['name']}: err={r.get('err')} det={r.get('deterministic')} {r.get('error', '')}")
@@ -116,19 +119,25 @@ def sweep(ms: List[int], calls: int, replays: int, sms: int) -> List[dict]:
     return rows
 
 
-def print_tables(rows: List[dict], ms: List[int]) -> Dict[int, dict]:
-    print(f"\n{'shape':8s} {'M':>3s} {'cuBLAS us':>10s} {'GB/s':>6s} {'Triton us':>10s} {'GB/s':>6s} "
-          f"{'speedup':>7s}  best config")
+def print_tables(rows: list[dict], ms: list[int]) -> dict[int, dict]:
+    print(
+        f"\n{'shape':8s} {'M':>3s} {'cuBLAS us':>10s} {'GB/s':>6s} {'Triton us':>10s} {'GB/s':>6s} "
+        f"{'speedup':>7s}  best config"
+    )
     for r in rows:
         b = r["best"]
         if b:
-            print(f"{r['shape']:8s} {r['M']:3d} {r['cublas_us']:10.2f} {r['cublas_gbps']:6.0f} {b['us']:10.2f} "
-                  f"{b['gbps']:6.0f} {r['cublas_us'] / b['us']:7.2f}  {b['name']}")
+            print(
+                f"{r['shape']:8s} {r['M']:3d} {r['cublas_us']:10.2f} {r['cublas_gbps']:6.0f} {b['us']:10.2f} "
+                f"{b['gbps']:6.0f} {r['cublas_us'] / b['us']:7.2f}  {b['name']}"
+            )
         else:
             print(f"{r['shape']:8s} {r['M']:3d} {r['cublas_us']:10.2f} {r['cublas_gbps']:6.0f}   (no valid config)")
     layer = {}
-    print(f"\none layer (4 shapes, each timed alone)\n{'M':>3s} {'cuBLAS us':>10s} {'Triton us':>10s} "
-          f"{'mixed us':>9s} {'speedup':>7s}")
+    print(
+        f"\none layer (4 shapes, each timed alone)\n{'M':>3s} {'cuBLAS us':>10s} {'Triton us':>10s} "
+        f"{'mixed us':>9s} {'speedup':>7s}"
+    )
     for M in ms:
         rs = [r for r in rows if r["M"] == M]
         cb = sum(r["cublas_us"] for r in rs)
@@ -139,23 +148,25 @@ def print_tables(rows: List[dict], ms: List[int]) -> Dict[int, dict]:
     return layer
 
 
-def stack(ms: List[int], rows: List[dict], replays: int) -> Dict[int, dict]:
+def stack(ms: list[int], rows: list[dict], replays: int) -> dict[int, dict]:
     """24 layers x 4 projections, distinct weights, one graph per variant."""
     log(f"layer stack: allocating {LAYERS} x 4 weights")
-    weights = [{n: torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
-                for n, (N, K) in SHAPES.items()} for _ in range(LAYERS)]
+    weights = [
+        {n: torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5 for n, (N, K) in SHAPES.items()}
+        for _ in range(LAYERS)
+    ]
     total_bytes = sum(w.numel() * 2 for layer in weights for w in layer.values())
     out = {}
     for M in ms:
         xs = {n: torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for n, (N, K) in SHAPES.items()}
-        best: Dict[str, Optional[dict]] = {n: None for n in SHAPES}
+        best: dict[str, dict | None] = {n: None for n in SHAPES}
         for r in rows:
             if r["M"] == M and r["best"]:
                 best[r["shape"]] = r
         cfgs = {n: SkinnyConfig(**b["best"]["config"]) if b else None for n, b in best.items()}
         use_triton_mixed = {n: bool(b) and b["best"]["us"] < b["cublas_us"] for n, b in best.items()}
 
-        def fns(mode: str) -> List[Callable[[], object]]:
+        def fns(mode: str) -> list[Callable[[], object]]:
             out_fns = []
             for layer in weights:
                 for n, w in layer.items():
@@ -166,17 +177,22 @@ def stack(ms: List[int], rows: List[dict], replays: int) -> Dict[int, dict]:
                         out_fns.append(lambda x=xs[n], w=w: x @ w.t())
             return out_fns
 
-        res = dict(configs={n: (c.name if c else None) for n, c in cfgs.items()},
-                   mixed_uses_triton=use_triton_mixed, weight_bytes=total_bytes)
+        res = dict(
+            configs={n: (c.name if c else None) for n, c in cfgs.items()},
+            mixed_uses_triton=use_triton_mixed,
+            weight_bytes=total_bytes,
+        )
         for mode in ("cublas", "triton", "mixed"):
             f = fns(mode)
             us = graph_us(f, len(f), replays) * len(f)  # whole stack per replay
             res[f"{mode}_us"] = us
             res[f"{mode}_tbps"] = total_bytes / (us * 1e-6) / 1e12
         out[M] = res
-        log(f"stack M={M:3d}: cuBLAS {res['cublas_us']:8.1f} us ({res['cublas_tbps']:.2f} TB/s) | Triton "
+        log(
+            f"stack M={M:3d}: cuBLAS {res['cublas_us']:8.1f} us ({res['cublas_tbps']:.2f} TB/s) | Triton "
             f"{res['triton_us']:8.1f} us ({res['triton_tbps']:.2f} TB/s) | mixed {res['mixed_us']:8.1f} us "
-            f"({res['mixed_tbps']:.2f} TB/s)  speedup {res['cublas_us'] / res['triton_us']:.2f}x")
+            f"({res['mixed_tbps']:.2f} TB/s)  speedup {res['cublas_us'] / res['triton_us']:.2f}x"
+        )
     weights.clear()
     torch.cuda.empty_cache()
     return out
@@ -207,17 +223,29 @@ def main(argv=None) -> int:
     layer = print_tables(rows, ms)
     stk = stack(stack_ms, rows, args.replays) if stack_ms else {}
     if stk:
-        print(f"\nlayer stack ({LAYERS} layers x 4 projections, distinct weights)\n{'M':>3s} {'cuBLAS us':>10s} "
-              f"{'TB/s':>5s} {'Triton us':>10s} {'TB/s':>5s} {'mixed us':>9s} {'TB/s':>5s} {'speedup':>7s}")
+        print(
+            f"\nlayer stack ({LAYERS} layers x 4 projections, distinct weights)\n{'M':>3s} {'cuBLAS us':>10s} "
+            f"{'TB/s':>5s} {'Triton us':>10s} {'TB/s':>5s} {'mixed us':>9s} {'TB/s':>5s} {'speedup':>7s}"
+        )
         for M, r in stk.items():
-            print(f"{M:3d} {r['cublas_us']:10.1f} {r['cublas_tbps']:5.2f} {r['triton_us']:10.1f} "
-                  f"{r['triton_tbps']:5.2f} {r['mixed_us']:9.1f} {r['mixed_tbps']:5.2f} "
-                  f"{r['cublas_us'] / r['triton_us']:7.2f}")
-    result = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-                  triton=triton.__version__, calls=args.calls, replays=args.replays, sweep=rows,
-                  layer_sum={str(k): v for k, v in layer.items()}, stack={str(k): v for k, v in stk.items()},
-                  best={f"{r['shape']}/M={r['M']}": (r["best"]["name"] if r["best"] else None) for r in rows},
-                  elapsed_s=time.time() - T0)
+            print(
+                f"{M:3d} {r['cublas_us']:10.1f} {r['cublas_tbps']:5.2f} {r['triton_us']:10.1f} "
+                f"{r['triton_tbps']:5.2f} {r['mixed_us']:9.1f} {r['mixed_tbps']:5.2f} "
+                f"{r['cublas_us'] / r['triton_us']:7.2f}"
+            )
+    result = dict(
+        device=props.name,
+        sms=props.multi_processor_count,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        calls=args.calls,
+        replays=args.replays,
+        sweep=rows,
+        layer_sum={str(k): v for k, v in layer.items()},
+        stack={str(k): v for k, v in stk.items()},
+        best={f"{r['shape']}/M={r['M']}": (r["best"]["name"] if r["best"] else None) for r in rows},
+        elapsed_s=time.time() - T0,
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -17,10 +17,10 @@ tile to arrive (int32 arrival counter) sums the partials in split order, writes 
 for the next call / CUDA-graph replay ("serial split-K"). The counters are per device: calls must not run
 concurrently on two streams.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 import torch
 import triton
@@ -40,10 +40,25 @@ def _load_k(ptrs, k_mask, EVEN_K: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M"])  # M = 1 must not compile its own variant: BLOCK_M covers it
 def _skinny_kernel(
-    x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K,
-    stride_xm, stride_wn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     # grid: (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M))
     pid_n = tl.program_id(0)
@@ -116,8 +131,10 @@ class SkinnyConfig:
 
     @property
     def name(self) -> str:
-        return (f"{'dot' if self.dot else 'fma'}_n{self.block_n}_k{self.block_k}_s{self.split_k}"
-                f"_w{self.num_warps}_st{self.num_stages}")
+        return (
+            f"{'dot' if self.dot else 'fma'}_n{self.block_n}_k{self.block_k}_s{self.split_k}"
+            f"_w{self.num_warps}_st{self.num_stages}"
+        )
 
 
 MAX_FMA_M = 8  # the fma path does a warp reduction per x row and chunk: beyond this, dot wins
@@ -126,7 +143,7 @@ MAX_BLOCK_M = 64
 # (dot, BLOCK_N, BLOCK_K, num_warps, num_stages): the tile families worth timing. BLOCK_N * BLOCK_K * 2
 # bytes of w per loop step and program; num_stages only matters for dot (the fma loads are not pipelined,
 # hence its bigger BLOCK_K). SPLIT_K is chosen per shape by _split_for.
-CONFIG_TABLE: Tuple[Tuple[bool, int, int, int, int], ...] = (
+CONFIG_TABLE: tuple[tuple[bool, int, int, int, int], ...] = (
     (True, 16, 128, 4, 6),
     (True, 16, 256, 4, 4),
     (True, 32, 128, 4, 4),
@@ -147,10 +164,10 @@ def _split_for(tiles: int, K: int, block_k: int, sms: int) -> int:
     return split
 
 
-def candidate_configs(M: int, N: int, K: int, sms: int = 132) -> List[SkinnyConfig]:
+def candidate_configs(M: int, N: int, K: int, sms: int = 132) -> list[SkinnyConfig]:
     """Configs worth timing for one shape: every family at its filling split; the BLOCK_N = 16 dot ones
     also unsplit (the baseline a split must beat)."""
-    out: List[SkinnyConfig] = []
+    out: list[SkinnyConfig] = []
     for dot, bn, bk, nw, ns in CONFIG_TABLE:
         if not dot and M > MAX_FMA_M:
             continue
@@ -166,21 +183,23 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> SkinnyConfig:
     return SkinnyConfig(bn, 256, _split_for(triton.cdiv(N, bn), K, 256, sms), 4, 3)
 
 
-_COUNTERS: Dict[Tuple[str, Optional[int]], List[torch.Tensor]] = {}
+_COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 split-K arrival counters (the kernels leave them at 0). Old buffers are kept alive:
     a captured CUDA graph may still point at them."""
-    key = (device.type, device.index if device.index is not None or device.type != "cuda"
-           else torch.cuda.current_device())
+    key = (
+        device.type,
+        device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device(),
+    )
     bufs = _COUNTERS.setdefault(key, [])
     if not bufs or bufs[-1].numel() < n:
         bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
     return bufs[-1]
 
 
-def skinny_matmul(x: torch.Tensor, w: torch.Tensor, config: Optional[SkinnyConfig] = None) -> torch.Tensor:
+def skinny_matmul(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """``x @ w.T`` in x's dtype (fp32 accumulation): x [M, K], w [N, K] row-major, same dtype."""
     assert x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1], (x.shape, w.shape)
     assert x.dtype == w.dtype, (x.dtype, w.dtype)
@@ -204,9 +223,26 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, config: Optional[SkinnyConfi
     else:
         part = count = y  # unused
     _skinny_kernel[grid](
-        x, w, y, part, count, M, N, K, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        EVEN_K=K % cfg.block_k == 0, USE_DOT=dot, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-        INTERP=kernel_is_interpreted(_skinny_kernel), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        x,
+        w,
+        y,
+        part,
+        count,
+        M,
+        N,
+        K,
+        x.stride(0),
+        w.stride(0),
+        y.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k,
+        EVEN_K=K % cfg.block_k == 0,
+        USE_DOT=dot,
+        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        INTERP=kernel_is_interpreted(_skinny_kernel),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return y

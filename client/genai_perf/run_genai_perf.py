@@ -29,6 +29,7 @@ perf_analyzer's profile_export.json, inputs.json, genai_perf.log); a summary tab
 (request count, request and output token throughput, TTFT, ITL, request latency) on stdout. Exit 1 if the
 run failed or measured no requests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -63,8 +64,10 @@ def genai_perf_command() -> list[str]:
     on_path = shutil.which("genai-perf")
     if on_path:
         return [on_path]
-    raise GenAIPerfMissing(f"genai-perf is not installed for {sys.executable} nor on PATH: "
-                           f"`pip install genai-perf` (or `pip install -e '.[test]'` in this repository)")
+    raise GenAIPerfMissing(
+        f"genai-perf is not installed for {sys.executable} nor on PATH: "
+        f"`pip install genai-perf` (or `pip install -e '.[test]'` in this repository)"
+    )
 
 
 def served_checkpoint() -> str:
@@ -77,7 +80,7 @@ def served_checkpoint() -> str:
     return ensure_toy_checkpoint()
 
 
-def prepare_tokenizer(spec: Optional[str], out_dir: str) -> tuple[str, bool]:
+def prepare_tokenizer(spec: str | None, out_dir: str) -> tuple[str, bool]:
     """(what to pass to genai-perf --tokenizer, whether it is local). A directory with tokenizer.json gets a
     copy of it under out_dir/tokenizer with a minimal tokenizer_config.json, which AutoTokenizer loads
     without config.json (a checkpoint's config.json has model_type "ouro", unknown to most transformers)."""
@@ -102,7 +105,7 @@ def _number(x: float) -> str:
     return s + "0" if s.endswith(".") else s
 
 
-def _stat(export: dict, key: str, scale: float = 1.0) -> Optional[dict[str, float]]:
+def _stat(export: dict, key: str, scale: float = 1.0) -> dict[str, float] | None:
     m = export.get(key)
     if not isinstance(m, dict):
         return None
@@ -126,11 +129,21 @@ def summarize(export: dict) -> dict[str, Any]:
     }
 
 
-def run(url: str = "localhost:8001", model: str = "ouro", concurrency: int = 4, request_count: int = 32,
-        input_tokens: int = 128, output_tokens: int = 64, tokenizer: Optional[str] = None,
-        artifact_dir: Optional[str] = None, temperature: Optional[float] = 0.0,
-        exit_threshold: Optional[float] = None, ignore_eos: bool = True, extra: Optional[list[str]] = None,
-        timeout: float = 600.0) -> dict[str, Any]:
+def run(
+    url: str = "localhost:8001",
+    model: str = "ouro",
+    concurrency: int = 4,
+    request_count: int = 32,
+    input_tokens: int = 128,
+    output_tokens: int = 64,
+    tokenizer: str | None = None,
+    artifact_dir: str | None = None,
+    temperature: float | None = 0.0,
+    exit_threshold: float | None = None,
+    ignore_eos: bool = True,
+    extra: list[str] | None = None,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
     """Run genai-perf once; raises GenAIPerfMissing / PerfAnalyzerUnavailable when a tool is missing."""
     command = genai_perf_command()
     binary, env = locate()
@@ -141,10 +154,32 @@ def run(url: str = "localhost:8001", model: str = "ouro", concurrency: int = 4, 
     if local:
         env["HF_HUB_OFFLINE"] = "1"
         env["TRANSFORMERS_OFFLINE"] = "1"
-    cmd = command + ["profile", "-m", model, "--endpoint-type", "kserve", "--backend", "tensorrtllm", "--streaming",
-                     "-u", url, "--concurrency", str(concurrency), "--request-count", str(request_count),
-                     "--synthetic-input-tokens-mean", str(input_tokens), "--synthetic-input-tokens-stddev", "0",
-                     "--output-tokens-mean", str(output_tokens), "--tokenizer", tok, "--artifact-dir", artifact_dir]
+    cmd = command + [
+        "profile",
+        "-m",
+        model,
+        "--endpoint-type",
+        "kserve",
+        "--backend",
+        "tensorrtllm",
+        "--streaming",
+        "-u",
+        url,
+        "--concurrency",
+        str(concurrency),
+        "--request-count",
+        str(request_count),
+        "--synthetic-input-tokens-mean",
+        str(input_tokens),
+        "--synthetic-input-tokens-stddev",
+        "0",
+        "--output-tokens-mean",
+        str(output_tokens),
+        "--tokenizer",
+        tok,
+        "--artifact-dir",
+        artifact_dir,
+    ]
     if ignore_eos:
         cmd += ["--extra-inputs", "ignore_eos:true"]
     if temperature is not None:
@@ -161,8 +196,15 @@ def run(url: str = "localhost:8001", model: str = "ouro", concurrency: int = 4, 
             log.write(" ".join(cmd) + "\n\n")
             log.flush()
             # Its own session, so a timeout ends genai-perf and the perf_analyzer it started.
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    cwd=artifact_dir, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=artifact_dir,
+                start_new_session=True,
+            )
             try:
                 code: Any = proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -170,20 +212,36 @@ def run(url: str = "localhost:8001", model: str = "ouro", concurrency: int = 4, 
                 proc.wait()
                 code = "timeout"
     seconds = round(time.time() - started, 2)
-    exports = [p for p in glob.glob(os.path.join(artifact_dir, "**", EXPORT), recursive=True)
-               if os.path.getmtime(p) >= started - 1]
+    exports = [
+        p
+        for p in glob.glob(os.path.join(artifact_dir, "**", EXPORT), recursive=True)
+        if os.path.getmtime(p) >= started - 1
+    ]
     export_json = max(exports, key=os.path.getmtime) if exports else None
-    report: dict[str, Any] = {"genai_perf": command, "perf_analyzer": binary, "tokenizer": tok, "model": model,
-                              "url": url, "concurrency": concurrency, "exit_code": code, "seconds": seconds,
-                              "artifact_dir": artifact_dir, "log": log_path, "export_json": export_json,
-                              "export_csv": export_json[:-len(".json")] + ".csv" if export_json else None,
-                              "profile_export": os.path.join(os.path.dirname(export_json), "profile_export.json")
-                              if export_json else None}
+    report: dict[str, Any] = {
+        "genai_perf": command,
+        "perf_analyzer": binary,
+        "tokenizer": tok,
+        "model": model,
+        "url": url,
+        "concurrency": concurrency,
+        "exit_code": code,
+        "seconds": seconds,
+        "artifact_dir": artifact_dir,
+        "log": log_path,
+        "export_json": export_json,
+        "export_csv": export_json[: -len(".json")] + ".csv" if export_json else None,
+        "profile_export": os.path.join(os.path.dirname(export_json), "profile_export.json") if export_json else None,
+    }
     if export_json:
         with open(export_json) as f:
             report.update(summarize(json.load(f)))
-    report["ok"] = (code == 0 and export_json is not None and (report.get("request_count") or 0) > 0
-                    and (report.get("output_token_throughput_per_s") or 0) > 0)
+    report["ok"] = (
+        code == 0
+        and export_json is not None
+        and (report.get("request_count") or 0) > 0
+        and (report.get("output_token_throughput_per_s") or 0) > 0
+    )
     if not report["ok"]:
         with open(log_path, errors="replace") as f:
             report["log_tail"] = f.read()[-3000:]
@@ -195,48 +253,73 @@ def format_table(r: dict[str, Any]) -> str:
         v = (stat or {}).get(key)
         return "        -" if v is None else f"{v:9.1f}"
 
-    lines = [f"{r['model']} (genai-perf, kserve gRPC streaming), concurrency {r['concurrency']}: "
-             f"{'ok' if r['ok'] else 'FAILED'}, {r.get('request_count') or 0:.0f} requests, "
-             f"{r.get('request_throughput_per_s') or 0:.2f} req/s, "
-             f"{r.get('output_token_throughput_per_s') or 0:.1f} output tok/s, "
-             f"output length {r.get('output_sequence_length') or 0:.1f} tokens (re-tokenized)",
-             f"{'metric (ms)':<16}{'avg':>9} {'p50':>9} {'p90':>9} {'p99':>9} {'max':>9}"]
-    for key, name in (("time_to_first_token_ms", "TTFT"), ("inter_token_latency_ms", "ITL"),
-                      ("request_latency_ms", "request latency")):
+    lines = [
+        f"{r['model']} (genai-perf, kserve gRPC streaming), concurrency {r['concurrency']}: "
+        f"{'ok' if r['ok'] else 'FAILED'}, {r.get('request_count') or 0:.0f} requests, "
+        f"{r.get('request_throughput_per_s') or 0:.2f} req/s, "
+        f"{r.get('output_token_throughput_per_s') or 0:.1f} output tok/s, "
+        f"output length {r.get('output_sequence_length') or 0:.1f} tokens (re-tokenized)",
+        f"{'metric (ms)':<16}{'avg':>9} {'p50':>9} {'p90':>9} {'p99':>9} {'max':>9}",
+    ]
+    for key, name in (
+        ("time_to_first_token_ms", "TTFT"),
+        ("inter_token_latency_ms", "ITL"),
+        ("request_latency_ms", "request latency"),
+    ):
         s = r.get(key)
         lines.append(f"{name:<16}{ms(s, 'avg')} {ms(s, 'p50')} {ms(s, 'p90')} {ms(s, 'p99')} {ms(s, 'max')}")
     lines.append(f"artifacts: {r['artifact_dir']}")
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Arguments after `--` go to `genai-perf profile` as they are.")
+        argv, extra = argv[:i], argv[i + 1 :]
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="Arguments after `--` go to `genai-perf profile` as they are."
+    )
     p.add_argument("--url", default="localhost:8001", help="the server's gRPC endpoint (default localhost:8001)")
     p.add_argument("--model", default="ouro", help="model name (default ouro)")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     p.add_argument("--request-count", type=int, default=32, help="requests to measure (default 32)")
     p.add_argument("--input-tokens", type=int, default=128, help="synthetic prompt length in tokens (default 128)")
     p.add_argument("--output-tokens", type=int, default=64, help="max_tokens of each request (default 64)")
-    p.add_argument("--tokenizer", default=None,
-                   help="checkpoint directory with tokenizer.json (default: $OURO_MODEL_PATH, else the toy "
-                        "checkpoint), a tokenizer directory, or a Hugging Face Hub name")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="checkpoint directory with tokenizer.json (default: $OURO_MODEL_PATH, else the toy "
+        "checkpoint), a tokenizer directory, or a Hugging Face Hub name",
+    )
     p.add_argument("--artifact-dir", default=None, help="where genai-perf writes (default: a new temp dir)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     p.add_argument("--exit-threshold", type=float, default=None, help="Ouro's early-exit gate for every request")
-    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="stop at EOS (default: generate exactly --output-tokens)")
+    p.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="stop at EOS (default: generate exactly --output-tokens)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole genai-perf run")
     args = p.parse_args(argv)
     try:
-        report = run(args.url, args.model, args.concurrency, args.request_count, args.input_tokens,
-                     args.output_tokens, args.tokenizer, args.artifact_dir, args.temperature, args.exit_threshold,
-                     args.ignore_eos, extra, args.timeout)
+        report = run(
+            args.url,
+            args.model,
+            args.concurrency,
+            args.request_count,
+            args.input_tokens,
+            args.output_tokens,
+            args.tokenizer,
+            args.artifact_dir,
+            args.temperature,
+            args.exit_threshold,
+            args.ignore_eos,
+            extra,
+            args.timeout,
+        )
     except GenAIPerfMissing as e:
         print(f"run_genai_perf: {e}", file=sys.stderr)
         return 2
@@ -245,9 +328,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     print(format_table(report), file=sys.stderr)
     if not report["ok"]:
-        print(f"genai-perf failed (exit {report['exit_code']}); log {report['log']}:\n{report.get('log_tail', '')}\n"
-              f"(genai-perf hides perf_analyzer's own messages, e.g. a request's error: add `-- -v` to see them)",
-              file=sys.stderr)
+        print(
+            f"genai-perf failed (exit {report['exit_code']}); log {report['log']}:\n{report.get('log_tail', '')}\n"
+            f"(genai-perf hides perf_analyzer's own messages, e.g. a request's error: add `-- -v` to see them)",
+            file=sys.stderr,
+        )
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
 

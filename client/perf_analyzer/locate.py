@@ -11,6 +11,7 @@ manylinux wheel that ships perf_analyzer for glibc < 2.38) and extract
 the cache's lib dir: `libb64.so.0d` (the system's from Debian `libb64-0d` when installed, else the copy inside
 the nvidia-pytriton wheel) and `libcudart.so.12` (nvidia-pytriton's).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,6 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Optional
 
 WHEEL_VERSION = "2.50.0"
 MEMBER = f"tritonclient-{WHEEL_VERSION}.data/data/bin/perf_analyzer"
@@ -37,7 +37,7 @@ def cache_dir() -> Path:
     return Path(root).expanduser() / "perf_analyzer"
 
 
-def _pytriton_libs() -> Optional[Path]:
+def _pytriton_libs() -> Path | None:
     try:
         import importlib.util
 
@@ -73,14 +73,30 @@ def _link_libs(lib_dir: Path) -> None:
 def _download(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-               "--platform", "manylinux1_x86_64", "--platform", "manylinux2014_x86_64",
-               "--python-version", "3", "-d", tmp, f"tritonclient=={WHEEL_VERSION}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--platform",
+            "manylinux1_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--python-version",
+            "3",
+            "-d",
+            tmp,
+            f"tritonclient=={WHEEL_VERSION}",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         wheels = glob.glob(os.path.join(tmp, f"tritonclient-{WHEEL_VERSION}-*.whl"))
         if r.returncode != 0 or not wheels:
-            raise PerfAnalyzerUnavailable(f"pip download tritonclient=={WHEEL_VERSION} failed: "
-                                          f"{(r.stderr or r.stdout).strip()[-500:]}")
+            raise PerfAnalyzerUnavailable(
+                f"pip download tritonclient=={WHEEL_VERSION} failed: {(r.stderr or r.stdout).strip()[-500:]}"
+            )
         with zipfile.ZipFile(wheels[0]) as z:
             try:
                 data = z.read(MEMBER)
@@ -123,12 +139,12 @@ def check(binary: str, env: dict[str, str]) -> None:
         r = subprocess.run([binary, "--version"], capture_output=True, text=True, env=env, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PerfAnalyzerUnavailable(f"{binary} does not run: {e}") from None
-    out = (r.stdout + r.stderr)
+    out = r.stdout + r.stderr
     if "error while loading shared libraries" in out or r.returncode not in (0, 1):
         raise PerfAnalyzerUnavailable(f"{binary} does not run (exit {r.returncode}): {out.strip()[-400:]}")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="run `perf_analyzer --version` too")
     p.add_argument("--no-download", action="store_true")

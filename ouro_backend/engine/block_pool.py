@@ -18,13 +18,13 @@ keeps only the last plane of a prompt, and a suffix's prefill needs the others, 
 cache under it.) The pool lives with its engine, whose model, dtype and layout are fixed, so the key is
 the tokens alone. With caching off, nothing is ever cached: `match` finds nothing.
 """
+
 from __future__ import annotations
 
 import hashlib
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass
@@ -82,7 +82,7 @@ class BlockPool:
         """The chained key of every full block of `tokens`."""
         keys, h, bs = [], b"", self.block_size
         for i in range(len(tokens) // bs):
-            h = hashlib.sha256(h + array("q", tokens[i * bs:(i + 1) * bs]).tobytes()).digest()
+            h = hashlib.sha256(h + array("q", tokens[i * bs : (i + 1) * bs]).tobytes()).digest()
             keys.append(h)
         return keys
 
@@ -129,8 +129,10 @@ class BlockPool:
         for k in keys:
             e = self._entries.get(k)
             if e is None or e.refs <= 0:
-                raise RuntimeError(f"prefix cache: releasing {k.hex()[:16]}, which "
-                                   f"{'is not cached' if e is None else 'no request holds'}")
+                raise RuntimeError(
+                    f"prefix cache: releasing {k.hex()[:16]}, which "
+                    f"{'is not cached' if e is None else 'no request holds'}"
+                )
         for k in keys:
             e = self._entries[k]
             e.refs -= 1
@@ -173,5 +175,5 @@ class BlockPool:
         self.hit_tokens += hit
 
     @property
-    def hit_rate(self) -> Optional[float]:
+    def hit_rate(self) -> float | None:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else None

@@ -11,11 +11,12 @@ into buffers all graphs share, so a launch must read its graph's outputs before 
 another; in exchange the graphs' own intermediates are free to the next capture (docs/engine.md,
 "Measurements behind the design": graph memory).
 """
+
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
@@ -27,6 +28,7 @@ from .staging import Staging
 @dataclass
 class PromptInputs:
     """A round's prompt tokens (after the decode rows): the loop's inputs and metadata."""
+
     h: torch.Tensor
     pos: torch.Tensor
     kv_slot: torch.Tensor
@@ -34,8 +36,8 @@ class PromptInputs:
     lens: torch.Tensor  # int32 [prompt chunks]
     tables: torch.Tensor  # int32 [prompt chunks, max_blocks]
     max_q: int
-    cu_host: Optional[list[int]] = None
-    lens_host: Optional[list[int]] = None
+    cu_host: list[int] | None = None
+    lens_host: list[int] | None = None
 
 
 @dataclass
@@ -44,15 +46,16 @@ class Graph:
     tokens: int  # prompt tokens (mixed graphs)
     rows: int  # decode rows
     rec: torch.Tensor  # [rounds, 4, slots] records
-    logits: Optional[torch.Tensor]  # the last round's decode-row logits [rows, V] (None: speculative graphs)
-    out: Optional[torch.Tensor] = None  # mixed graphs: [tokens, H] loop output of the prompt tokens
+    logits: torch.Tensor | None  # the last round's decode-row logits [rows, V] (None: speculative graphs)
+    out: torch.Tensor | None = None  # mixed graphs: [tokens, H] loop output of the prompt tokens
     prefill_rows: int = 0  # mixed graphs: prompt chunks it can take
 
 
 # What the graphs capture: the runner's round functions, each writing its record `rec`.
-MixedStep = Callable[[torch.Tensor, PromptInputs, torch.Tensor, SamplerMode],
-                     tuple[torch.Tensor, Optional[torch.Tensor]]]  # (rows, prompt, rec, mode) -> (out, logits)
-DecodeSteps = Callable[[torch.Tensor, torch.Tensor, SamplerMode], Optional[torch.Tensor]]  # -> logits
+MixedStep = Callable[
+    [torch.Tensor, PromptInputs, torch.Tensor, SamplerMode], tuple[torch.Tensor, torch.Tensor | None]
+]  # (rows, prompt, rec, mode) -> (out, logits)
+DecodeSteps = Callable[[torch.Tensor, torch.Tensor, SamplerMode], torch.Tensor | None]  # -> logits
 SpecStep = Callable[[torch.Tensor, torch.Tensor, SamplerMode], torch.Tensor]
 
 
@@ -63,12 +66,17 @@ def row_buckets(max_rows: int) -> list[int]:
 
 def token_buckets(max_tokens: int) -> list[int]:
     """Prompt-token counts of the mixed graphs: powers of two from 16, with quarter steps above 256."""
-    return sorted({t for p in range(4, 14) for t in ((1 << p),) + tuple((1 << p) + q * (1 << p) // 4
-                                                                       for q in range(1, 4) if p >= 8)
-                   if t <= max_tokens})
+    return sorted(
+        {
+            t
+            for p in range(4, 14)
+            for t in ((1 << p),) + tuple((1 << p) + q * (1 << p) // 4 for q in range(1, 4) if p >= 8)
+            if t <= max_tokens
+        }
+    )
 
 
-def graph_rows(decode_slots: list[int], owners: list, sizes: list[int]) -> Optional[list[int]]:
+def graph_rows(decode_slots: list[int], owners: list, sizes: list[int]) -> list[int] | None:
     """The slots a row graph runs for these decode rows: the smallest size b that holds them, the decode
     slots first, then free slots (owner None; idle on the device, so masked) as padding. With too few free
     slots to pad with, a slot range that covers every row. None when no size holds the rows (the launch
@@ -90,8 +98,16 @@ def graph_rows(decode_slots: list[int], owners: list, sizes: list[int]) -> Optio
 
 
 class CudaGraphs:
-    def __init__(self, state: DecodeState, hidden_size: int, vocab_size: int, dtype: torch.dtype, max_rows: int,
-                 max_graph_tokens: int, staging: Staging):
+    def __init__(
+        self,
+        state: DecodeState,
+        hidden_size: int,
+        vocab_size: int,
+        dtype: torch.dtype,
+        max_rows: int,
+        max_graph_tokens: int,
+        staging: Staging,
+    ):
         dev = state.device
         self.state, self.staging, self.max_rows = state, staging, max_rows
         self.row_buckets = row_buckets(max_rows)
@@ -115,11 +131,17 @@ class CudaGraphs:
         # Every graph's outputs go to these shared buffers (module docstring).
         self._logits = torch.empty(max_rows, vocab_size, dtype=torch.float32, device=dev)
         self._out = torch.empty(Tk, hidden_size, dtype=dtype, device=dev)
-        self._pool: Optional[torch.cuda._POOL_HANDLE] = None  # the graphs' memory pool, from the first capture
+        self._pool: torch.cuda._POOL_HANDLE | None = None  # the graphs' memory pool, from the first capture
 
     # ---- capture ----
-    def capture(self, mixed_step: MixedStep, decode_steps: DecodeSteps, spec_step: Optional[SpecStep],
-                spec_rounds: int, rounds_per_launch: int) -> None:
+    def capture(
+        self,
+        mixed_step: MixedStep,
+        decode_steps: DecodeSteps,
+        spec_step: SpecStep | None,
+        spec_rounds: int,
+        rounds_per_launch: int,
+    ) -> None:
         """Capture every graph. `spec_step` None: no speculative graphs."""
         dev = self.state.device
         torch.cuda.synchronize(dev)
@@ -137,19 +159,27 @@ class CudaGraphs:
         torch.cuda.synchronize(dev)
         self.memory = torch.cuda.memory_reserved(dev) - before
 
-    def _capture_all(self, mixed_step: MixedStep, decode_steps: DecodeSteps, spec_step: Optional[SpecStep],
-                     spec_rounds: int, rounds_per_launch: int) -> None:
+    def _capture_all(
+        self,
+        mixed_step: MixedStep,
+        decode_steps: DecodeSteps,
+        spec_step: SpecStep | None,
+        spec_rounds: int,
+        rounds_per_launch: int,
+    ) -> None:
         R, idx = self.max_rows, self._all_rows
         for mode in SamplerMode:
             for t in reversed(self.token_buckets):
                 pre = self.prompt_inputs(t, R)
                 g, rec, (out, logits) = self._capture(
-                    lambda rec: self._shared_outputs(*mixed_step(idx, pre, rec[0], mode)), 1)
+                    lambda rec: self._shared_outputs(*mixed_step(idx, pre, rec[0], mode)), 1
+                )
                 self.mixed[(t, mode)] = Graph(g, t, R, rec, logits, out, R)
             for rounds in sorted({1, rounds_per_launch}, reverse=True):
                 for b in reversed(self.row_buckets):
                     g, rec, (_, logits) = self._capture(
-                        lambda rec: self._shared_outputs(None, decode_steps(self._rows[:b], rec, mode)), rounds)
+                        lambda rec: self._shared_outputs(None, decode_steps(self._rows[:b], rec, mode)), rounds
+                    )
                     self.decode[(b, rounds, mode)] = Graph(g, 0, b, rec, logits)
         if spec_step is not None:  # idle rows of a bucket are masked by the state, as above
             for mode in SamplerMode:
@@ -157,7 +187,7 @@ class CudaGraphs:
                     g, rec, _ = self._capture(lambda rec: spec_step(self._rows[:b], rec, mode), spec_rounds)
                     self.spec[(b, mode)] = Graph(g, 0, b, rec, None)
 
-    def _shared_outputs(self, out: Optional[torch.Tensor], logits: Optional[torch.Tensor]) -> tuple:
+    def _shared_outputs(self, out: torch.Tensor | None, logits: torch.Tensor | None) -> tuple:
         """Inside a capture: copy the graph's outputs into the shared buffers (module docstring)."""
         if out is not None:
             out = self._out[: out.shape[0]].copy_(out)
@@ -182,10 +212,17 @@ class CudaGraphs:
     def prompt_inputs(self, tokens: int, chunks: int) -> PromptInputs:
         """The mixed graphs' static prompt-token inputs (after the graphs' decode rows, one per slot)."""
         D = self._tables.shape[0]
-        return PromptInputs(self._h[:tokens], self._pos[:tokens], self._kv_slot[:tokens], self._cu[: D + chunks + 1],
-                            self._lens[:chunks], self._tables[:chunks], tokens)
+        return PromptInputs(
+            self._h[:tokens],
+            self._pos[:tokens],
+            self._kv_slot[:tokens],
+            self._cu[: D + chunks + 1],
+            self._lens[:chunks],
+            self._tables[:chunks],
+            tokens,
+        )
 
-    def bind_rows(self, decode_slots: list[int], owners: list) -> Optional[list[int]]:
+    def bind_rows(self, decode_slots: list[int], owners: list) -> list[int] | None:
         """Point the row graphs at these decode rows (`graph_rows`); returns the bound slots, or None."""
         rows = graph_rows(decode_slots, owners, self.row_buckets)
         if rows is not None and rows != self._bound[: len(rows)]:
@@ -193,7 +230,7 @@ class CudaGraphs:
             self._bound[: len(rows)] = rows
         return rows
 
-    def mixed_graph(self, tokens: int, chunks: int, mode: SamplerMode) -> Optional[Graph]:
+    def mixed_graph(self, tokens: int, chunks: int, mode: SamplerMode) -> Graph | None:
         """The smallest mixed graph that holds `tokens` prompt tokens in `chunks` chunks."""
         best = None
         for (t, m), g in self.mixed.items():

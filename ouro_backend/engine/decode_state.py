@@ -19,11 +19,11 @@ NOTE: this class is the only writer of its tensors. The host changes rows throug
 CUDA path); otherwise they run here in torch (the CPU path, and the kernels' twin: same results bit for
 bit).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Optional
 
 import torch
 
@@ -32,16 +32,46 @@ from ..sampling_params import SamplingParams
 from .exit_policy import ExitInputs, exit_rule
 
 # Integer columns of `DecodeState.ints`.
-ACTIVE, TOKEN, POS, LOOP, NGEN, PENDING, MIN_LOOPS, MAX_LOOPS, MAX_TOKENS, MIN_TOKENS, IGNORE_EOS, TOP_K, \
-    SEED, TRACE_LEN = range(14)
+(
+    ACTIVE,
+    TOKEN,
+    POS,
+    LOOP,
+    NGEN,
+    PENDING,
+    MIN_LOOPS,
+    MAX_LOOPS,
+    MAX_TOKENS,
+    MIN_TOKENS,
+    IGNORE_EOS,
+    TOP_K,
+    SEED,
+    TRACE_LEN,
+) = range(14)
 NUM_INTS = 14
 # Float64 columns of `DecodeState.floats` (the threshold is compared in float64, like the Python float it is).
 THRESHOLD, TEMPERATURE, TOP_P = range(3)
 NUM_FLOATS = 3
 # Every column by name, for the fused kernels (`ouro_backend/kernels/decode_step.py`).
-COLUMNS = dict(ACTIVE=ACTIVE, TOKEN=TOKEN, POS=POS, LOOP=LOOP, NGEN=NGEN, PENDING=PENDING, MIN_LOOPS=MIN_LOOPS,
-               MAX_LOOPS=MAX_LOOPS, MAX_TOKENS=MAX_TOKENS, MIN_TOKENS=MIN_TOKENS, IGNORE_EOS=IGNORE_EOS, TOP_K=TOP_K,
-               SEED=SEED, TRACE_LEN=TRACE_LEN, THRESHOLD=THRESHOLD, TEMPERATURE=TEMPERATURE, TOP_P=TOP_P)
+COLUMNS = dict(
+    ACTIVE=ACTIVE,
+    TOKEN=TOKEN,
+    POS=POS,
+    LOOP=LOOP,
+    NGEN=NGEN,
+    PENDING=PENDING,
+    MIN_LOOPS=MIN_LOOPS,
+    MAX_LOOPS=MAX_LOOPS,
+    MAX_TOKENS=MAX_TOKENS,
+    MIN_TOKENS=MIN_TOKENS,
+    IGNORE_EOS=IGNORE_EOS,
+    TOP_K=TOP_K,
+    SEED=SEED,
+    TRACE_LEN=TRACE_LEN,
+    THRESHOLD=THRESHOLD,
+    TEMPERATURE=TEMPERATURE,
+    TOP_P=TOP_P,
+)
 # Rows of a round's record (`DecodeState.new_record`): one column per slot.
 REC_EMITTED, REC_TOKEN, REC_DEPTH, REC_LOGPROB = range(4)
 # Values of a record's REC_EMITTED row: no token; a token; a token that ended its request on EOS ("stop");
@@ -53,6 +83,7 @@ MAX_TRACE = 64  # longest exit_trace a request may give (exit_mode=trace)
 @dataclass
 class NewRow:
     """What the host knows of a request when it is admitted."""
+
     slot: int
     prompt_len: int
     params: SamplingParams
@@ -62,12 +93,13 @@ class NewRow:
     block_tables: list[list[int]]  # per plane
     # Readmitted after a recompute preemption: (its last token, tokens generated). The row starts at that
     # token, which the prefill of everything before it does not sample again.
-    resume: Optional[tuple[int, int]] = None
+    resume: tuple[int, int] | None = None
 
 
 @dataclass
 class DecodeInputs:
     """One loop's inputs for decode rows `idx`, read from the state by `DecodeState.decode_inputs`."""
+
     pos: torch.Tensor  # int64 [S]: each row's position (0 for idle rows)
     kv_slot: torch.Tensor  # int64 [S]: where this loop's K/V goes, -1 for idle rows
     seq_lens: torch.Tensor  # int32 [S]
@@ -79,6 +111,7 @@ class DecodeInputs:
 @dataclass
 class SavedRow:
     """Device copies of one row (a few hundred bytes), for swapping a preempted request out."""
+
     ints: torch.Tensor
     floats: torch.Tensor
     remaining: torch.Tensor
@@ -93,9 +126,20 @@ def _kernels() -> ModuleType:
 
 
 class DecodeState:
-    def __init__(self, num_slots: int, num_loops: int, max_blocks: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device, *, block_size: int, last_exited: bool, eos_ids: list[int],
-                 fused: bool = False):
+    def __init__(
+        self,
+        num_slots: int,
+        num_loops: int,
+        max_blocks: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        block_size: int,
+        last_exited: bool,
+        eos_ids: list[int],
+        fused: bool = False,
+    ):
         self.num_slots, self.num_loops, self.max_blocks = num_slots, num_loops, max_blocks
         self.device = device
         self.block_size, self.last_exited, self.fused = block_size, last_exited, fused
@@ -125,10 +169,24 @@ class DecodeState:
             raise ValueError(f"exit_trace has {len(trace)} depths; at most {MAX_TRACE} are supported")
         # POS is the last prompt token's: sampling the first token moves the row to prompt_len.
         token, ngen = row.resume or (0, 0)
-        ints = [0, token, row.prompt_len - 1 + ngen, 1, ngen, 0, p.min_loops, row.max_loops, p.max_tokens,
-                p.min_tokens, int(p.ignore_eos), p.top_k, seed - 2**64 if seed >= 2**63 else seed, len(trace)]
+        ints = [
+            0,
+            token,
+            row.prompt_len - 1 + ngen,
+            1,
+            ngen,
+            0,
+            p.min_loops,
+            row.max_loops,
+            p.max_tokens,
+            p.min_tokens,
+            int(p.ignore_eos),
+            p.top_k,
+            seed - 2**64 if seed >= 2**63 else seed,
+            len(trace),
+        ]
         for name, v in zip(COLUMNS, ints):  # COLUMNS names the int columns first, in order
-            if not -2**63 <= v < 2**63:
+            if not -(2**63) <= v < 2**63:
                 raise ValueError(f"{name} ({v}) does not fit the decode state's int64")
         floats = [float(row.threshold), float(p.temperature), float(p.top_p)]  # OverflowError past float64
         tables = []
@@ -138,8 +196,9 @@ class DecodeState:
         return ints, floats, trace + [1] * (MAX_TRACE - len(trace)), tables
 
     # ---- host writes (between launches, in stream order) ----
-    def admit(self, slots: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor, traces: torch.Tensor,
-              tables: torch.Tensor) -> None:
+    def admit(
+        self, slots: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor, traces: torch.Tensor, tables: torch.Tensor
+    ) -> None:
         """Write new rows (inactive until their prompt's last chunk samples the first token)."""
         n = slots.shape[0]
         self.ints.index_copy_(0, slots, ints.view(n, NUM_INTS))
@@ -156,14 +215,20 @@ class DecodeState:
         """Switch on rows that already hold their next token (a recompute's prefill has just finished)."""
         self.ints[:, ACTIVE].index_fill_(0, slots, 1)
 
-    def extend_tables(self, slots: torch.Tensor, planes: torch.Tensor, index: torch.Tensor,
-                      blocks: torch.Tensor) -> None:
+    def extend_tables(
+        self, slots: torch.Tensor, planes: torch.Tensor, index: torch.Tensor, blocks: torch.Tensor
+    ) -> None:
         """tables[slots[i], planes[i], index[i]] = blocks[i]: a request's decode planes grew."""
         self.tables.index_put_((slots, planes, index), blocks)
 
     def save_row(self, slot: int) -> SavedRow:
-        return SavedRow(self.ints[slot].clone(), self.floats[slot].clone(), self.remaining[slot].clone(),
-                        self.trace[slot].clone(), self.hidden[slot].clone())
+        return SavedRow(
+            self.ints[slot].clone(),
+            self.floats[slot].clone(),
+            self.remaining[slot].clone(),
+            self.trace[slot].clone(),
+            self.hidden[slot].clone(),
+        )
 
     def restore_row(self, slot: int, row: SavedRow, tables: torch.Tensor) -> None:
         """Write a saved row back at `slot` with new block tables (int32 [num_loops, max_blocks])."""
@@ -182,7 +247,7 @@ class DecodeState:
         blocks = self.tables[rows[:, None], planes[None, :], (pos // bs)[:, None]]
         return blocks.long() * bs + (pos % bs)[:, None]
 
-    def trace_depth(self, ints: torch.Tensor, rows: torch.Tensor) -> Optional[torch.Tensor]:
+    def trace_depth(self, ints: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
         """exit_mode=trace: the depth of each row's current token (the trace cycled over decode steps)."""
         k = (ints[:, NGEN] - 1).clamp_min(0) % ints[:, TRACE_LEN].clamp_min(1)
         return self.trace[rows].gather(1, k[:, None])[:, 0]
@@ -209,20 +274,33 @@ class DecodeState:
         h = torch.where((loop == 1)[:, None], embed[ints[:, TOKEN]], self.hidden.index_select(0, idx))
         return DecodeInputs(pos, kv_slot, torch.where(active, pos + 1, 1).int(), self.tables[idx, plane], h, kv_slots)
 
-    def advance(self, idx: torch.Tensor, lam: Optional[torch.Tensor], tok: torch.Tensor, lp: torch.Tensor,
-                kv_slots: torch.Tensor, rec: torch.Tensor, mode: ExitMode) -> tuple[torch.Tensor, torch.Tensor]:
+    def advance(
+        self,
+        idx: torch.Tensor,
+        lam: torch.Tensor | None,
+        tok: torch.Tensor,
+        lp: torch.Tensor,
+        kv_slots: torch.Tensor,
+        rec: torch.Tensor,
+        mode: ExitMode,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """After loop r and the coda of decode rows `idx`: exits, next steps and the record `rec` [4, slots];
         returns the LAST_EXITED fill's (src, dst) KV slots [S, num_loops] (-1: nothing to copy)."""
         if self.fused:
-            return _kernels().advance(self, idx, lam, tok, lp, kv_slots, self.eos, rec, mode, self.last_exited,
-                                      COLUMNS)
+            return _kernels().advance(self, idx, lam, tok, lp, kv_slots, self.eos, rec, mode, self.last_exited, COLUMNS)
         T = self.num_loops
         ints = self.ints.index_select(0, idx)
         active = ints[:, ACTIVE] > 0
         loop = ints[:, LOOP]
-        x = ExitInputs(loop, self.remaining.index_select(0, idx), ints[:, PENDING] > 0, ints[:, MIN_LOOPS],
-                       ints[:, MAX_LOOPS], self.floats.index_select(0, idx)[:, THRESHOLD],
-                       self.trace_depth(ints, idx) if mode is ExitMode.TRACE else None)
+        x = ExitInputs(
+            loop,
+            self.remaining.index_select(0, idx),
+            ints[:, PENDING] > 0,
+            ints[:, MIN_LOOPS],
+            ints[:, MAX_LOOPS],
+            self.floats.index_select(0, idx)[:, THRESHOLD],
+            self.trace_depth(ints, idx) if mode is ExitMode.TRACE else None,
+        )
         exit_now, remaining, pending = exit_rule(mode, x, lam)
         exit_now = exit_now & active
         # An idle row keeps its state: a graph's masked rows include rows waiting to resume after a recompute.
@@ -234,9 +312,19 @@ class DecodeState:
         src = kv_slots.gather(1, (loop - 1).clamp(0, T - 1)[:, None]).expand(-1, T)
         return torch.where(fill, src, -1), torch.where(fill, kv_slots, -1)
 
-    def emit(self, idx: torch.Tensor, ints: torch.Tensor, active: torch.Tensor, emit: torch.Tensor,
-             tok: torch.Tensor, lp: torch.Tensor, depth: torch.Tensor, remaining: torch.Tensor,
-             pending: torch.Tensor, rec: torch.Tensor) -> None:
+    def emit(
+        self,
+        idx: torch.Tensor,
+        ints: torch.Tensor,
+        active: torch.Tensor,
+        emit: torch.Tensor,
+        tok: torch.Tensor,
+        lp: torch.Tensor,
+        depth: torch.Tensor,
+        remaining: torch.Tensor,
+        pending: torch.Tensor,
+        rec: torch.Tensor,
+    ) -> None:
         """Record the emitting rows' tokens and write every row's next step: loop r+1 of the same token, or
         loop 1 of the next one; a request that reaches max_tokens or EOS goes idle, and its record says
         which (EMIT_EOS, EMIT_LENGTH). `ints` are the rows' values before this step."""
@@ -263,8 +351,9 @@ class DecodeState:
         n = idx.shape[0]
         yes = torch.ones(n, dtype=torch.bool, device=idx.device)
         depth = torch.full((n,), self.num_loops, dtype=torch.long, device=idx.device)
-        self.emit(idx, self.ints.index_select(0, idx), yes, yes, tok, lp, depth, torch.ones(n, device=idx.device),
-                  ~yes, rec)
+        self.emit(
+            idx, self.ints.index_select(0, idx), yes, yes, tok, lp, depth, torch.ones(n, device=idx.device), ~yes, rec
+        )
 
     def store_hidden(self, idx: torch.Tensor, h: torch.Tensor) -> None:
         """Keep the decode rows' loop output for their next loop."""

@@ -8,10 +8,10 @@ The hazard is accumulated in fp32 exactly as the reference implementation does
 (`remaining *= 1 - lambda`, `cdf = 1 - remaining`), and `cdf` is compared with the request's threshold
 in float64 (the threshold is a Python float), so threshold crossings match the dense oracle bit for bit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -28,18 +28,18 @@ class ExitInputs:
     min_loops: torch.Tensor  # int64
     max_loops: torch.Tensor  # int64
     threshold: torch.Tensor  # float64; >= 1 means fixed depth max_loops
-    trace_depth: Optional[torch.Tensor] = None  # int64, exit_mode=trace: this token's depth
+    trace_depth: torch.Tensor | None = None  # int64, exit_mode=trace: this token's depth
 
 
 class ExitPolicy:
     def __init__(self, mode: ExitMode | str, hidden_size: int, seed: int, device: torch.device):
         self.mode = ExitMode(mode)
-        self.lookahead_w: Optional[torch.Tensor] = None
+        self.lookahead_w: torch.Tensor | None = None
         if self.mode is ExitMode.RANDOM_LOOKAHEAD:
             # An untrained, seeded Linear(hidden, 1): a runtime experiment for scheduling studies, not a
             # quality-preserving exit rule.
             g = torch.Generator().manual_seed(seed)
-            bound = hidden_size ** -0.5
+            bound = hidden_size**-0.5
             self.lookahead_w = ((torch.rand(hidden_size + 1, generator=g) * 2 - 1) * bound).to(device)
 
     @property
@@ -55,7 +55,9 @@ class ExitPolicy:
         return model.gate(h)
 
 
-def exit_rule(mode: ExitMode, x: ExitInputs, lam: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def exit_rule(
+    mode: ExitMode, x: ExitInputs, lam: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(exit now, remaining, pending) after loop `x.loop` with gate values `lam` (None when the mode reads
     no gate). The returned state is what loop r+1 carries; a row that exits starts afresh."""
     r = x.loop

@@ -14,6 +14,7 @@ Blocks are taken on demand (docs/kv-memory.md): a request gets its prompt's bloc
 admission, and its decode planes grow as its frontier advances, a few launches ahead of the device. A
 plane's table only ever grows at its end, so a block id, once written to the device's table row, stays.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -25,9 +26,19 @@ from .block_pool import BlockPool
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 num_loops: int, layout: KVLayout, dtype: torch.dtype, device: torch.device,
-                 enable_prefix_caching: bool = False):
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        num_loops: int,
+        layout: KVLayout,
+        dtype: torch.dtype,
+        device: torch.device,
+        enable_prefix_caching: bool = False,
+    ):
         self.layout = KVLayout(layout)
         self.block_size = block_size
         self.num_loops = num_loops

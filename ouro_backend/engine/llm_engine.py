@@ -1,4 +1,5 @@
 """The step-level engine (what the Triton model drives from its thread) and the offline `LLM` API."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +7,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Optional, Sequence as Seq, Union, cast
+from collections.abc import Sequence as Seq
+from typing import cast
 
 import torch
 
@@ -26,7 +28,7 @@ from .sequence import Sequence, StopChecker
 from .spec_policy import mean_accepted_length
 
 log = logging.getLogger(__name__)
-Prompt = Union[str, list[int]]
+Prompt = str | list[int]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -68,7 +70,7 @@ class LLMEngine:
     # detokenizes). The final output always carries the whole text.
     want_text = False
 
-    def __init__(self, config: Optional[EngineConfig] = None, **kwargs):
+    def __init__(self, config: EngineConfig | None = None, **kwargs):
         cfg = (config or EngineConfig(**kwargs)).validate()
         self.config = cfg
         path = cfg.resolved_model_path()
@@ -82,65 +84,114 @@ class LLMEngine:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.max_model_len = cfg.max_model_len or min(mcfg.max_position_embeddings, 8192)
         if self.max_model_len > mcfg.max_position_embeddings:
-            raise ConfigError(f"max_model_len ({self.max_model_len}) exceeds the model's "
-                              f"max_position_embeddings ({mcfg.max_position_embeddings})")
+            raise ConfigError(
+                f"max_model_len ({self.max_model_len}) exceeds the model's "
+                f"max_position_embeddings ({mcfg.max_position_embeddings})"
+            )
         self.tokenizer = load_tokenizer(path)
         self.eos_ids = set(cfg.eos_token_ids if cfg.eos_token_ids is not None else read_eos_ids(path, mcfg))
         self.exit_threshold = mcfg.early_exit_threshold if cfg.exit_threshold is None else cfg.exit_threshold
         t0 = time.monotonic()
         weights = load_weights(path, mcfg, self.dtype, self.device)
         if cfg.spec_tokens and cfg.spec_draft_loops >= mcfg.num_loops:
-            raise ConfigError(f"spec_draft_loops ({cfg.spec_draft_loops}) must be less than the model's "
-                              f"{mcfg.num_loops} loops: the later loops verify the drafts")
+            raise ConfigError(
+                f"spec_draft_loops ({cfg.spec_draft_loops}) must be less than the model's "
+                f"{mcfg.num_loops} loops: the later loops verify the drafts"
+            )
         if cfg.spec_tokens and self.exit_threshold < 1.0:
-            raise ConfigError(f"spec_tokens > 0 verifies at full depth, but the checkpoint's early_exit_threshold "
-                              f"is {self.exit_threshold}: set exit_threshold=1.0")
+            raise ConfigError(
+                f"spec_tokens > 0 verifies at full depth, but the checkpoint's early_exit_threshold "
+                f"is {self.exit_threshold}: set exit_threshold=1.0"
+            )
         # Drafts run up to spec_tokens positions past a request's last token.
-        self.model = OuroModel(mcfg, weights, attention_backend(cfg.attention_backend, self.device, cfg.block_size),
-                               self.max_model_len + cfg.spec_tokens)
+        self.model = OuroModel(
+            mcfg,
+            weights,
+            attention_backend(cfg.attention_backend, self.device, cfg.block_size),
+            self.max_model_len + cfg.spec_tokens,
+        )
         del weights
         log.info("loaded %s (%s, %s) in %.1fs", path, self.dtype, self.device, time.monotonic() - t0)
         num_blocks = self._num_kv_blocks()
-        self.kv = KVCache(mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads,
-                          mcfg.head_dim, mcfg.num_loops, KVLayout(cfg.kv_layout), self.dtype, self.device,
-                          enable_prefix_caching=cfg.prefix_caching)
-        log.info("KV cache: %d blocks of %d tokens (%s layout, %.2f GiB)", num_blocks, cfg.block_size,
-                 cfg.kv_layout, self.kv.kv.numel() * self.kv.kv.element_size() / 2**30)
+        self.kv = KVCache(
+            mcfg.num_hidden_layers,
+            num_blocks,
+            cfg.block_size,
+            mcfg.num_key_value_heads,
+            mcfg.head_dim,
+            mcfg.num_loops,
+            KVLayout(cfg.kv_layout),
+            self.dtype,
+            self.device,
+            enable_prefix_caching=cfg.prefix_caching,
+        )
+        log.info(
+            "KV cache: %d blocks of %d tokens (%s layout, %.2f GiB)",
+            num_blocks,
+            cfg.block_size,
+            cfg.kv_layout,
+            self.kv.kv.numel() * self.kv.kv.element_size() / 2**30,
+        )
         log.info("prefix caching %s", "on" if cfg.prefix_caching else "off")
         self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
         self.scheduler = Scheduler(cfg, self.kv, mcfg.num_loops)
-        self._in_flight: Optional[Launch] = None  # launched, not collected (asynchronous scheduling)
-        self.runner = ModelRunner(self.model, self.kv, self.policy, cfg.max_num_seqs, self.max_model_len,
-                                  sorted(self.eos_ids), self.exit_threshold, cfg.spec_tokens, cfg.spec_draft_loops)
+        self._in_flight: Launch | None = None  # launched, not collected (asynchronous scheduling)
+        self.runner = ModelRunner(
+            self.model,
+            self.kv,
+            self.policy,
+            cfg.max_num_seqs,
+            self.max_model_len,
+            sorted(self.eos_ids),
+            self.exit_threshold,
+            cfg.spec_tokens,
+            cfg.spec_draft_loops,
+        )
         if cfg.cuda_graphs and self.device.type == "cuda" and getattr(self.model.backend, "graph_safe", False):
             t0 = time.monotonic()
-            self.runner.capture_graphs(cfg.max_num_seqs, min(cfg.cuda_graph_max_tokens, cfg.max_num_batched_tokens),
-                                       cfg.decode_rounds_per_launch)
+            self.runner.capture_graphs(
+                cfg.max_num_seqs,
+                min(cfg.cuda_graph_max_tokens, cfg.max_num_batched_tokens),
+                cfg.decode_rounds_per_launch,
+            )
             g = self.runner.graphs
             assert g is not None
-            log.info("captured CUDA graphs in %.1fs (%.0f MiB): decode launches of %s rows x %s rounds, "
-                     "rounds with prompt chunks of up to %s tokens, speculative steps of %s rows",
-                     time.monotonic() - t0, g.memory / 2**20, sorted({k[0] for k in g.decode}),
-                     sorted({k[1] for k in g.decode}), sorted({k[0] for k in g.mixed}),
-                     sorted({k[0] for k in g.spec}) or "none")
+            log.info(
+                "captured CUDA graphs in %.1fs (%.0f MiB): decode launches of %s rows x %s rounds, "
+                "rounds with prompt chunks of up to %s tokens, speculative steps of %s rows",
+                time.monotonic() - t0,
+                g.memory / 2**20,
+                sorted({k[0] for k in g.decode}),
+                sorted({k[1] for k in g.decode}),
+                sorted({k[0] for k in g.mixed}),
+                sorted({k[0] for k in g.spec}) or "none",
+            )
             from .memory import RESERVE_BYTES
 
             if g.memory > RESERVE_BYTES and not (cfg.num_blocks or cfg.kv_cache_bytes):
-                log.warning("the CUDA graphs took %.0f MiB, more than the %.0f MiB that KV sizing reserved for "
-                            "them: lower gpu_memory_utilization if later launches run out of memory",
-                            g.memory / 2**20, RESERVE_BYTES / 2**20)
+                log.warning(
+                    "the CUDA graphs took %.0f MiB, more than the %.0f MiB that KV sizing reserved for "
+                    "them: lower gpu_memory_utilization if later launches run out of memory",
+                    g.memory / 2**20,
+                    RESERVE_BYTES / 2**20,
+                )
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []
         self._ids: set[str] = set()
         self._seed_counter = itertools.count()
-        self.counters = dict(num_finished=0, num_aborted=0, num_failed=0, prompt_tokens=0, generation_tokens=0,
-                             steps=0)
+        self.counters = dict(num_finished=0, num_aborted=0, num_failed=0, prompt_tokens=0, generation_tokens=0, steps=0)
 
     # ---- sizing ----
     def _block_bytes(self) -> int:
         m = self.model_config
-        return m.num_hidden_layers * 2 * self.config.block_size * m.kv_size * torch.tensor([], dtype=self.dtype).element_size()
+        return (
+            m.num_hidden_layers
+            * 2
+            * self.config.block_size
+            * m.kv_size
+            * torch.tensor([], dtype=self.dtype).element_size()
+        )
 
     def _num_kv_blocks(self) -> int:
         cfg = self.config
@@ -159,28 +210,36 @@ class LLMEngine:
         return int(blocks)
 
     # ---- requests ----
-    def add_request(self, request_id: str, prompt: Prompt, params: Optional[SamplingParams] = None) -> None:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         """Validate and queue a request; raises RequestError for bad input. Thread-safe."""
         params = params or SamplingParams()
-        params.validate(num_loops=self.model_config.num_loops, vocab_size=self.model_config.vocab_size,
-                        max_trace=MAX_TRACE)
+        params.validate(
+            num_loops=self.model_config.num_loops, vocab_size=self.model_config.vocab_size, max_trace=MAX_TRACE
+        )
         ids = self._prompt_ids(prompt)
         if len(ids) >= self.max_model_len:
             raise RequestError(f"prompt has {len(ids)} tokens; the context limit is {self.max_model_len}")
         if len(ids) + params.max_tokens > self.max_model_len:
-            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                               f"context limit of {self.max_model_len} tokens")
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"context limit of {self.max_model_len} tokens"
+            )
         if self.config.spec_tokens:
             T = self.model_config.num_loops
-            if (params.exit_threshold is not None and params.exit_threshold < 1.0) or \
-                    (params.max_loops is not None and params.max_loops < T):
-                raise RequestError(f"this engine speculates (spec_tokens={self.config.spec_tokens}) and verifies "
-                                   f"every token at full depth: exit_threshold < 1 and max_loops < {T} are not "
-                                   f"served (start the engine with spec_tokens=0 for gate exits)")
+            if (params.exit_threshold is not None and params.exit_threshold < 1.0) or (
+                params.max_loops is not None and params.max_loops < T
+            ):
+                raise RequestError(
+                    f"this engine speculates (spec_tokens={self.config.spec_tokens}) and verifies "
+                    f"every token at full depth: exit_threshold < 1 and max_loops < {T} are not "
+                    f"served (start the engine with spec_tokens=0 for gate exits)"
+                )
         need = self.kv.blocks_needed(len(ids), self.scheduler.max_positions(len(ids), params.max_tokens))
         if need > self.kv.num_blocks:
-            raise RequestError(f"request needs {need} KV blocks but the cache only has {self.kv.num_blocks}; "
-                               f"lower max_tokens or give the engine more KV memory")
+            raise RequestError(
+                f"request needs {need} KV blocks but the cache only has {self.kv.num_blocks}; "
+                f"lower max_tokens or give the engine more KV memory"
+            )
         seed = params.seed if params.seed is not None else hash((self.config.seed, next(self._seed_counter)))
         seq = Sequence(request_id, ids, params, seed & (2**64 - 1), StopChecker(list(params.stop)))
         with self._lock:
@@ -351,16 +410,23 @@ class LLMEngine:
     def stats(self) -> dict:
         pool = self.kv.pool
         rs = self.runner.stats
-        return dict(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-                    kv_blocks_total=pool.num_blocks, kv_blocks_free=pool.num_available,
-                    prefix_cache_hit_rate=pool.hit_rate or 0.0, prefix_cache_blocks=pool.num_cached_blocks,
-                    kv_usage=pool.usage, **dataclasses.asdict(rs), **self.counters,
-                    num_preemptions=self.scheduler.num_preemptions, num_recomputes=self.scheduler.num_recomputes,
-                    num_swapped=len(self.scheduler.swapped),
-                    swap_bytes=self.scheduler.swap_used,
-                    spec_acceptance_rate=rs.spec_accepted / rs.spec_drafted if rs.spec_drafted else 0.0,
-                    spec_mean_accepted_length=mean_accepted_length(rs.spec_drafted, rs.spec_accepted,
-                                                                   self.config.spec_tokens))
+        return dict(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=pool.num_blocks,
+            kv_blocks_free=pool.num_available,
+            prefix_cache_hit_rate=pool.hit_rate or 0.0,
+            prefix_cache_blocks=pool.num_cached_blocks,
+            kv_usage=pool.usage,
+            **dataclasses.asdict(rs),
+            **self.counters,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_recomputes=self.scheduler.num_recomputes,
+            num_swapped=len(self.scheduler.swapped),
+            swap_bytes=self.scheduler.swap_used,
+            spec_acceptance_rate=rs.spec_accepted / rs.spec_drafted if rs.spec_drafted else 0.0,
+            spec_mean_accepted_length=mean_accepted_length(rs.spec_drafted, rs.spec_accepted, self.config.spec_tokens),
+        )
 
 
 def _message(e: Exception) -> str:
@@ -370,7 +436,7 @@ def _message(e: Exception) -> str:
 class LLM:
     """Offline generation: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
 
-    def __init__(self, model: Optional[str] = None, *, config: Optional[EngineConfig] = None, **kwargs):
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs):
         self.engine = LLMEngine(config or EngineConfig(model=model, **kwargs))
         self._counter = itertools.count()
 
@@ -378,14 +444,18 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: Union[Prompt, Seq[Prompt]],
-                 params: Union[SamplingParams, Seq[SamplingParams], None] = None) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [cast(Prompt, prompts)]  # one prompt: a string or token ids
         prompts = cast("Seq[Prompt]", prompts)
         # One SamplingParams (or None) for every prompt, else a list or tuple of one per prompt.
-        params_list = (list(params) if isinstance(params, (list, tuple))
-                       else [cast(Optional[SamplingParams], params) or SamplingParams()] * len(prompts))
+        params_list = (
+            list(params)
+            if isinstance(params, (list, tuple))
+            else [cast(SamplingParams | None, params) or SamplingParams()] * len(prompts)
+        )
         if len(params_list) != len(prompts):
             raise RequestError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
         ids = [f"offline-{next(self._counter)}" for _ in prompts]

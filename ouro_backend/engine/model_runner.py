@@ -14,11 +14,12 @@ The runner's jobs are split by module: host transfers (`staging.py`), the plan's
 (`prompt_batch.py`), CUDA graphs (`cuda_graphs.py`) and the rounds themselves (here). The runner owns its
 device state; the scheduler's `Sequence`s carry none.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -50,10 +51,11 @@ _DEVICE_STOPS = {ds.EMIT_EOS: FinishReason.STOP, ds.EMIT_LENGTH: FinishReason.LE
 @dataclass
 class Launch:
     """A launched plan: whom its slots belonged to and where its records land."""
-    owners: list[Optional[Sequence]]
-    host: Optional[torch.Tensor] = None  # fp32 [rounds, 4, slots], filled once `ready` fires
+
+    owners: list[Sequence | None]
+    host: torch.Tensor | None = None  # fp32 [rounds, 4, slots], filled once `ready` fires
     speculative: bool = False  # the record's last round holds acceptance counts (speculation.py)
-    ready: Optional[torch.cuda.Event] = None
+    ready: torch.cuda.Event | None = None
     # record_logits only: per round, (slots, fp32 logits [len(slots), V]) of the rows that could emit
     logits: list[list[tuple[list[int], torch.Tensor]]] = field(default_factory=list)
     # Requests whose own staging raised (`ModelRunner._apply_rows`), with what they raised: they took no part
@@ -68,10 +70,10 @@ class Emitted:
     logprob: float
     depth: int
     # The device ended the request with this token: EOS ("stop") or max_tokens ("length").
-    stop: Optional[FinishReason] = None
-    logits: Optional[torch.Tensor] = None  # only when the runner records logits (tests, debugging)
+    stop: FinishReason | None = None
+    logits: torch.Tensor | None = None  # only when the runner records logits (tests, debugging)
     # On the first token a speculative step emitted for a request: the drafts it accepted in that step.
-    spec_accepted: Optional[int] = None
+    spec_accepted: int | None = None
 
 
 @dataclass
@@ -94,14 +96,14 @@ class LaunchTimer:
         # (start, end, prompt tokens, decode rows, rounds) per launch
         self._windows: list[tuple[torch.cuda.Event, torch.cuda.Event, int, int, int]] = []
 
-    def start(self) -> Optional[torch.cuda.Event]:
+    def start(self) -> torch.cuda.Event | None:
         if not (self.enabled and self.device.type == "cuda"):
             return None
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
 
-    def end(self, start: Optional[torch.cuda.Event], plan: SchedulerOutput, rounds: int) -> None:
+    def end(self, start: torch.cuda.Event | None, plan: SchedulerOutput, rounds: int) -> None:
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -120,8 +122,18 @@ class LaunchTimer:
 
 
 class ModelRunner:
-    def __init__(self, model: OuroModel, kv: KVCache, policy: ExitPolicy, num_slots: int, max_model_len: int,
-                 eos_ids: list[int], exit_threshold: float, spec_tokens: int = 0, spec_draft_loops: int = 1):
+    def __init__(
+        self,
+        model: OuroModel,
+        kv: KVCache,
+        policy: ExitPolicy,
+        num_slots: int,
+        max_model_len: int,
+        eos_ids: list[int],
+        exit_threshold: float,
+        spec_tokens: int = 0,
+        spec_draft_loops: int = 1,
+    ):
         self.model, self.kv, self.policy = model, kv, policy
         self.exit_threshold = exit_threshold  # for requests that set none
         self.num_loops = model.cfg.num_loops
@@ -131,28 +143,40 @@ class ModelRunner:
         # The state machine around the loop: fused Triton kernels with the graph-safe GPU backends, else
         # their torch twins.
         fused = dev.type == "cuda" and getattr(model.backend, "graph_safe", False)
-        self.state = DecodeState(num_slots, self.num_loops, self.max_blocks, model.cfg.hidden_size, model.dtype, dev,
-                                 block_size=kv.block_size, last_exited=kv.layout is KVLayout.LAST_EXITED,
-                                 eos_ids=eos_ids, fused=fused)
+        self.state = DecodeState(
+            num_slots,
+            self.num_loops,
+            self.max_blocks,
+            model.cfg.hidden_size,
+            model.dtype,
+            dev,
+            block_size=kv.block_size,
+            last_exited=kv.layout is KVLayout.LAST_EXITED,
+            eos_ids=eos_ids,
+            fused=fused,
+        )
         self.sampler = RowSampler(self.state, model.cfg.vocab_size)
         self.staging = Staging(dev)
         self.swap = SwapStore(kv, self.state, self.staging.to_device)
-        self.speculator = (Speculator(model, self.state, kv, self.sampler, spec_tokens, spec_draft_loops, max_model_len)
-                           if spec_tokens else None)
-        self.graphs: Optional[CudaGraphs] = None  # set by capture_graphs
+        self.speculator = (
+            Speculator(model, self.state, kv, self.sampler, spec_tokens, spec_draft_loops, max_model_len)
+            if spec_tokens
+            else None
+        )
+        self.graphs: CudaGraphs | None = None  # set by capture_graphs
         self.stats = RunnerStats()
         self.timer = LaunchTimer(dev)
         self.record_logits = False
         self.last_round: dict[str, int] = {}  # the shape of the newest launch (round_trace, ouro-bench)
         # Host work to do while the GPU runs a launch (the engine process sends the previous step's outputs
         # here). It must not call into the engine.
-        self.overlap: Optional[Callable[[], None]] = None
-        self._newest: Optional[Launch] = None
+        self.overlap: Callable[[], None] | None = None
+        self._newest: Launch | None = None
         self._arange = torch.arange(num_slots + 1, dtype=torch.int64, device=dev)  # static: graphs index it
         # NOTE: the previous mixed round's prompt-token loop output and each chunk's first row in it, by slot.
         # A chunk past loop 1 always ran in the previous launch (the scheduler continues every chunk
         # mid-loops, and such a launch is a mixed round), so this is its input.
-        self._prompt_out: Optional[tuple[torch.Tensor, dict[int, int]]] = None
+        self._prompt_out: tuple[torch.Tensor, dict[int, int]] | None = None
 
     # ---- launches ----
     @torch.inference_mode()
@@ -177,8 +201,12 @@ class ModelRunner:
         launch.host, launch.ready = self.staging.readback(rec)
         self.stats.launches += 1
         self.stats.rounds += rounds
-        self.last_round = dict(prefill_tokens=sum(c.n for c in plan.prefill), decode_rows=len(plan.decode_slots),
-                               rounds=rounds, running=sum(s is not None for s in plan.owners))
+        self.last_round = dict(
+            prefill_tokens=sum(c.n for c in plan.prefill),
+            decode_rows=len(plan.decode_slots),
+            rounds=rounds,
+            running=sum(s is not None for s in plan.owners),
+        )
         self._newest = launch
         return launch
 
@@ -219,8 +247,12 @@ class ModelRunner:
             own(si.seq, self.swap.restore, si.key, si.slot, si.tables)
         if plan.table_growth:
             slots, planes, index, blocks = zip(*plan.table_growth)
-            self.state.extend_tables(to(list(slots), torch.long), to(list(planes), torch.long),
-                                     to(list(index), torch.long), to(list(blocks), torch.int32))
+            self.state.extend_tables(
+                to(list(slots), torch.long),
+                to(list(planes), torch.long),
+                to(list(index), torch.long),
+                to(list(blocks), torch.int32),
+            )
         staged = [(s.slot, row) for s in plan.admitted if (row := own(s, self._admission_row, s)) is not None]
         if staged:
             ints, floats, traces, tables = [], [], [], []
@@ -229,8 +261,13 @@ class ModelRunner:
                 floats += f
                 traces += tr
                 tables += tb
-            self.state.admit(to([slot for slot, _ in staged], torch.long), to(ints, torch.long),
-                             to(floats, torch.float64), to(traces, torch.long), to(tables, torch.int32))
+            self.state.admit(
+                to([slot for slot, _ in staged], torch.long),
+                to(ints, torch.long),
+                to(floats, torch.float64),
+                to(traces, torch.long),
+                to(tables, torch.int32),
+            )
         if failed:
             self._take_out(plan, [seq for seq, _ in failed])
         return failed
@@ -239,9 +276,16 @@ class ModelRunner:
         """An admitted request's host values for `DecodeState.admit` (raises for a value its row cannot hold)."""
         p = seq.params
         assert seq.slot is not None  # admitted: it holds a slot
-        row = NewRow(seq.slot, len(seq.prompt_ids), p, p.max_loops or self.num_loops,
-                     self.exit_threshold if p.exit_threshold is None else p.exit_threshold, seq.seed,
-                     seq.block_tables, (seq.output_ids[-1], len(seq.output_ids)) if seq.resuming else None)
+        row = NewRow(
+            seq.slot,
+            len(seq.prompt_ids),
+            p,
+            p.max_loops or self.num_loops,
+            self.exit_threshold if p.exit_threshold is None else p.exit_threshold,
+            seq.seed,
+            seq.block_tables,
+            (seq.output_ids[-1], len(seq.output_ids)) if seq.resuming else None,
+        )
         return DecodeState.host_row(row, self.num_loops, self.max_blocks)
 
     def _take_out(self, plan: SchedulerOutput, gone: list[Sequence]) -> None:
@@ -254,7 +298,7 @@ class ModelRunner:
         plan.decode_slots = [s for s in plan.decode_slots if id(plan.owners[s]) not in ids]
         plan.speculate = plan.speculate and bool(plan.decode_slots)
 
-    def _graph_rows(self, plan: SchedulerOutput) -> Optional[list[int]]:
+    def _graph_rows(self, plan: SchedulerOutput) -> list[int] | None:
         return self.graphs.bind_rows(plan.decode_slots, plan.owners) if self.graphs is not None else None
 
     def _spec_launch(self, plan: SchedulerOutput) -> torch.Tensor:
@@ -326,16 +370,17 @@ class ModelRunner:
         for c in chunks:
             if c.loop == 1:
                 assert embedded is not None  # loop-1 chunks put their tokens in `loop1_ids`
-                parts.append(embedded[used: used + c.n])
+                parts.append(embedded[used : used + c.n])
                 used += c.n
             else:
                 assert self._prompt_out is not None  # see its NOTE
                 out, first_row = self._prompt_out
-                parts.append(out[first_row[c.slot]: first_row[c.slot] + c.n])
+                parts.append(out[first_row[c.slot] : first_row[c.slot] + c.n])
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
-    def _replay_mixed(self, graph: Graph, batch: PromptBatch,
-                      h: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    def _replay_mixed(
+        self, graph: Graph, batch: PromptBatch, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         assert self.graphs is not None and graph.out is not None  # a mixed graph
         to, N, P = self.staging.to_device, batch.num_tokens, len(batch.lens)
         pad_tokens, pad_chunks = graph.tokens - N, graph.prefill_rows - P
@@ -350,20 +395,30 @@ class ModelRunner:
         self.stats.graph_launches += 1
         return graph.out[:N].clone(), graph.logits, graph.rec
 
-    def _run_mixed(self, plan: SchedulerOutput, batch: PromptBatch,
-                   h: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    def _run_mixed(
+        self, plan: SchedulerOutput, batch: PromptBatch, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         to, P = self.staging.to_device, len(batch.lens)
-        pre = PromptInputs(h, to(batch.positions, torch.long), to(batch.kv_slots, torch.long), to(batch.cu, torch.int32),
-                           to(batch.lens, torch.int32), to(batch.tables, torch.int32).view(P, self.max_blocks),
-                           batch.max_chunk, cu_host=batch.cu, lens_host=batch.lens)
+        pre = PromptInputs(
+            h,
+            to(batch.positions, torch.long),
+            to(batch.kv_slots, torch.long),
+            to(batch.cu, torch.int32),
+            to(batch.lens, torch.int32),
+            to(batch.tables, torch.int32).view(P, self.max_blocks),
+            batch.max_chunk,
+            cu_host=batch.cu,
+            lens_host=batch.lens,
+        )
         rec = self.state.new_record(1)
         idx = to(plan.decode_slots, torch.long) if plan.decode_slots else None
         out, logits = self._mixed_step(idx, pre, rec[0], plan.sampler)
         self.stats.eager_launches += 1
         return out, logits, rec
 
-    def _finish_prompts(self, chunks: list[PrefillChunk], out: torch.Tensor, batch: PromptBatch, rec: torch.Tensor,
-                        mode: SamplerMode) -> list[tuple[list[int], torch.Tensor]]:
+    def _finish_prompts(
+        self, chunks: list[PrefillChunk], out: torch.Tensor, batch: PromptBatch, rec: torch.Tensor, mode: SamplerMode
+    ) -> list[tuple[list[int], torch.Tensor]]:
         """Chunks that end their prompt at the last loop: a resumed request's row starts decoding at the token
         it holds; the others sample their first token and become decode rows. Returns the latter's
         (slots, logits)."""
@@ -384,7 +439,7 @@ class ModelRunner:
         return [(slots, logits)]
 
     # ---- the rounds (eager, or inside a CUDA graph) ----
-    def _decode_steps(self, idx: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> Optional[torch.Tensor]:
+    def _decode_steps(self, idx: torch.Tensor, rec: torch.Tensor, mode: SamplerMode) -> torch.Tensor | None:
         """rec.shape[0] decode rounds over rows `idx`; returns the last round's logits."""
         logits = None
         for r in range(rec.shape[0]):
@@ -395,31 +450,53 @@ class ModelRunner:
 
     def _decode_meta(self, rows: DecodeInputs) -> AttentionMetadata:
         S = rows.pos.shape[0]
-        return AttentionMetadata(self._arange[: S + 1].int(), rows.seq_lens, rows.tables, rows.kv_slot,
-                                 max_seqlen_q=1, max_seqlen_k=self.max_model_len,
-                                 cu_seqlens_q_host=list(range(S + 1)))
+        return AttentionMetadata(
+            self._arange[: S + 1].int(),
+            rows.seq_lens,
+            rows.tables,
+            rows.kv_slot,
+            max_seqlen_q=1,
+            max_seqlen_k=self.max_model_len,
+            cu_seqlens_q_host=list(range(S + 1)),
+        )
 
-    def _mixed_step(self, idx: Optional[torch.Tensor], pre: PromptInputs, rec: torch.Tensor,
-                    mode: SamplerMode) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _mixed_step(
+        self, idx: torch.Tensor | None, pre: PromptInputs, rec: torch.Tensor, mode: SamplerMode
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One loop over decode rows `idx` (from the state; None: none) followed by prompt tokens `pre`;
         advances the decode rows and returns the prompt tokens' loop output and the decode rows' logits."""
         dec = self.state.decode_inputs(idx, self.model.embed_tokens) if idx is not None and idx.shape[0] else None
         if dec is None:
-            meta = AttentionMetadata(pre.cu, pre.lens, pre.tables, pre.kv_slot, max_seqlen_q=pre.max_q,
-                                     max_seqlen_k=self.max_model_len, cu_seqlens_q_host=pre.cu_host,
-                                     seq_lens_host=pre.lens_host)
+            meta = AttentionMetadata(
+                pre.cu,
+                pre.lens,
+                pre.tables,
+                pre.kv_slot,
+                max_seqlen_q=pre.max_q,
+                max_seqlen_k=self.max_model_len,
+                cu_seqlens_q_host=pre.cu_host,
+                seq_lens_host=pre.lens_host,
+            )
             return self.model.loop(pre.h, pre.pos, meta, self.kv.kv), None
         assert idx is not None
         D = idx.shape[0]
-        meta = AttentionMetadata(pre.cu, torch.cat([dec.seq_lens, pre.lens]), torch.cat([dec.tables, pre.tables]),
-                                 torch.cat([dec.kv_slot, pre.kv_slot]), max_seqlen_q=pre.max_q,
-                                 max_seqlen_k=self.max_model_len, cu_seqlens_q_host=pre.cu_host,
-                                 decode_rows=D, cu_prefill=pre.cu[D:] - D)
+        meta = AttentionMetadata(
+            pre.cu,
+            torch.cat([dec.seq_lens, pre.lens]),
+            torch.cat([dec.tables, pre.tables]),
+            torch.cat([dec.kv_slot, pre.kv_slot]),
+            max_seqlen_q=pre.max_q,
+            max_seqlen_k=self.max_model_len,
+            cu_seqlens_q_host=pre.cu_host,
+            decode_rows=D,
+            cu_prefill=pre.cu[D:] - D,
+        )
         out = self.model.loop(torch.cat([dec.h, pre.h]), torch.cat([dec.pos, pre.pos]), meta, self.kv.kv)
         return out[D:], self._advance_decode(idx, dec, out[:D], rec, mode)
 
-    def _advance_decode(self, idx: torch.Tensor, rows: DecodeInputs, out: torch.Tensor, rec: torch.Tensor,
-                        mode: SamplerMode) -> torch.Tensor:
+    def _advance_decode(
+        self, idx: torch.Tensor, rows: DecodeInputs, out: torch.Tensor, rec: torch.Tensor, mode: SamplerMode
+    ) -> torch.Tensor:
         """After the loop: gate, coda, then exits, next steps and the LAST_EXITED fill; returns the logits."""
         lam = self.policy.gate_values(self.model, out) if self.policy.needs_gate else None
         logits = self.model.logits(out)
@@ -457,9 +534,16 @@ class ModelRunner:
                 for owned, lg in launch.logits[r]:
                     if s in owned:
                         logits = lg[owned.index(s)].cpu()
-            out.append(Emitted(seq, int(rec[r, ds.REC_TOKEN, s]), float(rec[r, ds.REC_LOGPROB, s]),
-                               int(rec[r, ds.REC_DEPTH, s]), _DEVICE_STOPS.get(int(rec[r, ds.REC_EMITTED, s])),
-                               logits))
+            out.append(
+                Emitted(
+                    seq,
+                    int(rec[r, ds.REC_TOKEN, s]),
+                    float(rec[r, ds.REC_LOGPROB, s]),
+                    int(rec[r, ds.REC_DEPTH, s]),
+                    _DEVICE_STOPS.get(int(rec[r, ds.REC_EMITTED, s])),
+                    logits,
+                )
+            )
             if launch.speculative and r == 0:  # every row a step drafted for emits its token 0
                 out[-1].spec_accepted = int(rec[-1, REC_ACCEPTED, s])
         return out
@@ -471,12 +555,24 @@ class ModelRunner:
         rounds_per_launch} rounds x sampler mode, speculative steps per row bucket, and rounds with prompt
         chunks per prompt-token bucket, whose decode rows are all `max_rows` slots."""
         cfg = self.model.cfg
-        graphs = CudaGraphs(self.state, cfg.hidden_size, self.model.lm_head.shape[0], self.model.dtype, max_rows,
-                            max_graph_tokens, self.staging)
+        graphs = CudaGraphs(
+            self.state,
+            cfg.hidden_size,
+            self.model.lm_head.shape[0],
+            self.model.dtype,
+            max_rows,
+            max_graph_tokens,
+            self.staging,
+        )
         # Compile the exit-fill kernel now, not in the middle of the first early exit (a self-copy of slot 0).
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         self.model.backend.copy_kv_slots(self.kv.kv, zero, zero)
         spec = self.speculator
-        graphs.capture(self._mixed_step, self._decode_steps, spec.step if spec is not None else None,
-                       spec.K + 2 if spec is not None else 0, rounds_per_launch)
+        graphs.capture(
+            self._mixed_step,
+            self._decode_steps,
+            spec.step if spec is not None else None,
+            spec.K + 2 if spec is not None else 0,
+            rounds_per_launch,
+        )
         self.graphs = graphs

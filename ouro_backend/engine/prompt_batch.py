@@ -6,6 +6,7 @@ cu_seqlens over all rows, sequence lengths and block tables per chunk, the token
 loop 1, and for recomputed positions (a request readmitted after a recompute preemption) the LAST_EXITED
 fill pairs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

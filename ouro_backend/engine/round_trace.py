@@ -6,6 +6,7 @@ read back in that step (those of the launch before, with asynchronous scheduling
 them to PATH as JSON when it stops. `summarize` reduces such a file to a few numbers;
 `benchmarks/served.py --trace` prints them.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ import logging
 import os
 import statistics
 import time
-from typing import Optional
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class RoundTrace:
         self.rows: list[tuple] = []
 
     @classmethod
-    def from_env(cls, engine) -> Optional["RoundTrace"]:
+    def from_env(cls, engine) -> RoundTrace | None:
         path = os.environ.get(ENV)
         return cls(engine, path) if path else None
 
@@ -39,8 +39,17 @@ class RoundTrace:
         outputs = self.engine.step()
         if runner.stats.launches != launches:
             r = runner.last_round
-            self.rows.append((t0, time.perf_counter() - t0, r["prefill_tokens"], r["decode_rows"], r["rounds"],
-                              sum(len(o.new_token_ids) for o in outputs), r["running"]))
+            self.rows.append(
+                (
+                    t0,
+                    time.perf_counter() - t0,
+                    r["prefill_tokens"],
+                    r["decode_rows"],
+                    r["rounds"],
+                    sum(len(o.new_token_ids) for o in outputs),
+                    r["running"],
+                )
+            )
         return outputs
 
     def write(self) -> None:
@@ -63,7 +72,12 @@ def summarize(path: str) -> dict:
     with_prompt = [r[step] for r in rows if r[prefill]]
     full = max(r[running] for r in rows)
     steady = [r[step] for r in rows if not r[prefill] and r[running] == full]
-    return dict(steps=len(rows), busy_s=busy, span_s=rows[-1][col["start_s"]] + rows[-1][step] - rows[0][col["start_s"]],
-                prefill_steps=len(with_prompt), prefill_busy_s=sum(with_prompt),
-                steady_round_ms=1e3 * statistics.median(steady) if steady else None,
-                mean_running=sum(r[step] * r[running] for r in rows) / busy if busy else 0.0)
+    return dict(
+        steps=len(rows),
+        busy_s=busy,
+        span_s=rows[-1][col["start_s"]] + rows[-1][step] - rows[0][col["start_s"]],
+        prefill_steps=len(with_prompt),
+        prefill_busy_s=sum(with_prompt),
+        steady_round_ms=1e3 * statistics.median(steady) if steady else None,
+        mean_running=sum(r[step] * r[running] for r in rows) / busy if busy else 0.0,
+    )

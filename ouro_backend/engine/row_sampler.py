@@ -1,5 +1,6 @@
 """Sampling decode rows with each request's own values (temperature, top-k, top-p, seed), read from the
 decode state on the device (model/sampler.py has the sampler and its noise)."""
+
 from __future__ import annotations
 
 import torch
@@ -20,12 +21,14 @@ class RowSampler:
             return ()
         return (*self.state.sampling_rows(idx, offset), self.vocab_hash)
 
-    def sample(self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode,
-               offset: torch.Tensor | int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode, offset: torch.Tensor | int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' next tokens and their logprobs."""
         return sample(logits, mode, *self.args(idx, mode, offset))
 
-    def tokens(self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode,
-               offset: torch.Tensor | int = 0) -> torch.Tensor:
+    def tokens(
+        self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode, offset: torch.Tensor | int = 0
+    ) -> torch.Tensor:
         """The rows' next tokens only."""
         return sample_tokens(logits, mode, *self.args(idx, mode, offset))

@@ -24,13 +24,14 @@ The host follows the device a launch or more behind: `RunnerOutput` tokens are a
 which finishes requests on stop strings, stop tokens, EOS and max_tokens; the next plan releases their
 slots on the device. Tokens the device produced past a request's end are dropped.
 """
+
 from __future__ import annotations
 
 import heapq
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, cast
+from typing import cast
 
 from ..config import EngineConfig, KVLayout
 from ..model.sampler import SamplerMode
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class PrefillChunk:
     """Prompt tokens [start, start + n) of one request, at `loop` this round (they run all T loops)."""
+
     seq: Sequence
     start: int
     n: int
@@ -61,6 +63,7 @@ class PrefillChunk:
 class SwapOut:
     """Preempted: copy the row of `slot` and these blocks (plane by plane, `counts` per plane) to host
     memory under `key`, before the launch switches the row off."""
+
     seq: Sequence
     slot: int
     blocks: list[int]
@@ -74,6 +77,7 @@ class SwapOut:
 @dataclass
 class SwapIn:
     """Resumed: the saved row goes to `slot`; plane p's saved blocks go to `tables[p][:counts[p]]`."""
+
     seq: Sequence
     slot: int
     tables: list[list[int]]
@@ -86,13 +90,14 @@ class SwapIn:
 @dataclass(kw_only=True)
 class SchedulerOutput:
     """One launch's plan. The runner turns it into device work; the host state stays here."""
+
     prefill: list[PrefillChunk]
     decode_slots: list[int]  # slots of the running decode rows (their rows are on the device)
     num_rounds: int = 1  # > 1 only with no prefill work: several decode rounds in one launch
     admitted: list[Sequence] = field(default_factory=list)  # device rows to write before the round
     released: list[int] = field(default_factory=list)  # slots to switch off before the round
     sampler: SamplerMode = SamplerMode.GREEDY
-    owners: list[Optional[Sequence]] = field(default_factory=list)  # slot -> request, at launch time
+    owners: list[Sequence | None] = field(default_factory=list)  # slot -> request, at launch time
     speculate: bool = False  # the decode rows run one speculative step (draft K, verify) instead of rounds
     swap_out: list[SwapOut] = field(default_factory=list)  # done first, before rows are released
     swap_in: list[SwapIn] = field(default_factory=list)  # done after the releases, before admissions
@@ -101,8 +106,15 @@ class SchedulerOutput:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.prefill or self.decode_slots or self.released or self.admitted or self.swap_out
-                    or self.swap_in or self.swap_dropped)
+        return bool(
+            self.prefill
+            or self.decode_slots
+            or self.released
+            or self.admitted
+            or self.swap_out
+            or self.swap_in
+            or self.swap_dropped
+        )
 
 
 class Scheduler:
@@ -112,8 +124,11 @@ class Scheduler:
         self.chunk = cfg.prefill_chunk_size or cfg.max_num_batched_tokens
         self.decode_rounds = cfg.decode_rounds_per_launch
         self.spec_tokens = cfg.spec_tokens
-        self.spec_policy = SpecPolicy(cfg.spec_tokens, cfg.spec_draft_loops, num_loops, cfg.spec_auto,
-                                      cfg.spec_max_verify_tokens) if cfg.spec_tokens else None
+        self.spec_policy = (
+            SpecPolicy(cfg.spec_tokens, cfg.spec_draft_loops, num_loops, cfg.spec_auto, cfg.spec_max_verify_tokens)
+            if cfg.spec_tokens
+            else None
+        )
         self.kv = kv
         self.pool = kv.pool
         self.num_loops = num_loops
@@ -133,9 +148,9 @@ class Scheduler:
         self._swap_sizes: dict[str, tuple[list[int], int]] = {}  # request id -> (blocks per plane, bytes)
         self._dropped: list[str] = []
         # slot -> the prompt chunk in flight; keyed by `Sequence.slot`, which is set while the request runs
-        self.chunks: dict[Optional[int], PrefillChunk] = {}
+        self.chunks: dict[int | None, PrefillChunk] = {}
         self.free_slots = list(range(cfg.max_num_seqs))
-        self.owners: list[Optional[Sequence]] = [None] * cfg.max_num_seqs
+        self.owners: list[Sequence | None] = [None] * cfg.max_num_seqs
         self._released: list[int] = []
 
     def add(self, seq: Sequence) -> None:
@@ -187,8 +202,11 @@ class Scheduler:
             # Recompute: back to the head of the queue with no KV. Tokens of the launch in flight still come
             # back and are kept; readmission (a later step) prefills up to the last of them.
             if self.kv.layout is KVLayout.SHARED:
-                log.warning("request %s: preempted for recompute, which under the shared layout is not exact "
-                            "(docs/kv-memory.md)", seq.request_id)
+                log.warning(
+                    "request %s: preempted for recompute, which under the shared layout is not exact "
+                    "(docs/kv-memory.md)",
+                    seq.request_id,
+                )
             self._free_kv(seq)
             seq.status = Status.WAITING
             seq.num_prefilled = 0
@@ -285,17 +303,28 @@ class Scheduler:
         multi = decode and not prefill and not self.waiting and all(s.output_ids for s in self.running)
         rounds = self.decode_rounds if multi else 1
         released, self._released = self._released, []
-        sampler = (SamplerMode.SAMPLE if any(s.params.temperature > 0 for s in self.running)
-                   else SamplerMode.GREEDY)
+        sampler = SamplerMode.SAMPLE if any(s.params.temperature > 0 for s in self.running) else SamplerMode.GREEDY
         # (spec_policy is set exactly when spec_tokens > 0)
-        speculate = bool(self.spec_policy is not None and decode and not prefill
-                         and self.spec_policy.decide(len(decode)))
+        speculate = bool(
+            self.spec_policy is not None and decode and not prefill and self.spec_policy.decide(len(decode))
+        )
         if speculate:
             rounds = 1
         dropped, self._dropped = self._dropped, []
-        return SchedulerOutput(prefill=prefill, decode_slots=decode, num_rounds=rounds, admitted=admitted,
-                               released=released, sampler=sampler, owners=list(self.owners), speculate=speculate,
-                               swap_out=swap_out, swap_in=swap_in, swap_dropped=dropped, table_growth=growth)
+        return SchedulerOutput(
+            prefill=prefill,
+            decode_slots=decode,
+            num_rounds=rounds,
+            admitted=admitted,
+            released=released,
+            sampler=sampler,
+            owners=list(self.owners),
+            speculate=speculate,
+            swap_out=swap_out,
+            swap_in=swap_in,
+            swap_dropped=dropped,
+            table_growth=growth,
+        )
 
     def _prefix_hits(self, seq: Sequence) -> list[bytes]:
         """Cached leading blocks of the prompt, keeping at least its last token to compute (its logits give
@@ -354,7 +383,7 @@ class Scheduler:
             self._dropped.append(seq.request_id)
         seq.finish(reason)
 
-    def find(self, request_id: str) -> Optional[Sequence]:
+    def find(self, request_id: str) -> Sequence | None:
         for seq in (*self.running, *self.waiting, *self.swapped):
             if seq.request_id == request_id:
                 return seq

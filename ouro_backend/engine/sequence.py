@@ -1,9 +1,9 @@
 """A request's host-side state inside the engine (the scheduler owns it; no device tensors here)."""
+
 from __future__ import annotations
 
 import enum
 import time
-from typing import Optional
 
 from ..model.tokenizer import PREFIX_WINDOW, IncrementalDetokenizer, decode_delta
 from ..outputs import FinishReason, RequestOutput
@@ -18,14 +18,15 @@ class Status(enum.Enum):
 
 
 class Sequence:
-    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
-                 stop_checker: "StopChecker"):
+    def __init__(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int, stop_checker: StopChecker
+    ):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
         self.seed = seed  # sampling noise is a function of (seed, token index): see sampler.py
         self.status = Status.WAITING
-        self.slot: Optional[int] = None  # the row of the runner's decode state, while running
+        self.slot: int | None = None  # the row of the runner's decode state, while running
         self.output_ids: list[int] = []
         self.exit_depths: list[int] = []
         self.logprobs: list[float] = []
@@ -37,17 +38,17 @@ class Sequence:
         # Prefix caching: the chained keys of the prompt's full blocks, the entries this request holds a
         # reference on (its first len(cached_keys) blocks of every plane are theirs), and how many prompt
         # tokens its first admission found cached.
-        self.prompt_keys: Optional[list[bytes]] = None
+        self.prompt_keys: list[bytes] | None = None
         self.cached_keys: list[bytes] = []
         self.num_cached_tokens = 0
-        self.finish_reason: Optional[FinishReason] = None
+        self.finish_reason: FinishReason | None = None
         self.stop = stop_checker
         self.num_emitted = 0  # output tokens already handed out in a RequestOutput
         self.spec_drafted = self.spec_accepted = 0  # self-speculation: draft tokens proposed / accepted
         self.trim_chars = 0
         self.arrival_time = time.monotonic()
-        self.first_token_time: Optional[float] = None
-        self.finish_time: Optional[float] = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -59,7 +60,7 @@ class Sequence:
         if end <= p:
             return self.prompt_ids[start:end]
         if start >= p:
-            return self.output_ids[start - p: end - p]
+            return self.output_ids[start - p : end - p]
         return self.prompt_ids[start:] + self.output_ids[: end - p]
 
     @property
@@ -106,22 +107,32 @@ class Sequence:
         new_ids = self.output_ids[start:end]
         new_text = ""
         text = self.stop.text_for_output(tokenizer, self.output_ids) if done else ""
-        if with_text:
-            if new_ids:
-                new_text = decode_delta(tokenizer, prefix, new_ids, final=done)
-                if done and self.trim_chars:
-                    new_text = new_text[: len(new_text) - self.trim_chars]
+        if with_text and new_ids:
+            new_text = decode_delta(tokenizer, prefix, new_ids, final=done)
+            if done and self.trim_chars:
+                new_text = new_text[: len(new_text) - self.trim_chars]
         # The whole stream only on the final output: copying it every token would be O(n^2) per request.
         out = RequestOutput(
-            request_id=self.request_id, prompt_token_ids=self.prompt_ids,
-            token_ids=list(self.output_ids) if done else [], exit_depths=list(self.exit_depths) if done else [],
-            logprobs=list(self.logprobs) if done else [], text=text,
-            finished=self.finished, finish_reason=self.finish_reason.value if self.finish_reason else None,
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_ids,
+            token_ids=list(self.output_ids) if done else [],
+            exit_depths=list(self.exit_depths) if done else [],
+            logprobs=list(self.logprobs) if done else [],
+            text=text,
+            finished=self.finished,
+            finish_reason=self.finish_reason.value if self.finish_reason else None,
             new_token_ids=new_ids,
-            new_exit_depths=self.exit_depths[start:start + len(new_ids)], new_text=new_text,
-            prefix_token_ids=prefix, trim_chars=self.trim_chars if self.finished and new_ids else 0,
-            num_cached_tokens=self.num_cached_tokens, arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
-            num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
+            new_exit_depths=self.exit_depths[start : start + len(new_ids)],
+            new_text=new_text,
+            prefix_token_ids=prefix,
+            trim_chars=self.trim_chars if self.finished and new_ids else 0,
+            num_cached_tokens=self.num_cached_tokens,
+            arrival_time=self.arrival_time,
+            first_token_time=self.first_token_time,
+            finish_time=self.finish_time,
+            num_spec_drafted=self.spec_drafted,
+            num_spec_accepted=self.spec_accepted,
+        )
         self.num_emitted = max(start, end)  # only once the output exists: a failure above hands out nothing
         return out
 
@@ -130,11 +141,22 @@ class Sequence:
         to), no text (detokenizing may be what failed), finish_reason "error" and the message."""
         n = self.num_emitted
         return RequestOutput(
-            request_id=self.request_id, prompt_token_ids=self.prompt_ids, token_ids=self.output_ids[:n],
-            exit_depths=self.exit_depths[:n], logprobs=self.logprobs[:n], text="", finished=True,
-            finish_reason=FinishReason.ERROR.value, error=message, num_cached_tokens=self.num_cached_tokens,
-            arrival_time=self.arrival_time, first_token_time=self.first_token_time, finish_time=self.finish_time,
-            num_spec_drafted=self.spec_drafted, num_spec_accepted=self.spec_accepted)
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_ids,
+            token_ids=self.output_ids[:n],
+            exit_depths=self.exit_depths[:n],
+            logprobs=self.logprobs[:n],
+            text="",
+            finished=True,
+            finish_reason=FinishReason.ERROR.value,
+            error=message,
+            num_cached_tokens=self.num_cached_tokens,
+            arrival_time=self.arrival_time,
+            first_token_time=self.first_token_time,
+            finish_time=self.finish_time,
+            num_spec_drafted=self.spec_drafted,
+            num_spec_accepted=self.spec_accepted,
+        )
 
 
 class StopChecker:
@@ -145,8 +167,8 @@ class StopChecker:
         self.max_len = max((len(s) for s in stops), default=0)
         self.text = ""
         self.token_ends: list[int] = []  # text length after each output token
-        self.cut: Optional[int] = None  # match position in text
-        self.detok: Optional[IncrementalDetokenizer] = None
+        self.cut: int | None = None  # match position in text
+        self.detok: IncrementalDetokenizer | None = None
 
     def update(self, tokenizer, token: int, active: bool = True) -> bool:
         """Call after every new token; True when a stop string matched. While not `active` (before

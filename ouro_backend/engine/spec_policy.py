@@ -1,5 +1,6 @@
 """When the scheduler speculates (docs/engine.md, "Automatic fallback"): the speculation policy and its
 statistics. The step itself is `speculation.py`."""
+
 from __future__ import annotations
 
 
@@ -13,8 +14,9 @@ class SpecPolicy:
     acceptance (a convex combination of numbers in [0, 1]: it cannot diverge), starting at 1 so the engine
     tries; while it does not speculate, every `probe_every`-th decode launch speculates to re-measure."""
 
-    def __init__(self, K: int, d: int, T: int, auto: bool, max_verify_tokens: int, weight: float = 0.2,
-                 probe_every: int = 16):
+    def __init__(
+        self, K: int, d: int, T: int, auto: bool, max_verify_tokens: int, weight: float = 0.2, probe_every: int = 16
+    ):
         self.K, self.d, self.T, self.auto = K, d, T, auto
         self.max_verify_tokens, self.weight, self.probe_every = max_verify_tokens, weight, probe_every
         self.acceptance = 1.0
@@ -22,7 +24,7 @@ class SpecPolicy:
         self._skipped = 0
 
     def expected_gain(self, a: float) -> float:
-        tokens = sum(a ** i for i in range(self.K + 1))
+        tokens = sum(a**i for i in range(self.K + 1))
         return tokens * self.T / ((self.K + 1) * self.d + self.T - self.d)
 
     def observe(self, drafted: int, accepted: int) -> None:

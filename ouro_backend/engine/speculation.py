@@ -21,6 +21,7 @@ speculated or not); the price is an acceptance rate somewhat below rejection sam
 Everything happens on the device: the step's record holds each emitted token (rounds 0..K) and, in its
 last round, how many drafts each row had accepted, for the host's statistics.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,16 @@ REC_ACCEPTED, REC_DRAFTED = ds.REC_TOKEN, ds.REC_DEPTH
 class Speculator:
     """Runs speculative steps of K drafts of `draft_loops` loops each over the decode state's rows."""
 
-    def __init__(self, model: OuroModel, state: DecodeState, kv: KVCache, sampler: RowSampler, num_tokens: int,
-                 draft_loops: int, max_model_len: int):
+    def __init__(
+        self,
+        model: OuroModel,
+        state: DecodeState,
+        kv: KVCache,
+        sampler: RowSampler,
+        num_tokens: int,
+        draft_loops: int,
+        max_model_len: int,
+    ):
         self.model, self.state, self.kv, self.sampler = model, state, kv, sampler
         self.K, self.d, self.num_loops = num_tokens, draft_loops, state.num_loops
         self.max_model_len = max_model_len
@@ -62,8 +71,15 @@ class Speculator:
         """One speculative step for decode rows `idx` (slots); fills `rec` [K + 2, 4, slots] and returns the
         verify pass's logits [S * (K + 1), V]. Each row's current token is computed from loop 1 (rewriting the
         same KV), so a row that plain rounds left mid-token enters as well; every row leaves at loop 1."""
-        st, model, kv, bs, T, K, d = self.state, self.model, self.kv.kv, self.kv.block_size, self.num_loops, \
-            self.K, self.d
+        st, model, kv, bs, T, K, d = (
+            self.state,
+            self.model,
+            self.kv.kv,
+            self.kv.block_size,
+            self.num_loops,
+            self.K,
+            self.d,
+        )
         S = idx.shape[0]
         ints = st.ints.index_select(0, idx)
         active = ints[:, ds.ACTIVE] > 0
@@ -81,9 +97,15 @@ class Speculator:
             pos = pos0 + i
             h = model.embed(toks[i])
             for t in range(d):
-                meta = AttentionMetadata(single_cu, torch.where(active, pos + 1, 1).int(), st.tables[idx, t],
-                                         kv_slots(pos, t, idx), max_seqlen_q=1, max_seqlen_k=max_k,
-                                         cu_seqlens_q_host=list(range(S + 1)))
+                meta = AttentionMetadata(
+                    single_cu,
+                    torch.where(active, pos + 1, 1).int(),
+                    st.tables[idx, t],
+                    kv_slots(pos, t, idx),
+                    max_seqlen_q=1,
+                    max_seqlen_k=max_k,
+                    cu_seqlens_q_host=list(range(S + 1)),
+                )
                 h = model.loop(h, pos, meta, kv)
             states.append(h)
             if i < K:
@@ -99,9 +121,16 @@ class Speculator:
         lens = torch.where(active, pos0 + n, n).int()
         lens_host = lens.tolist() if not getattr(model.backend, "graph_safe", False) else None
         for t in range(d, T):
-            meta = AttentionMetadata(cu, lens, st.tables[idx, t], kv_slots(pos_all, t, rows_all), max_seqlen_q=n,
-                                     max_seqlen_k=max_k, cu_seqlens_q_host=list(range(0, S * n + 1, n)),
-                                     seq_lens_host=lens_host)
+            meta = AttentionMetadata(
+                cu,
+                lens,
+                st.tables[idx, t],
+                kv_slots(pos_all, t, rows_all),
+                max_seqlen_q=n,
+                max_seqlen_k=max_k,
+                cu_seqlens_q_host=list(range(0, S * n + 1, n)),
+                seq_lens_host=lens_host,
+            )
             h = model.loop(h, pos_all, meta, kv)
         logits = model.logits(h)
         y, lp = self.sampler.sample(rows_all, logits, mode, offs.repeat(S))

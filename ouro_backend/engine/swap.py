@@ -6,10 +6,11 @@ and no later launch can overwrite the freed blocks before they are read. Resumin
 blocks into new ones and writes the row back in a free slot with its new block tables: the request goes
 on exactly where it stopped, in any layout and exit mode, sampled or speculated.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -36,19 +37,20 @@ class SwapStore:
         shape = (*pool.shape[:2], len(blocks), *pool.shape[3:])
         host = torch.empty(shape, dtype=pool.dtype, pin_memory=pool.is_cuda)
         for i in range(0, len(blocks), CHUNK_BLOCKS):
-            idx = self.to_dev(blocks[i:i + CHUNK_BLOCKS], torch.long)
-            host[:, :, i:i + len(idx)].copy_(pool.index_select(2, idx), non_blocking=True)
+            idx = self.to_dev(blocks[i : i + CHUNK_BLOCKS], torch.long)
+            host[:, :, i : i + len(idx)].copy_(pool.index_select(2, idx), non_blocking=True)
         self.saved[key] = _Saved(self.state.save_row(slot), host, counts)
 
     def restore(self, key: str, slot: int, tables: list[list[int]]) -> None:
         s, st, pool = self.saved.pop(key), self.state, self.kv.kv
         dest = [b for plane, n in zip(tables, s.counts) for b in plane[:n]]
         for i in range(0, len(dest), CHUNK_BLOCKS):
-            idx = self.to_dev(dest[i:i + CHUNK_BLOCKS], torch.long)
-            pool.index_copy_(2, idx, s.kv[:, :, i:i + len(idx)].to(pool.device, non_blocking=True))
-        rows = [t[:st.max_blocks] + [0] * (st.max_blocks - len(t[:st.max_blocks])) for t in tables]
-        st.restore_row(slot, s.row, self.to_dev([b for r in rows for b in r], torch.int32).view(st.num_loops,
-                                                                                               st.max_blocks))
+            idx = self.to_dev(dest[i : i + CHUNK_BLOCKS], torch.long)
+            pool.index_copy_(2, idx, s.kv[:, :, i : i + len(idx)].to(pool.device, non_blocking=True))
+        rows = [t[: st.max_blocks] + [0] * (st.max_blocks - len(t[: st.max_blocks])) for t in tables]
+        st.restore_row(
+            slot, s.row, self.to_dev([b for r in rows for b in r], torch.int32).view(st.num_loops, st.max_blocks)
+        )
 
     def drop(self, key: str) -> None:
         self.saved.pop(key, None)

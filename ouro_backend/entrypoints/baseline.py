@@ -4,6 +4,7 @@ HF-style eager generation: a static batch, full depth (all T loops per token), o
 (loop, layer) grown with torch.cat every step, SDPA attention, unfused weights, no graphs. Same math as
 the oracle (its reference RMSNorm and RoPE), batched and cached.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,9 @@ class EagerBaseline:
                 o = a.transpose(1, 2).reshape(B, S, -1) @ w[p + "self_attn.o_proj.weight"].t()
                 h = h + rms_norm_ref(o, w[p + "input_layernorm_2.weight"], eps)
                 x = rms_norm_ref(h, w[p + "post_attention_layernorm.weight"], eps)
-                m = (F.silu(x @ w[p + "mlp.gate_proj.weight"].t()) * (x @ w[p + "mlp.up_proj.weight"].t())) \
-                    @ w[p + "mlp.down_proj.weight"].t()
+                m = (F.silu(x @ w[p + "mlp.gate_proj.weight"].t()) * (x @ w[p + "mlp.up_proj.weight"].t())) @ w[
+                    p + "mlp.down_proj.weight"
+                ].t()
                 h = h + rms_norm_ref(m, w[p + "post_attention_layernorm_2.weight"], eps)
             h = rms_norm_ref(h, w["model.norm.weight"], eps)
         return (h[:, -1] @ w["lm_head.weight"].t()).float()

@@ -24,6 +24,7 @@ gate each request has its own mean depth, so a closed run ends on its deepest re
 loop) is the fewest rounds any engine that advances a request by one loop per round could take on the run's
 requests with their exit depths (`ideal_rounds()`), against `rounds`, what this engine took.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -94,10 +94,19 @@ def percentiles(xs: list[float]) -> dict:
     return dict(p50=pick(0.5), p90=pick(0.9), p99=pick(0.99), mean=sum(xs) / len(xs))
 
 
-def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurrency: int, num_requests: int,
-                    workload: str, seed: int = 0, prompt_ids: Optional[list[int]] = None,
-                    arrival_rate: Optional[float] = None, ignore_eos: bool = True,
-                    min_output_len: Optional[int] = None) -> dict:
+def run_closed_loop(
+    engine: LLMEngine,
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    num_requests: int,
+    workload: str,
+    seed: int = 0,
+    prompt_ids: list[int] | None = None,
+    arrival_rate: float | None = None,
+    ignore_eos: bool = True,
+    min_output_len: int | None = None,
+) -> dict:
     """One run; random prompts of input_len tokens unless prompt_ids is given. Closed loop (`concurrency`
     requests in flight), or with `arrival_rate` open loop: Poisson arrivals at that many requests/s, queued
     by the engine however many are running. ignore_eos=False lets requests end at EOS (natural lengths);
@@ -124,8 +133,9 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     rounds = []  # (seconds, prompt tokens, decode rows, emitted, running)
 
     # Prompts and params are made before the clock starts: building them is not the engine's work.
-    requests = [(prompt_ids or [rng.randrange(3, vocab) for _ in range(input_len)], params())
-                for _ in range(num_requests)]
+    requests = [
+        (prompt_ids or [rng.randrange(3, vocab) for _ in range(input_len)], params()) for _ in range(num_requests)
+    ]
     # Calibration and earlier repeats ran these prompts (or the same seed's): their cached prefill would make
     # this run's prompts nearly free, and only the gated runs, which come later, would profit.
     engine.reset_prefix_cache()
@@ -164,8 +174,9 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
         step_outs = engine.step()
         dt = time.perf_counter() - t0
         st = runner.last_round
-        rounds.append((dt, st["prefill_tokens"], st["decode_rows"], sum(len(o.new_token_ids) for o in step_outs),
-                       st["running"]))
+        rounds.append(
+            (dt, st["prefill_tokens"], st["decode_rows"], sum(len(o.new_token_ids) for o in step_outs), st["running"])
+        )
         peak_kv = max(peak_kv, engine.stats()["kv_usage"])
         for o in step_outs:
             if o.finished:
@@ -177,9 +188,22 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     wall = time.perf_counter() - t_start
     gpu_span, gpu_busy, launches = runner.timer.take()
     runner.timer.enabled = False
-    stats = {k: v - stats0[k] for k, v in engine.stats().items()
-             if k in ("launches", "rounds", "host_syncs", "graph_launches", "eager_launches", "spec_steps",
-                      "spec_drafted", "spec_accepted", "num_preemptions")}
+    stats = {
+        k: v - stats0[k]
+        for k, v in engine.stats().items()
+        if k
+        in (
+            "launches",
+            "rounds",
+            "host_syncs",
+            "graph_launches",
+            "eager_launches",
+            "spec_steps",
+            "spec_drafted",
+            "spec_accepted",
+            "num_preemptions",
+        )
+    }
     spec_k = engine.config.spec_tokens
     gen = sum(len(o.token_ids) for o in outs)
     pre_t = sum(r[0] for r in rounds if r[1])
@@ -197,28 +221,45 @@ def run_closed_loop(engine: LLMEngine, input_len: int, output_len: int, concurre
     by_id = {o.request_id: o for o in outs}
     loops = [sum(by_id[f"b{i}"].exit_depths) for i in range(num_requests) if f"b{i}" in by_id]
     return dict(
-        requests=len(outs), generated_tokens=gen, wall_s=wall, output_tok_s=gen / wall,
+        requests=len(outs),
+        generated_tokens=gen,
+        wall_s=wall,
+        output_tok_s=gen / wall,
         cached_prompt_tokens=sum(o.num_cached_tokens for o in outs),
         prefill_tok_s=num_requests * input_len / pre_t if pre_t else None,
         decode_tok_s=sum(r[3] for r in dec) / sum(r[0] for r in dec) if dec else None,
         steady_decode_tok_s=sum(r[3] for r in steady) / sum(r[0] for r in steady) if steady else None,
         steady_round_ms=1e3 * statistics.median(r[0] for r in steady) if steady else None,
-        ttft_s=percentiles(ttft), tpot_s=percentiles(tpot),
-        mean_exit_depth=sum(depths) / len(depths) if depths else None, peak_kv_usage=peak_kv,
+        ttft_s=percentiles(ttft),
+        tpot_s=percentiles(tpot),
+        mean_exit_depth=sum(depths) / len(depths) if depths else None,
+        peak_kv_usage=peak_kv,
         request_depth=dict(percentiles(per_request), max=max(per_request, default=None)),
-        steps=len(rounds), mean_step_ms=1e3 * wall / len(rounds), launches=stats["launches"],
-        max_running=max((r[4] for r in rounds), default=0), preemptions=stats["num_preemptions"],
-        rounds=stats["rounds"], rounds_per_token=stats["rounds"] / gen, host_syncs_per_token=stats["host_syncs"] / gen,
+        steps=len(rounds),
+        mean_step_ms=1e3 * wall / len(rounds),
+        launches=stats["launches"],
+        max_running=max((r[4] for r in rounds), default=0),
+        preemptions=stats["num_preemptions"],
+        rounds=stats["rounds"],
+        rounds_per_token=stats["rounds"] / gen,
+        host_syncs_per_token=stats["host_syncs"] / gen,
         gpu_idle_frac=1.0 - gpu_busy / gpu_span if gpu_span else None,
         decode_occupancy=sum(depths) / (stats["rounds"] * concurrency) if stats["rounds"] else None,
         spec_steps=stats["spec_steps"],
         spec_acceptance=stats["spec_accepted"] / stats["spec_drafted"] if stats["spec_drafted"] else None,
-        spec_mean_accepted_length=(mean_accepted_length(stats["spec_drafted"], stats["spec_accepted"], spec_k)
-                                   if stats["spec_drafted"] else None),
-        tail_frac=tail / wall, last_arrival_s=arrivals[-1] if arrivals else None,
-        ideal_rounds=ideal_rounds(loops, concurrency) if arrivals is None else None, request_loops=sum(loops),
-        graph_launches=stats["graph_launches"], eager_launches=stats["eager_launches"],
-        gpu_s_by_launch=gpu_by_launch(launches))
+        spec_mean_accepted_length=(
+            mean_accepted_length(stats["spec_drafted"], stats["spec_accepted"], spec_k)
+            if stats["spec_drafted"]
+            else None
+        ),
+        tail_frac=tail / wall,
+        last_arrival_s=arrivals[-1] if arrivals else None,
+        ideal_rounds=ideal_rounds(loops, concurrency) if arrivals is None else None,
+        request_loops=sum(loops),
+        graph_launches=stats["graph_launches"],
+        eager_launches=stats["eager_launches"],
+        gpu_s_by_launch=gpu_by_launch(launches),
+    )
 
 
 def gpu_by_launch(launches: list[tuple[float, int, int, int]]) -> dict:
@@ -239,23 +280,33 @@ def gpu_by_launch(launches: list[tuple[float, int, int, int]]) -> dict:
     return out
 
 
-def threshold_for_depth(engine: LLMEngine, target: float, input_len: int, output_len: int, concurrency: int,
-                        num_requests: int, seed: int = 0, iters: int = 7) -> tuple[float, float]:
+def threshold_for_depth(
+    engine: LLMEngine,
+    target: float,
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    num_requests: int,
+    seed: int = 0,
+    iters: int = 7,
+) -> tuple[float, float]:
     """The gate threshold whose mean exit depth on the run's prompts (seed `seed`) is closest to `target`
     (depth rises with the threshold), by bisection over untimed runs; returns (threshold, its depth)."""
     lo, hi, best = 0.0, 1.0, (1.0, float(engine.model_config.num_loops))
     for _ in range(iters):
         mid = (lo + hi) / 2
-        depth = run_closed_loop(engine, input_len, output_len, concurrency, num_requests, f"threshold={mid}",
-                                seed=seed)["mean_exit_depth"]
+        depth = run_closed_loop(
+            engine, input_len, output_len, concurrency, num_requests, f"threshold={mid}", seed=seed
+        )["mean_exit_depth"]
         if abs(depth - target) < abs(best[1] - target):
             best = (mid, depth)
         lo, hi = (mid, hi) if depth < target else (lo, mid)
     return best
 
 
-def run_baseline(model_path: str, dtype: torch.dtype, device: torch.device, input_len: int, tokens: int,
-                 batch: int) -> dict:
+def run_baseline(
+    model_path: str, dtype: torch.dtype, device: torch.device, input_len: int, tokens: int, batch: int
+) -> dict:
     from ..model.checkpoint import load_config, load_weights
     from .baseline import EagerBaseline
 
@@ -267,14 +318,18 @@ def run_baseline(model_path: str, dtype: torch.dtype, device: torch.device, inpu
     del base
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return dict(batch=batch, tokens=tokens, prefill_tok_s=batch * input_len / r["prefill_s"],
-                decode_tok_s=batch * (tokens - 1) / r["decode_s"],
-                output_tok_s=batch * tokens / (r["prefill_s"] + r["decode_s"]))
+    return dict(
+        batch=batch,
+        tokens=tokens,
+        prefill_tok_s=batch * input_len / r["prefill_s"],
+        decode_tok_s=batch * (tokens - 1) / r["decode_s"],
+        output_tok_s=batch * tokens / (r["prefill_s"] + r["decode_s"]),
+    )
 
 
 def median_of(runs: list[dict]) -> dict:
     out = {}
-    for k, v in runs[0].items():
+    for k, _v in runs[0].items():
         vals = [r[k] for r in runs]
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals):
             out[k] = statistics.median(vals)
@@ -285,36 +340,69 @@ def median_of(runs: list[dict]) -> dict:
     return out
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ouro-bench", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="checkpoint directory")
-    src.add_argument("--shape", choices=["toy", "ouro-1.4b", "ouro-2.6b"], default="toy",
-                     help="random-weight checkpoint of this shape (built once under the cache dir)")
-    p.add_argument("--loop-change", type=float, default=1.0,
-                   help="with --shape: how much each loop of the random weights changes the state (1: default); "
-                        "smaller makes early loops agree more with the last (self-speculation's acceptance)")
+    src.add_argument(
+        "--shape",
+        choices=["toy", "ouro-1.4b", "ouro-2.6b"],
+        default="toy",
+        help="random-weight checkpoint of this shape (built once under the cache dir)",
+    )
+    p.add_argument(
+        "--loop-change",
+        type=float,
+        default=1.0,
+        help="with --shape: how much each loop of the random weights changes the state (1: default); "
+        "smaller makes early loops agree more with the last (self-speculation's acceptance)",
+    )
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--num-requests", type=int, default=None, help="per run (default: 2x concurrency, >= 4)")
     p.add_argument("--workload", nargs="+", default=["full"], help="full | threshold=X | depth=D | trace=MEAN")
-    p.add_argument("--arrival-rate", type=float, default=None,
-                   help="open loop: Poisson arrivals at this many requests/s (default: closed loop at --concurrency)")
-    p.add_argument("--natural-eos", action="store_true",
-                   help="let requests stop at EOS (default: EOS ignored, every request makes --output-len tokens)")
-    p.add_argument("--eos-every", type=int, default=None, metavar="N",
-                   help="with --natural-eos: every N-th token id counts as EOS, so a random-weight model (which "
-                        "almost never samples its one EOS id) stops on its own after about N tokens")
-    p.add_argument("--min-output-len", type=int, default=None,
-                   help="each request's max_tokens uniform in [this, --output-len] (default: all --output-len)")
+    p.add_argument(
+        "--arrival-rate",
+        type=float,
+        default=None,
+        help="open loop: Poisson arrivals at this many requests/s (default: closed loop at --concurrency)",
+    )
+    p.add_argument(
+        "--natural-eos",
+        action="store_true",
+        help="let requests stop at EOS (default: EOS ignored, every request makes --output-len tokens)",
+    )
+    p.add_argument(
+        "--eos-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --natural-eos: every N-th token id counts as EOS, so a random-weight model (which "
+        "almost never samples its one EOS id) stops on its own after about N tokens",
+    )
+    p.add_argument(
+        "--min-output-len",
+        type=int,
+        default=None,
+        help="each request's max_tokens uniform in [this, --output-len] (default: all --output-len)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", choices=["eager", "none"], default="eager")
     p.add_argument("--baseline-tokens", type=int, default=16, help="tokens per baseline run (it is slow)")
-    p.add_argument("--baseline-max-batch", type=int, default=64,
-                   help="largest baseline batch (its concatenated 4-plane cache needs ~0.8 MiB per token)")
-    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine option (repeatable), e.g. kv_layout=shared")
+    p.add_argument(
+        "--baseline-max-batch",
+        type=int,
+        default=64,
+        help="largest baseline batch (its concatenated 4-plane cache needs ~0.8 MiB per token)",
+    )
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine option (repeatable), e.g. kv_layout=shared",
+    )
     p.add_argument("--out", help="write results JSON here")
     p.add_argument("--label", default="")
     args = p.parse_args(argv)
@@ -344,12 +432,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.error("trace workloads need exit_mode=trace: run them separately from threshold workloads")
         opts.setdefault("exit_mode", "trace")
     cfg = EngineConfig.from_strings(opts)
-    results = dict(label=args.label, command=" ".join(["ouro-bench"] + (argv or sys.argv[1:])),
-                   engine_options=opts, input_len=args.input_len, output_len=args.output_len,
-                   arrival_rate=args.arrival_rate, natural_eos=args.natural_eos,
-                   min_output_len=args.min_output_len, eos_every=args.eos_every,
-                   device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                   torch=torch.__version__, runs=[], baseline=[])
+    results = dict(
+        label=args.label,
+        command=" ".join(["ouro-bench"] + (argv or sys.argv[1:])),
+        engine_options=opts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        arrival_rate=args.arrival_rate,
+        natural_eos=args.natural_eos,
+        min_output_len=args.min_output_len,
+        eos_every=args.eos_every,
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        torch=torch.__version__,
+        runs=[],
+        baseline=[],
+    )
 
     if args.baseline == "eager":
         from ..engine.llm_engine import resolve_device, resolve_dtype
@@ -357,8 +454,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
         for c in args.concurrency:
-            r = run_baseline(model, dtype, device, args.input_len,
-                             args.baseline_tokens, min(c, args.baseline_max_batch))
+            r = run_baseline(
+                model, dtype, device, args.input_len, args.baseline_tokens, min(c, args.baseline_max_batch)
+            )
             log.info("baseline c=%d: %.1f output tok/s", c, r["output_tok_s"])
             results["baseline"].append(r)
 
@@ -376,20 +474,36 @@ def main(argv: Optional[list[str]] = None) -> int:
                 if kind == "depth":
                     # Each repeat has its own prompts (seed = rep), and with the real gate the depth a threshold
                     # gives varies by prompt: found per repeat, so that every repeat runs at the target depth.
-                    threshold, depth = threshold_for_depth(engine, float(arg), args.input_len, args.output_len,
-                                                           c, n, seed=rep)
-                    log.info("%s c=%d rep %d: threshold %.4f gives mean depth %.2f", workload, c, rep, threshold,
-                             depth)
+                    threshold, depth = threshold_for_depth(
+                        engine, float(arg), args.input_len, args.output_len, c, n, seed=rep
+                    )
+                    log.info("%s c=%d rep %d: threshold %.4f gives mean depth %.2f", workload, c, rep, threshold, depth)
                     run = f"threshold={threshold}"
-                r = run_closed_loop(engine, args.input_len, args.output_len, c, n, run, seed=rep,
-                                    arrival_rate=args.arrival_rate, ignore_eos=not args.natural_eos,
-                                    min_output_len=args.min_output_len)
+                r = run_closed_loop(
+                    engine,
+                    args.input_len,
+                    args.output_len,
+                    c,
+                    n,
+                    run,
+                    seed=rep,
+                    arrival_rate=args.arrival_rate,
+                    ignore_eos=not args.natural_eos,
+                    min_output_len=args.min_output_len,
+                )
                 r["threshold"] = threshold
-                log.info("%s c=%d rep %d: %.1f output tok/s, mean depth %s", workload, c, rep,
-                         r["output_tok_s"], r["mean_exit_depth"])
+                log.info(
+                    "%s c=%d rep %d: %.1f output tok/s, mean depth %s",
+                    workload,
+                    c,
+                    rep,
+                    r["output_tok_s"],
+                    r["mean_exit_depth"],
+                )
                 reps.append(r)
-            results["runs"].append(dict(workload=workload, concurrency=c, num_requests=n,
-                                        median=median_of(reps), repeats=reps))
+            results["runs"].append(
+                dict(workload=workload, concurrency=c, num_requests=n, median=median_of(reps), repeats=reps)
+            )
     print_table(results)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -400,22 +514,29 @@ def main(argv: Optional[list[str]] = None) -> int:
 def print_table(results: dict) -> None:
     fmt = lambda x, f="{:.0f}": "-" if x is None else f.format(x)  # noqa: E731
     print(f"\n{results['label']}  in {results['input_len']} / out {results['output_len']}  on {results['device']}")
-    print(f"{'workload':<17}{'conc':>5}{'out tok/s':>11}{'prefill':>10}{'decode':>9}{'steady':>9}"
-          f"{'TTFT p50':>10}{'TPOT p50':>10}{'depth':>7}{'KV':>6}{'graph/eager':>13}{'rnd/tok':>8}{'sync/tok':>9}"
-          f"{'GPU idle':>9}{'occup':>7}{'tail':>6}{'accept':>8}")
+    print(
+        f"{'workload':<17}{'conc':>5}{'out tok/s':>11}{'prefill':>10}{'decode':>9}{'steady':>9}"
+        f"{'TTFT p50':>10}{'TPOT p50':>10}{'depth':>7}{'KV':>6}{'graph/eager':>13}{'rnd/tok':>8}{'sync/tok':>9}"
+        f"{'GPU idle':>9}{'occup':>7}{'tail':>6}{'accept':>8}"
+    )
     for run in results["runs"]:
         m = run["median"]
-        print(f"{run['workload']:<17}{run['concurrency']:>5}{fmt(m['output_tok_s']):>11}{fmt(m['prefill_tok_s']):>10}"
-              f"{fmt(m['decode_tok_s']):>9}{fmt(m['steady_decode_tok_s']):>9}"
-              f"{fmt(m['ttft_s'].get('p50', 0) * 1e3, '{:.1f}ms'):>10}{fmt(m['tpot_s'].get('p50', 0) * 1e3, '{:.2f}ms'):>10}"
-              f"{fmt(m['mean_exit_depth'], '{:.2f}'):>7}{fmt(m['peak_kv_usage'] * 100, '{:.0f}%'):>6}"
-              f"{m['graph_launches']:>7.0f}/{m['eager_launches']:<5.0f}{m['rounds_per_token']:>8.2f}"
-              f"{m['host_syncs_per_token']:>9.3f}{fmt(m['gpu_idle_frac'] and m['gpu_idle_frac'] * 100, '{:.0f}%'):>9}"
-              f"{fmt(m['decode_occupancy'], '{:.2f}'):>7}{fmt(m['tail_frac'] * 100, '{:.0f}%'):>6}"
-              f"{fmt(None if m.get('spec_acceptance') is None else m['spec_acceptance'] * 100, '{:.0f}%'):>8}")
+        print(
+            f"{run['workload']:<17}{run['concurrency']:>5}{fmt(m['output_tok_s']):>11}{fmt(m['prefill_tok_s']):>10}"
+            f"{fmt(m['decode_tok_s']):>9}{fmt(m['steady_decode_tok_s']):>9}"
+            f"{fmt(m['ttft_s'].get('p50', 0) * 1e3, '{:.1f}ms'):>10}"
+            f"{fmt(m['tpot_s'].get('p50', 0) * 1e3, '{:.2f}ms'):>10}"
+            f"{fmt(m['mean_exit_depth'], '{:.2f}'):>7}{fmt(m['peak_kv_usage'] * 100, '{:.0f}%'):>6}"
+            f"{m['graph_launches']:>7.0f}/{m['eager_launches']:<5.0f}{m['rounds_per_token']:>8.2f}"
+            f"{m['host_syncs_per_token']:>9.3f}{fmt(m['gpu_idle_frac'] and m['gpu_idle_frac'] * 100, '{:.0f}%'):>9}"
+            f"{fmt(m['decode_occupancy'], '{:.2f}'):>7}{fmt(m['tail_frac'] * 100, '{:.0f}%'):>6}"
+            f"{fmt(None if m.get('spec_acceptance') is None else m['spec_acceptance'] * 100, '{:.0f}%'):>8}"
+        )
     for b in results["baseline"]:
-        print(f"{'baseline(eager)':<17}{b['batch']:>5}{b['output_tok_s']:>11.1f}{b['prefill_tok_s']:>10.0f}"
-              f"{b['decode_tok_s']:>9.1f}   (HF-style eager, concatenated per-loop cache, {b['tokens']} tokens)")
+        print(
+            f"{'baseline(eager)':<17}{b['batch']:>5}{b['output_tok_s']:>11.1f}{b['prefill_tok_s']:>10.0f}"
+            f"{b['decode_tok_s']:>9.1f}   (HF-style eager, concatenated per-loop cache, {b['tokens']} tokens)"
+        )
 
 
 if __name__ == "__main__":

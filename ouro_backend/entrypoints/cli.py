@@ -1,4 +1,5 @@
 """`ouro-generate`: offline generation from the command line (prompt in; text and exit depths out)."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,6 @@ import json
 import logging
 import sys
 import time
-from typing import Optional
 
 from ..config import ConfigError, EngineConfig
 from ..sampling_params import RequestError, SamplingParams
@@ -26,11 +26,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    values = {k[len("engine_"):]: v for k, v in vars(args).items() if k.startswith("engine_") and v is not None}
+    values = {k[len("engine_") :]: v for k, v in vars(args).items() if k.startswith("engine_") and v is not None}
     return EngineConfig.from_strings(values)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ouro-generate", description=__doc__)
     p.add_argument("prompt", nargs="+", help="prompt text (several prompts run batched)")
     p.add_argument("--max-tokens", type=int, default=32)
@@ -51,10 +51,18 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         cfg = engine_config_from_args(args)
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, seed=args.seed, min_loops=args.min_loops,
-                                max_loops=args.max_loops, exit_threshold=args.exit_threshold,
-                                ignore_eos=args.ignore_eos, stop=args.stop)
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            min_loops=args.min_loops,
+            max_loops=args.max_loops,
+            exit_threshold=args.exit_threshold,
+            ignore_eos=args.ignore_eos,
+            stop=args.stop,
+        )
         llm = LLM(config=cfg)
         t0 = time.monotonic()
         outs = llm.generate(args.prompt, params)
@@ -64,12 +72,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     elapsed = time.monotonic() - t0
     for prompt, out in zip(args.prompt, outs):
         if args.json:
-            print(json.dumps(dict(prompt=prompt, text=out.text, token_ids=out.token_ids, exit_depths=out.exit_depths,
-                                  finish_reason=out.finish_reason)))
+            print(
+                json.dumps(
+                    dict(
+                        prompt=prompt,
+                        text=out.text,
+                        token_ids=out.token_ids,
+                        exit_depths=out.exit_depths,
+                        finish_reason=out.finish_reason,
+                    )
+                )
+            )
             continue
         depths = out.exit_depths
-        print(f"prompt: {prompt!r}\ntext:   {out.text!r}\nexit depths: {depths} (mean "
-              f"{sum(depths) / max(1, len(depths)):.2f})  finish: {out.finish_reason}")
+        print(
+            f"prompt: {prompt!r}\ntext:   {out.text!r}\nexit depths: {depths} (mean "
+            f"{sum(depths) / max(1, len(depths)):.2f})  finish: {out.finish_reason}"
+        )
     n = sum(len(o.token_ids) for o in outs)
     print(f"{n} tokens in {elapsed:.2f}s ({n / elapsed:.1f} tok/s)", file=sys.stderr)
     return 0

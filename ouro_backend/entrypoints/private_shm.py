@@ -8,6 +8,7 @@ local user could read a stub's tensors. Two ways to stop that, for TritonServer'
 * chmod: the regions are chmod 0600 as soon as they appear (`ShmGuard`, polled), which a local user can race.
 `on` insists on the first, `off` takes the second, `auto` the first where it works, else the second.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,13 +17,12 @@ import shutil
 import stat
 import subprocess
 import threading
-from typing import Optional
 
 SHM_DIR = "/dev/shm"
 PRIVATE_SHM_MODES = ("auto", "on", "off")
 
 
-def _shm_size() -> Optional[int]:
+def _shm_size() -> int | None:
     try:
         st = os.statvfs(SHM_DIR)
         return st.f_blocks * st.f_frsize or None
@@ -30,8 +30,8 @@ def _shm_size() -> Optional[int]:
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def private_shm_wrapper() -> tuple[Optional[tuple[str, ...]], str]:
+@functools.cache
+def private_shm_wrapper() -> tuple[tuple[str, ...] | None, str]:
     """(argv prefix that runs a command in a mount namespace of its own with a fresh tmpfs on /dev/shm, the
     size of this one's; None and why when this process cannot). As root: unshare --mount. Otherwise in a
     user namespace (root inside only for the mount, then a nested one maps this uid back), if the kernel
@@ -45,14 +45,29 @@ def private_shm_wrapper() -> tuple[Optional[tuple[str, ...]], str]:
     mount_cmd = f"{mount} -t tmpfs -o {opts} ouro-shm {SHM_DIR}"
     uid, gid = os.getuid(), os.getgid()
     if uid == 0:
-        wrapper = (unshare, "--mount", "--propagation", "private", "--", "sh", "-c",
-                   f'{mount_cmd} && exec "$@"', "sh")
+        wrapper = (unshare, "--mount", "--propagation", "private", "--", "sh", "-c", f'{mount_cmd} && exec "$@"', "sh")
     else:
-        wrapper = (unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--", "sh", "-c",
-                   f'{mount_cmd} && exec {unshare} --user --map-user={uid} --map-group={gid} -- "$@"', "sh")
+        wrapper = (
+            unshare,
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            f'{mount_cmd} && exec {unshare} --user --map-user={uid} --map-group={gid} -- "$@"',
+            "sh",
+        )
     try:
-        r = subprocess.run(list(wrapper) + ["sh", "-c", f"id -u; ls -A {SHM_DIR} | wc -l"], capture_output=True,
-                           text=True, timeout=20, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            list(wrapper) + ["sh", "-c", f"id -u; ls -A {SHM_DIR} | wc -l"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"unshare failed: {e}"
     if r.returncode != 0 or r.stdout.split() != [str(uid), "0"]:
@@ -106,4 +121,3 @@ class ShmGuard(threading.Thread):
                 pass
             finally:
                 os.close(fd)
-

@@ -1,23 +1,23 @@
 """What ouro-serve reads about processes from /proc: a process's state and command line, the members of a
 process group, and the Python backend stubs of a tritonserver. Linux only; a process that is gone (or
 not readable) reads as None or is left out."""
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 STUB = "triton_python_backend_stub"  # the Python backend stub's executable name
 
 
-def _proc_stat(pid: int) -> Optional[tuple[str, int, int, int]]:
+def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
     """(state, ppid, start time, process group) of process `pid` from /proc, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rindex(b")") + 2:].split()
+    fields = data[data.rindex(b")") + 2 :].split()
     return fields[0].decode(), int(fields[1]), int(fields[19]), int(fields[2])
 
 
@@ -30,7 +30,7 @@ def group_members(pgid: int) -> list[int]:
     return [pid for pid in _pids() if (st := _proc_stat(pid)) is not None and st[3] == pgid and st[0] != "Z"]
 
 
-def process_argv(pid: int) -> Optional[list[bytes]]:
+def process_argv(pid: int) -> list[bytes] | None:
     """The command line of process `pid` from /proc, or None if it is gone (or not readable)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -55,4 +55,3 @@ def child_stubs(server_pid: int) -> dict[int, tuple[int, str]]:
             parts = Path(argv[1].decode(errors="replace")).parts if len(argv) > 1 else ()
             out[entry] = (st[2], parts[-3] if len(parts) >= 3 else "?")
     return out
-

@@ -55,6 +55,7 @@ The server's output goes to a log file (printed at start; its tail is printed if
 restart appends to it). Ctrl-C / SIGTERM stop the server: Triton's graceful shutdown, killed after
 --stop-grace seconds (10; a second Ctrl-C kills at once); exit code 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,16 +63,23 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..serving.engine_auth import private_dir
 from ..serving.engine_errors import EngineProcessError
 from ..serving.engine_pool import resolve_devices, visible_gpus
 from .private_shm import PRIVATE_SHM_MODES
 from .supervisor import Supervisor
-from .tritonserver import (ADMIN_HEADER, REPOSITORY_ENV, ServerError, TritonServer, check_admin_key, default_repository,
-                           remove_own)
+from .tritonserver import (
+    ADMIN_HEADER,
+    REPOSITORY_ENV,
+    ServerError,
+    TritonServer,
+    check_admin_key,
+    default_repository,
+    remove_own,
+)
 
 ADMIN_KEY_ENV = "OURO_ADMIN_KEY"
 DEFAULT_REPOSITORY = default_repository()
@@ -104,40 +112,79 @@ def write_admin_key(key: str) -> str:
     return path
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="ouro-serve", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--model", default=None, help="checkpoint directory (default: $OURO_MODEL_PATH, else the demo model)")
-    p.add_argument("--address", default="0.0.0.0",
-                   help="interface the HTTP, gRPC and metrics ports bind to (127.0.0.1: this host only)")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="ouro-serve",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--model", default=None, help="checkpoint directory (default: $OURO_MODEL_PATH, else the demo model)"
+    )
+    p.add_argument(
+        "--address",
+        default="0.0.0.0",
+        help="interface the HTTP, gRPC and metrics ports bind to (127.0.0.1: this host only)",
+    )
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--model-repository", default=None,
-                   help=f"default: ${REPOSITORY_ENV}, else {DEFAULT_REPOSITORY}")
-    p.add_argument("--devices", default="auto",
-                   help="one engine process per device, comma-separated (cuda:0,cuda:1 or cpu); auto: every "
-                        "visible GPU (CUDA_VISIBLE_DEVICES), else the CPU; overrides ouro_engine's engine_devices")
-    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine option (ouro_backend/config.py EngineConfig), repeatable; overrides config.pbtxt")
+    p.add_argument("--model-repository", default=None, help=f"default: ${REPOSITORY_ENV}, else {DEFAULT_REPOSITORY}")
+    p.add_argument(
+        "--devices",
+        default="auto",
+        help="one engine process per device, comma-separated (cuda:0,cuda:1 or cpu); auto: every "
+        "visible GPU (CUDA_VISIBLE_DEVICES), else the CPU; overrides ouro_engine's engine_devices",
+    )
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine option (ouro_backend/config.py EngineConfig), repeatable; overrides config.pbtxt",
+    )
     p.add_argument("--log-file", default=None, help="server log (default: a file in a new temp dir)")
     p.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness (each start)")
-    p.add_argument("--tritonserver-arg", action="append", default=[], metavar="ARG",
-                   help="extra tritonserver argument, repeatable (e.g. --tritonserver-arg=--log-info=false)")
-    p.add_argument("--private-shm", choices=PRIVATE_SHM_MODES, default="auto",
-                   help="on: tritonserver in a mount namespace with its own /dev/shm; off: chmod 0600 its "
-                        "shared-memory regions as they appear; auto: on when possible (default)")
-    p.add_argument("--admin-key", default=None,
-                   help=f"the `{ADMIN_HEADER}` header value that the shared-memory, repository, logging and trace "
-                        f"APIs need (default: ${ADMIN_KEY_ENV}, else a random key in a private file)")
-    p.add_argument("--no-restrict-apis", action="store_true",
-                   help="leave every Triton API open to whoever reaches the ports (tritonserver's default)")
-    p.add_argument("--max-failed-starts", type=int, default=5,
-                   help="give up after this many restarts in a row that do not reach readiness")
+    p.add_argument(
+        "--tritonserver-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra tritonserver argument, repeatable (e.g. --tritonserver-arg=--log-info=false)",
+    )
+    p.add_argument(
+        "--private-shm",
+        choices=PRIVATE_SHM_MODES,
+        default="auto",
+        help="on: tritonserver in a mount namespace with its own /dev/shm; off: chmod 0600 its "
+        "shared-memory regions as they appear; auto: on when possible (default)",
+    )
+    p.add_argument(
+        "--admin-key",
+        default=None,
+        help=f"the `{ADMIN_HEADER}` header value that the shared-memory, repository, logging and trace "
+        f"APIs need (default: ${ADMIN_KEY_ENV}, else a random key in a private file)",
+    )
+    p.add_argument(
+        "--no-restrict-apis",
+        action="store_true",
+        help="leave every Triton API open to whoever reaches the ports (tritonserver's default)",
+    )
+    p.add_argument(
+        "--max-failed-starts",
+        type=int,
+        default=5,
+        help="give up after this many restarts in a row that do not reach readiness",
+    )
     p.add_argument("--no-restart", action="store_true", help="exit (code 1) when tritonserver dies")
-    p.add_argument("--stop-grace", type=float, default=10.0,
-                   help="seconds Triton gets to shut down gracefully on Ctrl-C / SIGTERM before it is killed")
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=10.0,
+        help="seconds Triton gets to shut down gracefully on Ctrl-C / SIGTERM before it is killed",
+    )
     args = p.parse_args(argv)
 
     key_file = None
@@ -157,8 +204,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 2
         repository = Path(args.model_repository or default_repository())
         if not (repository / "ouro_engine" / "config.pbtxt").is_file():
-            print(f"ouro-serve: {repository} is not the Ouro model repository (no ouro_engine/config.pbtxt); "
-                  f"pass --model-repository or set ${REPOSITORY_ENV}", file=sys.stderr)
+            print(
+                f"ouro-serve: {repository} is not the Ouro model repository (no ouro_engine/config.pbtxt); "
+                f"pass --model-repository or set ${REPOSITORY_ENV}",
+                file=sys.stderr,
+            )
             return 2
         model = args.model or os.environ.get("OURO_MODEL_PATH")
         if model and not Path(model).expanduser().is_dir():
@@ -180,11 +230,21 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             model = default_model()
             print(f"ouro-serve: no --model given: serving the demo model {model}", flush=True)
-        server = TritonServer(model=model, http_port=args.http_port, grpc_port=args.grpc_port,
-                              metrics_port=args.metrics_port, model_repository=str(repository),
-                              engine_args=engine_args, log_file=args.log_file, extra_args=args.tritonserver_arg,
-                              log_verbose=args.log_verbose, address=args.address, devices=args.devices,
-                              admin_key=admin_key, private_shm=args.private_shm)
+        server = TritonServer(
+            model=model,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+            model_repository=str(repository),
+            engine_args=engine_args,
+            log_file=args.log_file,
+            extra_args=args.tritonserver_arg,
+            log_verbose=args.log_verbose,
+            address=args.address,
+            devices=args.devices,
+            admin_key=admin_key,
+            private_shm=args.private_shm,
+        )
         cmd, _ = server.command()
     except ServerError as e:
         print(f"ouro-serve: {e}", file=sys.stderr)
@@ -194,27 +254,42 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     def on_ready(sup: Supervisor) -> None:
         if sup.restarts:
-            print(f"ouro-serve: ready again (restart {sup.restarts}, {sup.recoveries[-1]:.1f} s after the crash; "
-                  f"tritonserver pid {server.pid})", flush=True)
+            print(
+                f"ouro-serve: ready again (restart {sup.restarts}, {sup.recoveries[-1]:.1f} s after the crash; "
+                f"tritonserver pid {server.pid})",
+                flush=True,
+            )
             return
         if server.shm_private == "namespace":
             shm = "a private /dev/shm (mount namespace)"
         else:
             shm = f"regions chmod 0600 as they appear ({server.shm_why or 'no namespace'})"
-            print("ouro-serve: warning: no private /dev/shm for tritonserver: a local user who opens a shared-"
-                  "memory region before it is chmod 0600 (polled every 20 ms) keeps access to it", file=sys.stderr,
-                  flush=True)
-        print(f"ouro-serve: ready (tritonserver pid {server.pid}; listening on {args.address}"
-              f"{': every interface' if args.address == '0.0.0.0' else ''})\n"
-              f"  HTTP     http://{server.http_url}  (POST /v2/models/ouro/generate, /generate_stream)\n"
-              f"  gRPC     {server.grpc_url}  (ModelStreamInfer: models ouro, ouro_ensemble, ouro_engine)\n"
-              f"  metrics  {server.metrics_url}\n"
-              f"  admin    shared-memory, repository, logging and trace APIs {admin}\n"
-              f"  shm      {shm}\n"
-              f"  Ctrl-C to stop", flush=True)
+            print(
+                "ouro-serve: warning: no private /dev/shm for tritonserver: a local user who opens a shared-"
+                "memory region before it is chmod 0600 (polled every 20 ms) keeps access to it",
+                file=sys.stderr,
+                flush=True,
+            )
+        print(
+            f"ouro-serve: ready (tritonserver pid {server.pid}; listening on {args.address}"
+            f"{': every interface' if args.address == '0.0.0.0' else ''})\n"
+            f"  HTTP     http://{server.http_url}  (POST /v2/models/ouro/generate, /generate_stream)\n"
+            f"  gRPC     {server.grpc_url}  (ModelStreamInfer: models ouro, ouro_ensemble, ouro_engine)\n"
+            f"  metrics  {server.metrics_url}\n"
+            f"  admin    shared-memory, repository, logging and trace APIs {admin}\n"
+            f"  shm      {shm}\n"
+            f"  Ctrl-C to stop",
+            flush=True,
+        )
 
-    supervisor = Supervisor(server, ready_timeout=args.timeout, max_failed_starts=args.max_failed_starts,
-                            stop_grace_s=args.stop_grace, restart=not args.no_restart, on_ready=on_ready)
+    supervisor = Supervisor(
+        server,
+        ready_timeout=args.timeout,
+        max_failed_starts=args.max_failed_starts,
+        stop_grace_s=args.stop_grace,
+        restart=not args.no_restart,
+        on_ready=on_ready,
+    )
 
     def on_signal(signum, frame):
         supervisor.request_stop(signal.Signals(signum).name)
@@ -223,10 +298,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     gpus = visible_gpus()
     where = ", ".join(d if d == "cpu" else f"{d} (GPU {gpus[int(d[5:])]})" for d in devices)
-    print(f"ouro-serve: starting {cmd[0]}\n  repository {server.model_repository}\n  log {server.log_file}\n"
-          f"  engines  {len(devices)}: {where}"
-          + (" (every visible GPU; --devices to choose)" if args.devices == "auto" and devices != ["cpu"] else ""),
-          flush=True)
+    print(
+        f"ouro-serve: starting {cmd[0]}\n  repository {server.model_repository}\n  log {server.log_file}\n"
+        f"  engines  {len(devices)}: {where}"
+        + (" (every visible GPU; --devices to choose)" if args.devices == "auto" and devices != ["cpu"] else ""),
+        flush=True,
+    )
     try:
         code = supervisor.run()
     finally:

@@ -12,20 +12,21 @@ configuration is the problem. Each server gets the restart count
 in $OURO_SERVER_RESTARTS (published as `ouro_server_restarts_total`). Stubs are watched only without
 model control (`--model-control-mode` none), where a stub that goes away was not unloaded.
 """
+
 from __future__ import annotations
 
 import signal
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..serving.metrics import RESTARTS_ENV
 from .procfs import child_stubs
 from .tritonserver import ServerError, TritonServer
 
 
-def _describe_exit(code: Optional[int]) -> str:
+def _describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
     if code < 0:
@@ -46,11 +47,20 @@ class Supervisor:
     server gets it in $OURO_SERVER_RESTARTS); `recoveries` holds, per restart that reached readiness, the
     seconds from noticing the death to ready again; `ready` is set while a server is ready."""
 
-    def __init__(self, server: TritonServer, ready_timeout: float = 600.0, max_failed_starts: int = 5,
-                 backoff_s: float = 1.0, max_backoff_s: float = 30.0, stable_s: float = 60.0,
-                 stop_grace_s: float = 10.0, restart: bool = True, poll_s: float = 0.5,
-                 on_ready: Optional[Callable[["Supervisor"], None]] = None,
-                 log: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)):
+    def __init__(
+        self,
+        server: TritonServer,
+        ready_timeout: float = 600.0,
+        max_failed_starts: int = 5,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        stable_s: float = 60.0,
+        stop_grace_s: float = 10.0,
+        restart: bool = True,
+        poll_s: float = 0.5,
+        on_ready: Callable[[Supervisor], None] | None = None,
+        log: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True),
+    ):
         self.server = server
         self.ready_timeout, self.max_failed_starts = ready_timeout, max(1, max_failed_starts)
         self.backoff_s, self.max_backoff_s, self.stable_s = backoff_s, max_backoff_s, stable_s
@@ -74,7 +84,7 @@ class Supervisor:
         self.stop_reason = self.stop_reason or reason
         self._stop.set()
 
-    def _wait_ready(self) -> Optional[str]:
+    def _wait_ready(self) -> str | None:
         """None once ready (or stopping); else why the start failed."""
         deadline = time.monotonic() + self.ready_timeout
         proc = self.server.proc
@@ -89,7 +99,7 @@ class Supervisor:
             self._stop.wait(0.25)
         return None
 
-    def _watch(self) -> Optional[str]:
+    def _watch(self) -> str | None:
         """Block while the ready server lives; why it is dead (None: stop requested)."""
         proc = self.server.proc
         stubs = self.server.stubs() if self.watch_stubs else {}
@@ -104,8 +114,10 @@ class Supervisor:
             dead = [(pid, model) for pid, (start, model) in stubs.items() if now.get(pid, (None,))[0] != start]
             if dead:
                 pid, model = dead[0]
-                return (f"the Python backend stub of model '{model}' (pid {pid}) died; tritonserver (pid "
-                        f"{proc.pid}) does not restart it and cannot serve that model instance")
+                return (
+                    f"the Python backend stub of model '{model}' (pid {pid}) died; tritonserver (pid "
+                    f"{proc.pid}) does not restart it and cannot serve that model instance"
+                )
             stubs.update(now)
         return None
 
@@ -118,7 +130,7 @@ class Supervisor:
 
     def _run(self) -> int:
         failed, backoff, served = 0, self.backoff_s, False
-        down_at: Optional[float] = None
+        down_at: float | None = None
         while not self._stop.is_set():
             self.server.extra_env[RESTARTS_ENV] = str(self.restarts)
             try:
@@ -138,11 +150,15 @@ class Supervisor:
                     self.log(f"ouro-serve: {why}; log {self.server.log_file}:\n{tail}")
                     return 1
                 if failed >= self.max_failed_starts or not self.restart:
-                    self.log(f"ouro-serve: {why}; log {self.server.log_file}:\n{tail}\nouro-serve: giving up: "
-                             f"{failed} restart(s) in a row did not reach readiness (--max-failed-starts)")
+                    self.log(
+                        f"ouro-serve: {why}; log {self.server.log_file}:\n{tail}\nouro-serve: giving up: "
+                        f"{failed} restart(s) in a row did not reach readiness (--max-failed-starts)"
+                    )
                     return 1
-                self.log(f"ouro-serve: {why} (failed start {failed} of at most {self.max_failed_starts}); "
-                         f"restart {self.restarts + 1} in {backoff:.0f} s; log {self.server.log_file}:\n{tail}")
+                self.log(
+                    f"ouro-serve: {why} (failed start {failed} of at most {self.max_failed_starts}); "
+                    f"restart {self.restarts + 1} in {backoff:.0f} s; log {self.server.log_file}:\n{tail}"
+                )
             else:
                 served, failed = True, 0
                 ready_at = time.monotonic()
@@ -164,8 +180,10 @@ class Supervisor:
                     return 1
                 if time.monotonic() - ready_at >= self.stable_s:
                     backoff = self.backoff_s
-                self.log(f"ouro-serve: {why}; restart {self.restarts + 1} in {backoff:.0f} s; "
-                         f"log {self.server.log_file}:\n{tail}")
+                self.log(
+                    f"ouro-serve: {why}; restart {self.restarts + 1} in {backoff:.0f} s; "
+                    f"log {self.server.log_file}:\n{tail}"
+                )
             self.restarts += 1
             delay, backoff = backoff, min(backoff * 2, self.max_backoff_s)
             if self._stop.wait(delay):

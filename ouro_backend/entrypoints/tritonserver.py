@@ -7,6 +7,7 @@ $OURO_ENGINE_DEVICES; with an admin key, Triton's shared-memory, repository, log
 the header `ouro-admin-key`. It runs in a process group of its own with umask 077, and its shared-memory
 regions are kept private (private_shm). Keeping it serving: supervisor.Supervisor.
 """
+
 from __future__ import annotations
 
 import glob
@@ -25,14 +26,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 from ..serving.options import DEVICES_ENV
 from .private_shm import PRIVATE_SHM_MODES, SHM_DIR, ShmGuard, private_shm_wrapper
 from .procfs import child_stubs, group_members
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the source checkout (or site-packages) holding ouro_backend/
 REPOSITORY_ENV = "OURO_MODEL_REPOSITORY"
 ADMIN_HEADER = "ouro-admin-key"  # HTTP; gRPC clients send it as metadata with tritonserver's prefix:
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
@@ -60,7 +61,7 @@ def cache_dir() -> Path:
     return Path(root).expanduser()
 
 
-def _pytriton_dirs() -> Optional[tuple[Path, Path]]:
+def _pytriton_dirs() -> tuple[Path, Path] | None:
     """(pytriton/tritonserver, nvidia_pytriton.libs) of the installed nvidia-pytriton wheel, if any."""
     try:
         import importlib.util
@@ -78,7 +79,7 @@ def _pytriton_dirs() -> Optional[tuple[Path, Path]]:
     return server_dir, libs
 
 
-def find_tritonserver() -> tuple[str, Optional[str], dict[str, str]]:
+def find_tritonserver() -> tuple[str, str | None, dict[str, str]]:
     """(tritonserver binary, --backend-directory or None, extra environment)."""
     explicit = os.environ.get("TRITONSERVER")
     if explicit:
@@ -89,8 +90,10 @@ def find_tritonserver() -> tuple[str, Optional[str], dict[str, str]]:
         return on_path, None, {}
     dirs = _pytriton_dirs()
     if dirs is None:
-        raise ServerError("no tritonserver found: set $TRITONSERVER, put tritonserver on PATH (the "
-                          "nvcr.io/nvidia/tritonserver:24.10-py3 container) or `pip install nvidia-pytriton==0.7.0`")
+        raise ServerError(
+            "no tritonserver found: set $TRITONSERVER, put tritonserver on PATH (the "
+            "nvcr.io/nvidia/tritonserver:24.10-py3 container) or `pip install nvidia-pytriton==0.7.0`"
+        )
     server_dir, libs = dirs
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = server_dir / "python_backend_stubs" / py / "triton_python_backend_stub"
@@ -102,8 +105,11 @@ def find_tritonserver() -> tuple[str, Optional[str], dict[str, str]]:
     dst.mkdir(parents=True, exist_ok=True)
     for f in [stub, src / "libtriton_python.so", src / "triton_python_backend_utils.py"]:
         target = dst / ("triton_python_backend_stub" if f == stub else f.name)
-        if not target.exists() or target.stat().st_size != f.stat().st_size or \
-                target.stat().st_mtime < f.stat().st_mtime:
+        if (
+            not target.exists()
+            or target.stat().st_size != f.stat().st_size
+            or target.stat().st_mtime < f.stat().st_mtime
+        ):
             tmp = target.with_suffix(f".tmp{os.getpid()}")
             shutil.copy2(f, tmp)
             os.replace(tmp, target)
@@ -154,12 +160,23 @@ class TritonServer:
     default). `private_shm`: auto, on or off (entrypoints/private_shm.py); `shm_private` says what the last start got
     ("namespace" or "chmod") and `shm_why` why not the namespace."""
 
-    def __init__(self, model: Optional[str] = None, http_port: int = 8000, grpc_port: int = 8001,
-                 metrics_port: int = 8002, model_repository: Optional[str] = None,
-                 engine_args: Optional[Mapping[str, str]] = None, log_file: Optional[str] = None,
-                 extra_args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None, log_verbose: int = 0,
-                 address: Optional[str] = None, devices: Optional[str] = None, admin_key: Optional[str] = None,
-                 private_shm: str = "auto"):
+    def __init__(
+        self,
+        model: str | None = None,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        model_repository: str | None = None,
+        engine_args: Mapping[str, str] | None = None,
+        log_file: str | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        log_verbose: int = 0,
+        address: str | None = None,
+        devices: str | None = None,
+        admin_key: str | None = None,
+        private_shm: str = "auto",
+    ):
         if private_shm not in PRIVATE_SHM_MODES:
             raise ServerError(f"private_shm={private_shm!r}: expected one of {', '.join(PRIVATE_SHM_MODES)}")
         self.model = model
@@ -178,14 +195,14 @@ class TritonServer:
         self.log_verbose = log_verbose
         self.admin_key = check_admin_key(admin_key) if admin_key is not None else None
         self.private_shm = private_shm
-        self.shm_private: Optional[str] = None
+        self.shm_private: str | None = None
         self.shm_why = ""
         self.shm_prefix, self._own_shm_prefix = self._new_shm_prefix()
-        self.proc: Optional[subprocess.Popen] = None
-        self.pid: Optional[int] = None
+        self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None
         self._tmpdir = tempfile.gettempdir()
         self._log_handle = None
-        self._guard: Optional[ShmGuard] = None
+        self._guard: ShmGuard | None = None
 
     @property
     def host(self) -> str:
@@ -204,7 +221,7 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
-    def user_arg(self, option: str) -> Optional[str]:
+    def user_arg(self, option: str) -> str | None:
         """The value of tritonserver option `option` among extra_args (the last), or None."""
         found = None
         for arg in self.extra_args:
@@ -222,12 +239,21 @@ class TritonServer:
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         binary, backend_dir, env_extra = find_tritonserver()
-        cmd = [binary, f"--model-repository={self.model_repository}", f"--http-port={self.http_port}",
-               f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-               "--allow-metrics=true", "--allow-gpu-metrics=false"]
+        cmd = [
+            binary,
+            f"--model-repository={self.model_repository}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+        ]
         if self.address:
-            cmd += [f"--http-address={self.address}", f"--grpc-address={self.address}",
-                    f"--metrics-address={self.address}"]
+            cmd += [
+                f"--http-address={self.address}",
+                f"--grpc-address={self.address}",
+                f"--metrics-address={self.address}",
+            ]
         if backend_dir:
             cmd.append(f"--backend-directory={backend_dir}")
         if self.log_verbose:
@@ -256,7 +282,7 @@ class TritonServer:
         env.update(self.extra_env)
         return cmd, env
 
-    def start(self, wait: bool = True, timeout: float = 300.0) -> "TritonServer":
+    def start(self, wait: bool = True, timeout: float = 300.0) -> TritonServer:
         self.shm_prefix, self._own_shm_prefix = self._new_shm_prefix()
         cmd, env = self.command()
         wrapper, self.shm_why = (None, "--private-shm off") if self.private_shm == "off" else private_shm_wrapper()
@@ -265,8 +291,15 @@ class TritonServer:
         self.shm_private = "namespace" if wrapper else "chmod"
         self._tmpdir = _env_tmpdir(env)
         self._log_handle = open(self.log_file, "ab")
-        self.proc = subprocess.Popen(list(wrapper or ()) + cmd, stdout=self._log_handle, stderr=subprocess.STDOUT,
-                                     env=env, stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077)
+        self.proc = subprocess.Popen(
+            list(wrapper or ()) + cmd,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            umask=0o077,
+        )
         self.pid = self.proc.pid  # tritonserver's own: the wrapper execs it
         if wrapper is None:
             self._guard = ShmGuard(self.shm_prefix)
@@ -291,8 +324,10 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.proc.returncode} before it was ready; "
-                                  f"log {self.log_file}:\n{self.log_tail()}")
+                raise ServerError(
+                    f"tritonserver exited with code {self.proc.returncode} before it was ready; "
+                    f"log {self.log_file}:\n{self.log_tail()}"
+                )
             if self.is_ready():
                 self.mark_ready()
                 return
@@ -342,7 +377,7 @@ class TritonServer:
         server that is gone."""
         return [path for path in self.stale_files() if remove_own(path)]
 
-    def kill(self) -> Optional[int]:
+    def kill(self) -> int | None:
         """SIGKILL the whole process group now (tritonserver, stubs, engine processes: its clients see their
         connections drop), reap tritonserver and clean up. Returns its exit code."""
         proc, self.proc = self.proc, None
@@ -372,7 +407,7 @@ class TritonServer:
             self._log_handle = None
         return code
 
-    def stop(self, timeout: float = 60.0, hurry: Optional[threading.Event] = None) -> Optional[int]:
+    def stop(self, timeout: float = 60.0, hurry: threading.Event | None = None) -> int | None:
         """Triton's graceful shutdown (SIGINT: models unloaded, finalize()), then kill() what is left after
         `timeout` seconds (or once `hurry` is set). Returns tritonserver's exit code (-9 if it was killed)."""
         proc = self.proc
@@ -386,7 +421,7 @@ class TritonServer:
                     pass
         return self.kill()
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

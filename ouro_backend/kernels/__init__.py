@@ -4,12 +4,20 @@
 On CUDA tensors the Triton kernels run; under ``TRITON_INTERPRET=1`` (set before importing this package)
 they run in Triton's CPU interpreter; on CPU tensors otherwise the torch references are used.
 """
+
+from ..model.torch_ops import build_cos_sin_cache
 from . import decode_step
 from .activation import silu_mul, silu_mul_ref
-from .attention import (auto_num_splits, copy_kv_slots, copy_kv_slots_ref, paged_attention, paged_attention_ref,
-                        write_kv, write_kv_ref)
+from .attention import (
+    auto_num_splits,
+    copy_kv_slots,
+    copy_kv_slots_ref,
+    paged_attention,
+    paged_attention_ref,
+    write_kv,
+    write_kv_ref,
+)
 from .norm import rms_norm, rms_norm_ref, sandwich_norm, sandwich_norm_ref
-from ..model.torch_ops import build_cos_sin_cache
 from .rope import rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref
 
 __all__ = [

@@ -8,8 +8,8 @@ is round-to-nearest-even, like torch. To test the exact rounding semantics on th
 finite values) and dots run on fp32 copies of the operands. On the GPU (``INTERP=False``) the native casts
 and bf16 tensor-core dots are used; the code paths differ only in those two places.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import triton
@@ -54,9 +54,9 @@ def sm_count(device: torch.device) -> int:
 @triton.jit
 def round_f32(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """fp32 ``x`` -> fp32 tensor holding ``x`` rounded (RNE) to DTYPE (identity for fp32)."""
-    if DTYPE == tl.float32:
+    if tl.float32 == DTYPE:
         y = x
-    elif DTYPE == tl.bfloat16:
+    elif tl.bfloat16 == DTYPE:
         if INTERP:
             bits = x.to(tl.uint32, bitcast=True)
             bits = bits + (((bits >> 16) & 1) + 0x7FFF)
@@ -72,7 +72,7 @@ def round_f32(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def cast_rne(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """fp32 ``x`` -> DTYPE with round-to-nearest-even (also under the interpreter)."""
-    if DTYPE == tl.float32:
+    if tl.float32 == DTYPE:
         y = x
     elif INTERP:
         # the value is exactly representable after round_f32, so the interpreter's truncating cast is exact

@@ -7,9 +7,8 @@ CUDA kernel) and FMA contraction off. Tolerance vs torch: the division/exp may s
 bit (e.g. torch's CPU kernel is vectorised differently), which can flip the last bit of a bf16 silu in rare
 cases: <= 1 bf16 ulp on the silu, <= ~2 ulp on the product; fp32 results agree to ~1e-6 relative.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 import triton
@@ -28,8 +27,9 @@ except Exception:  # pragma: no cover
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, y_ptr, stride_xn, stride_yn, I, BLOCK: tl.constexpr, INTERP: tl.constexpr,
-                     LIBDEVICE: tl.constexpr):
+def _silu_mul_kernel(
+    x_ptr, y_ptr, stride_xn, stride_yn, I, BLOCK: tl.constexpr, INTERP: tl.constexpr, LIBDEVICE: tl.constexpr
+):
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -45,7 +45,7 @@ def _silu_mul_kernel(x_ptr, y_ptr, stride_xn, stride_yn, I, BLOCK: tl.constexpr,
     tl.store(y_ptr + n * stride_yn + cols, cast_rne(s * u, y_dt, INTERP), mask=mask)
 
 
-def silu_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``[N, 2I] -> [N, I]``: ``silu(first half) * second half`` (row stride allowed, last dim contiguous)."""
     assert gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0, gate_up.shape
     N, I2 = gate_up.shape
@@ -62,9 +62,15 @@ def silu_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch
         gate_up = gate_up.contiguous()
     block = min(1024, next_pow2(I))
     _silu_mul_kernel[(N, triton.cdiv(I, block))](
-        gate_up, out, gate_up.stride(0), out.stride(0), I,
-        BLOCK=block, INTERP=kernel_is_interpreted(_silu_mul_kernel),
+        gate_up,
+        out,
+        gate_up.stride(0),
+        out.stride(0),
+        I,
+        BLOCK=block,
+        INTERP=kernel_is_interpreted(_silu_mul_kernel),
         LIBDEVICE=_HAS_LIBDEVICE and not kernel_is_interpreted(_silu_mul_kernel),
-        num_warps=4 if block >= 512 else 1, enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        num_warps=4 if block >= 512 else 1,
+        enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
     return out

@@ -16,9 +16,8 @@ Layout contract (docs/model.md, "KV cache layouts"):
 Functions: ``write_kv``, ``paged_attention``, ``copy_kv_slots`` (+ ``*_ref`` torch references).
 On CPU tensors without ``TRITON_INTERPRET=1`` the public functions fall back to their references.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 import triton
@@ -37,13 +36,31 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
-    stride_kn, stride_kh, stride_kd,
-    stride_vn, stride_vh, stride_vd,
-    stride_kcb, stride_kcs, stride_kch, stride_kcd,
-    stride_vcb, stride_vcs, stride_vch, stride_vcd,
-    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    stride_kn,
+    stride_kh,
+    stride_kd,
+    stride_vn,
+    stride_vh,
+    stride_vd,
+    stride_kcb,
+    stride_kcs,
+    stride_kch,
+    stride_kcd,
+    stride_vcb,
+    stride_vcs,
+    stride_vch,
+    stride_vcd,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + n).to(tl.int64)
@@ -66,8 +83,9 @@ def _write_kv_kernel(
     tl.store(vc_ptr + blk * stride_vcb + off * stride_vcs + h * stride_vch + d * stride_vcd, v, mask=mask)
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Scatter this step's K/V (``[N, kvh, hd]``, any strides) into the paged caches at
     ``slot_mapping`` (int64 ``[N]``; ``-1`` = pad row, nothing written)."""
     N, kvh, hd = k.shape
@@ -82,9 +100,20 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     bd = next_pow2(hd)
     bh = next_pow2(kvh)
     _write_kv_kernel[(N,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
-        BLOCK_SIZE=k_cache.shape[1], NUM_KV_HEADS=kvh, HEAD_DIM=hd, BLOCK_H=bh, BLOCK_D=bd,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        *k.stride(),
+        *v.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        BLOCK_SIZE=k_cache.shape[1],
+        NUM_KV_HEADS=kvh,
+        HEAD_DIM=hd,
+        BLOCK_H=bh,
+        BLOCK_D=bd,
         INTERP=kernel_is_interpreted(_write_kv_kernel),
         num_warps=4 if bh * bd >= 1024 else 1,
     )
@@ -97,10 +126,20 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 @triton.jit
 def _copy_kv_slots_kernel(
-    kv_ptr, src_ptr, dst_ptr,
-    stride_l, stride_kv, stride_b, stride_s, stride_h, stride_d,
-    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    kv_ptr,
+    src_ptr,
+    dst_ptr,
+    stride_l,
+    stride_kv,
+    stride_b,
+    stride_s,
+    stride_h,
+    stride_d,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     i = tl.program_id(0).to(tl.int64)
     lk = tl.program_id(1).to(tl.int64)  # layer * 2 + (0: K, 1: V)
@@ -134,8 +173,15 @@ def copy_kv_slots(kv_all_layers: torch.Tensor, src_slots: torch.Tensor, dst_slot
     L, _, _, bs, kvh, hd = kv_all_layers.shape
     bh, bd = next_pow2(kvh), next_pow2(hd)
     _copy_kv_slots_kernel[(M, 2 * L)](
-        kv_all_layers, src_slots, dst_slots, *kv_all_layers.stride(),
-        BLOCK_SIZE=bs, NUM_KV_HEADS=kvh, HEAD_DIM=hd, BLOCK_H=bh, BLOCK_D=bd,
+        kv_all_layers,
+        src_slots,
+        dst_slots,
+        *kv_all_layers.stride(),
+        BLOCK_SIZE=bs,
+        NUM_KV_HEADS=kvh,
+        HEAD_DIM=hd,
+        BLOCK_H=bh,
+        BLOCK_D=bd,
         num_warps=4 if bh * bd >= 1024 else 1,
     )
 
@@ -147,19 +193,44 @@ def copy_kv_slots(kv_all_layers: torch.Tensor, src_slots: torch.Tensor, dst_slot
 
 @triton.jit
 def _paged_attn_kernel(
-    q_ptr, kc_ptr, vc_ptr, out_ptr, o_part_ptr, lse_part_ptr,
-    cu_q_ptr, seq_lens_ptr, bt_ptr,
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    out_ptr,
+    o_part_ptr,
+    lse_part_ptr,
+    cu_q_ptr,
+    seq_lens_ptr,
+    bt_ptr,
     qk_scale,  # softmax scale * log2(e)
     num_tokens,
-    stride_qn, stride_qh, stride_qd,
-    stride_kb, stride_ks, stride_kh, stride_kd,
-    stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_on, stride_oh, stride_od,
+    stride_qn,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_on,
+    stride_oh,
+    stride_od,
     stride_bt,
-    NUM_HEADS: tl.constexpr, QUERIES_PER_KV: tl.constexpr, G_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    QUERIES_PER_KV: tl.constexpr,
+    G_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R). One program = BLOCK_Q query tokens of one row x the
     # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
@@ -190,7 +261,8 @@ def _paged_attn_kernel(
     offs_d64 = offs_d.to(tl.int64)
     q = tl.load(
         q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d64[None, :] * stride_qd,
-        mask=row_valid[:, None] & d_mask[None, :], other=0.0,
+        mask=row_valid[:, None] & d_mask[None, :],
+        other=0.0,
     )
     if INTERP:
         q = q.to(tl.float32)
@@ -218,8 +290,9 @@ def _paged_attn_kernel(
         v_off = blk * stride_vb + in_blk * stride_vs + kvh64 * stride_vh
         kv_mask_t = d_mask[:, None] & n_mask[None, :]
         k = tl.load(kc_ptr + k_off[None, :] + offs_d64[:, None] * stride_kd, mask=kv_mask_t, other=0.0)
-        v = tl.load(vc_ptr + v_off[:, None] + offs_d64[None, :] * stride_vd,
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        v = tl.load(
+            vc_ptr + v_off[:, None] + offs_d64[None, :] * stride_vd, mask=n_mask[:, None] & d_mask[None, :], other=0.0
+        )
         if INTERP:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
@@ -242,23 +315,34 @@ def _paged_attn_kernel(
         out_dtype: tl.constexpr = out_ptr.dtype.element_ty
         tl.store(
             out_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d64[None, :] * stride_od,
-            cast_rne(o, out_dtype, INTERP), mask=row_valid[:, None] & d_mask[None, :],
+            cast_rne(o, out_dtype, INTERP),
+            mask=row_valid[:, None] & d_mask[None, :],
         )
     else:
         # partials: o_part [S, N, H, HEAD_DIM] fp32 (normalised), lse_part [S, N, H] fp32 (log2 units)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         base = (split.to(tl.int64) * num_tokens + tok) * NUM_HEADS + head
-        tl.store(o_part_ptr + base[:, None] * HEAD_DIM + offs_d64[None, :], o,
-                 mask=row_valid[:, None] & d_mask[None, :])
+        tl.store(
+            o_part_ptr + base[:, None] * HEAD_DIM + offs_d64[None, :], o, mask=row_valid[:, None] & d_mask[None, :]
+        )
         tl.store(lse_part_ptr + base, lse, mask=row_valid)
 
 
 @triton.jit
 def _combine_splits_kernel(
-    o_part_ptr, lse_part_ptr, out_ptr, num_tokens,
-    stride_on, stride_oh, stride_od,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, INTERP: tl.constexpr,
+    o_part_ptr,
+    lse_part_ptr,
+    out_ptr,
+    num_tokens,
+    stride_on,
+    stride_oh,
+    stride_od,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    S_PAD: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -272,13 +356,17 @@ def _combine_splits_kernel(
     # seq_len 0 (no keys at all): then every weight is 0 and the output is 0, as without splits
     m = tl.maximum(tl.max(lse, 0), -1.0e30)
     w = tl.exp2(lse - m)
-    o = tl.load(o_part_ptr + base[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    o = tl.load(
+        o_part_ptr + base[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0
+    )
     den = tl.sum(w, 0)
     res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
-    tl.store(out_ptr + n * stride_on + h * stride_oh + offs_d.to(tl.int64) * stride_od,
-             cast_rne(res, out_dtype, INTERP), mask=d_mask)
+    tl.store(
+        out_ptr + n * stride_on + h * stride_oh + offs_d.to(tl.int64) * stride_od,
+        cast_rne(res, out_dtype, INTERP),
+        mask=d_mask,
+    )
 
 
 def _attn_config(max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages):
@@ -317,12 +405,23 @@ def auto_num_splits(num_rows: int, num_kv_heads: int, max_seqlen_q: int, device:
     return max(1, min(8, sms // max(programs, 1)))
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                    scale: float, max_seqlen_q: int, out: Optional[torch.Tensor] = None, *,
-                    num_splits: Optional[int] = None, block_m: Optional[int] = None,
-                    block_n: Optional[int] = None, num_warps: Optional[int] = None,
-                    num_stages: Optional[int] = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_seqlen_q: int,
+    out: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
     """Causal flash attention of ``q [N, H, hd]`` over paged KV; returns ``[N, H, hd]`` in q.dtype
     (written into ``out`` when given; any strides for q and out).
 
@@ -350,12 +449,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if N == 0 or R == 0 or max_seqlen_q <= 0:
         return out
     if not use_triton(_paged_attn_kernel, q, k_cache):
-        return paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
-                                   max_seqlen_q, out=out)
+        return paged_attention_ref(
+            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, out=out
+        )
     G = H // kvh
     fp32 = q.dtype == torch.float32 or k_cache.dtype == torch.float32
-    g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(max_seqlen_q, G, hd, fp32, block_m, block_n,
-                                                          num_warps, num_stages)
+    g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(
+        max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages
+    )
     if num_splits is None:
         num_splits = auto_num_splits(R, kvh, max_seqlen_q, q.device)
     num_splits = max(1, int(num_splits))
@@ -368,19 +469,50 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     dot_prec = "ieee" if fp32 else "tf32"  # "tf32" is ignored for 16-bit operands
     q_tiles = triton.cdiv(max_seqlen_q, block_q)
     _paged_attn_kernel[(q_tiles * num_splits, kvh, R)](
-        q, k_cache, v_cache, out, o_part, lse_part,
-        cu_seqlens_q, seq_lens, block_tables,
-        float(scale) * _LOG2E, N,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), block_tables.stride(0),
-        NUM_HEADS=H, QUERIES_PER_KV=G, G_PAD=g_pad, HEAD_DIM=hd, HD_PAD=hd_pad, BLOCK_SIZE=bs,
-        BLOCK_Q=block_q, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=num_splits, DOT_PREC=dot_prec,
-        INTERP=interp, num_warps=nw, num_stages=ns,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        o_part,
+        lse_part,
+        cu_seqlens_q,
+        seq_lens,
+        block_tables,
+        float(scale) * _LOG2E,
+        N,
+        *q.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *out.stride(),
+        block_tables.stride(0),
+        NUM_HEADS=H,
+        QUERIES_PER_KV=G,
+        G_PAD=g_pad,
+        HEAD_DIM=hd,
+        HD_PAD=hd_pad,
+        BLOCK_SIZE=bs,
+        BLOCK_Q=block_q,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        NUM_SPLITS=num_splits,
+        DOT_PREC=dot_prec,
+        INTERP=interp,
+        num_warps=nw,
+        num_stages=ns,
     )
     if num_splits > 1:
         _combine_splits_kernel[(N, H)](
-            o_part, lse_part, out, N, *out.stride(),
-            NUM_HEADS=H, HEAD_DIM=hd, HD_PAD=next_pow2(hd), NUM_SPLITS=num_splits,
-            S_PAD=next_pow2(num_splits), INTERP=interp, num_warps=1 if hd <= 64 else 2,
+            o_part,
+            lse_part,
+            out,
+            N,
+            *out.stride(),
+            NUM_HEADS=H,
+            HEAD_DIM=hd,
+            HD_PAD=next_pow2(hd),
+            NUM_SPLITS=num_splits,
+            S_PAD=next_pow2(num_splits),
+            INTERP=interp,
+            num_warps=1 if hd <= 64 else 2,
         )
     return out
-

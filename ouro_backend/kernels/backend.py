@@ -1,4 +1,5 @@
 """The Triton-kernel attention backend: same methods as `attention.TorchBackend`, fused GPU kernels."""
+
 from __future__ import annotations
 
 import torch
@@ -20,17 +21,37 @@ class TritonBackend:
     copy_kv_slots = staticmethod(copy_kv_slots)
 
     @staticmethod
-    def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                  scale: float) -> torch.Tensor:
+    def attention(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
         D = meta.decode_rows
         if not D or meta.max_seqlen_q <= 1 or meta.cu_prefill is None:
-            return paged_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables,
-                                   scale, meta.max_seqlen_q)
+            return paged_attention(
+                q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale, meta.max_seqlen_q
+            )
         # The grid is (query tiles of max_seqlen_q) x heads x rows: the one-query decode rows of a round
         # with prompt chunks would each get max_seqlen_q's tiles, nearly all of them empty.
         out = torch.empty_like(q)
-        paged_attention(q[:D], k_cache, v_cache, meta.cu_seqlens_q[: D + 1], meta.seq_lens[:D],
-                        meta.block_tables[:D], scale, 1, out=out[:D])
-        paged_attention(q[D:], k_cache, v_cache, meta.cu_prefill, meta.seq_lens[D:], meta.block_tables[D:],
-                        scale, meta.max_seqlen_q, out=out[D:])
+        paged_attention(
+            q[:D],
+            k_cache,
+            v_cache,
+            meta.cu_seqlens_q[: D + 1],
+            meta.seq_lens[:D],
+            meta.block_tables[:D],
+            scale,
+            1,
+            out=out[:D],
+        )
+        paged_attention(
+            q[D:],
+            k_cache,
+            v_cache,
+            meta.cu_prefill,
+            meta.seq_lens[D:],
+            meta.block_tables[D:],
+            scale,
+            meta.max_seqlen_q,
+            out=out[D:],
+        )
         return out

@@ -1,6 +1,7 @@
 """The decode state machine around one loop as two fused kernels (one program per decode row). The engine
 owns the state and its torch twins (``DecodeState`` in ``ouro_backend/engine/decode_state.py``, same results
-bit for bit) and calls these on CUDA; the state's layout comes in as ``cols`` (column name -> index), so the kernels need
+bit for bit) and calls these on CUDA; the state's layout comes in as ``cols`` (column name -> index), so the kernels
+need
 nothing from the engine.
 
 In torch the two steps are dozens of small launches a round (about seventy); fused, they are two
@@ -10,12 +11,14 @@ In torch the two steps are dozens of small launches a round (about seventy); fus
 input row: the token's embedding at loop 1, else the carried hidden state, and the KV slot of the position
 in every plane). ``advance`` applies the exit rule of the engine's exit mode
 (fp32 hazard, float64 threshold compare, as the torch rule), writes each row's next step and the round's
-record (including which stop rule ended a row), and emits the LAST_EXITED fill pairs. ``state`` is the engine's decode state (its ``ints``,
+record (including which stop rule ended a row), and emits the LAST_EXITED fill pairs. ``state`` is the engine's
+decode state (its ``ints``,
 ``floats``, ``remaining``, ``trace``, ``tables`` and ``hidden`` tensors).
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import torch
 import triton
@@ -24,18 +27,47 @@ import triton.language as tl
 from ..config import ExitMode
 from ._common import next_pow2
 
-_MODES = {ExitMode.OURO: 0, ExitMode.OURO_DELAYED: 1, ExitMode.RANDOM_LOOKAHEAD: 2, ExitMode.TRACE: 3,
-          ExitMode.FIXED: 4}
+_MODES = {
+    ExitMode.OURO: 0,
+    ExitMode.OURO_DELAYED: 1,
+    ExitMode.RANDOM_LOOKAHEAD: 2,
+    ExitMode.TRACE: 3,
+    ExitMode.FIXED: 4,
+}
 
 
 @triton.jit
 def _prepare_kernel(
-    idx_ptr, ints_ptr, tables_ptr, hidden_ptr, embed_ptr,
-    pos_ptr, slot_ptr, lens_ptr, tab_out_ptr, h_ptr, slots_all_ptr,
-    stride_ints, stride_ts, stride_tp, stride_hid, stride_emb, stride_tout, stride_h, W, H,
-    C_ACTIVE: tl.constexpr, C_TOKEN: tl.constexpr, C_POS: tl.constexpr, C_LOOP: tl.constexpr,
-    T: tl.constexpr, T_PAD: tl.constexpr, BS: tl.constexpr, LAST_EXITED: tl.constexpr,
-    BLOCK_W: tl.constexpr, BLOCK_H: tl.constexpr,
+    idx_ptr,
+    ints_ptr,
+    tables_ptr,
+    hidden_ptr,
+    embed_ptr,
+    pos_ptr,
+    slot_ptr,
+    lens_ptr,
+    tab_out_ptr,
+    h_ptr,
+    slots_all_ptr,
+    stride_ints,
+    stride_ts,
+    stride_tp,
+    stride_hid,
+    stride_emb,
+    stride_tout,
+    stride_h,
+    W,
+    H,
+    C_ACTIVE: tl.constexpr,
+    C_TOKEN: tl.constexpr,
+    C_POS: tl.constexpr,
+    C_LOOP: tl.constexpr,
+    T: tl.constexpr,
+    T_PAD: tl.constexpr,
+    BS: tl.constexpr,
+    LAST_EXITED: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     i = tl.program_id(0).to(tl.int64)
     s = tl.load(idx_ptr + i).to(tl.int64)
@@ -68,8 +100,9 @@ def _prepare_kernel(
         tl.store(h_ptr + i * stride_h + hh, tl.where(first, e, x), mask=hh < H)
 
 
-def prepare(state, idx: torch.Tensor, embed: torch.Tensor, block_size: int, last_exited: bool,
-            cols: Mapping[str, int]) -> tuple[torch.Tensor, ...]:
+def prepare(
+    state, idx: torch.Tensor, embed: torch.Tensor, block_size: int, last_exited: bool, cols: Mapping[str, int]
+) -> tuple[torch.Tensor, ...]:
     """The loop's inputs of decode rows `idx`: (pos, slot, seq_lens, tables, h, slots_all)."""
     S, T, W = idx.shape[0], state.num_loops, state.max_blocks
     H = state.hidden.shape[1]
@@ -80,27 +113,79 @@ def prepare(state, idx: torch.Tensor, embed: torch.Tensor, block_size: int, last
     h = torch.empty(S, H, dtype=state.hidden.dtype, device=dev)
     slots_all = torch.empty(S, T, dtype=torch.int64, device=dev)
     _prepare_kernel[(S,)](
-        idx, state.ints, state.tables, state.hidden, embed,
-        pos, slot, seq_lens, tables, h, slots_all,
-        state.ints.stride(0), state.tables.stride(0), state.tables.stride(1), state.hidden.stride(0),
-        embed.stride(0), tables.stride(0), h.stride(0), W, H,
-        C_ACTIVE=cols["ACTIVE"], C_TOKEN=cols["TOKEN"], C_POS=cols["POS"], C_LOOP=cols["LOOP"],
-        T=T, T_PAD=next_pow2(T), BS=block_size, LAST_EXITED=last_exited,
-        BLOCK_W=min(next_pow2(W), 1024), BLOCK_H=min(next_pow2(H), 1024), num_warps=4,
+        idx,
+        state.ints,
+        state.tables,
+        state.hidden,
+        embed,
+        pos,
+        slot,
+        seq_lens,
+        tables,
+        h,
+        slots_all,
+        state.ints.stride(0),
+        state.tables.stride(0),
+        state.tables.stride(1),
+        state.hidden.stride(0),
+        embed.stride(0),
+        tables.stride(0),
+        h.stride(0),
+        W,
+        H,
+        C_ACTIVE=cols["ACTIVE"],
+        C_TOKEN=cols["TOKEN"],
+        C_POS=cols["POS"],
+        C_LOOP=cols["LOOP"],
+        T=T,
+        T_PAD=next_pow2(T),
+        BS=block_size,
+        LAST_EXITED=last_exited,
+        BLOCK_W=min(next_pow2(W), 1024),
+        BLOCK_H=min(next_pow2(H), 1024),
+        num_warps=4,
     )
     return pos, slot, seq_lens, tables, h, slots_all
 
 
 @triton.jit
 def _advance_kernel(
-    idx_ptr, ints_ptr, floats_ptr, rem_ptr, trace_ptr, lam_ptr, tok_ptr, lp_ptr, slots_all_ptr, eos_ptr,
-    rec_ptr, src_ptr, dst_ptr,
-    stride_ints, stride_floats, stride_trace, stride_rec, num_eos,
-    C_ACTIVE: tl.constexpr, C_TOKEN: tl.constexpr, C_POS: tl.constexpr, C_LOOP: tl.constexpr,
-    C_NGEN: tl.constexpr, C_PENDING: tl.constexpr, C_MIN_LOOPS: tl.constexpr, C_MAX_LOOPS: tl.constexpr,
-    C_MAX_TOKENS: tl.constexpr, C_MIN_TOKENS: tl.constexpr, C_IGNORE_EOS: tl.constexpr,
-    C_TRACE_LEN: tl.constexpr, C_THRESHOLD: tl.constexpr,
-    MODE: tl.constexpr, LAST_EXITED: tl.constexpr, T: tl.constexpr, T_PAD: tl.constexpr, EOS_PAD: tl.constexpr,
+    idx_ptr,
+    ints_ptr,
+    floats_ptr,
+    rem_ptr,
+    trace_ptr,
+    lam_ptr,
+    tok_ptr,
+    lp_ptr,
+    slots_all_ptr,
+    eos_ptr,
+    rec_ptr,
+    src_ptr,
+    dst_ptr,
+    stride_ints,
+    stride_floats,
+    stride_trace,
+    stride_rec,
+    num_eos,
+    C_ACTIVE: tl.constexpr,
+    C_TOKEN: tl.constexpr,
+    C_POS: tl.constexpr,
+    C_LOOP: tl.constexpr,
+    C_NGEN: tl.constexpr,
+    C_PENDING: tl.constexpr,
+    C_MIN_LOOPS: tl.constexpr,
+    C_MAX_LOOPS: tl.constexpr,
+    C_MAX_TOKENS: tl.constexpr,
+    C_MIN_TOKENS: tl.constexpr,
+    C_IGNORE_EOS: tl.constexpr,
+    C_TRACE_LEN: tl.constexpr,
+    C_THRESHOLD: tl.constexpr,
+    MODE: tl.constexpr,
+    LAST_EXITED: tl.constexpr,
+    T: tl.constexpr,
+    T_PAD: tl.constexpr,
+    EOS_PAD: tl.constexpr,
 ):
     i = tl.program_id(0).to(tl.int64)
     s = tl.load(idx_ptr + i).to(tl.int64)
@@ -173,22 +258,67 @@ def _advance_kernel(
     tl.store(dst_ptr + i * T + t, tl.where(fill, slots, -1), mask=t < T)
 
 
-def advance(state, idx: torch.Tensor, lam: Optional[torch.Tensor], tok: torch.Tensor, lp: torch.Tensor,
-            slots_all: torch.Tensor, eos: torch.Tensor, rec: torch.Tensor, mode: ExitMode, last_exited: bool,
-            cols: Mapping[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+def advance(
+    state,
+    idx: torch.Tensor,
+    lam: torch.Tensor | None,
+    tok: torch.Tensor,
+    lp: torch.Tensor,
+    slots_all: torch.Tensor,
+    eos: torch.Tensor,
+    rec: torch.Tensor,
+    mode: ExitMode,
+    last_exited: bool,
+    cols: Mapping[str, int],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """After the loop: exits, next steps and the record; returns the LAST_EXITED fill's (src, dst) slots."""
     S, T = idx.shape[0], state.num_loops
     src = torch.empty(S, T, dtype=torch.int64, device=idx.device)
     dst = torch.empty_like(src)
     assert rec.dim() == 2 and rec.stride(1) == 1 and lp.dtype == torch.float32, (rec.shape, lp.dtype)
     _advance_kernel[(S,)](
-        idx, state.ints, state.floats, state.remaining, state.trace, lp if lam is None else lam.float(), tok, lp,
-        slots_all, eos, rec, src, dst,
-        state.ints.stride(0), state.floats.stride(0), state.trace.stride(0), rec.stride(0), eos.shape[0],
-        **{f"C_{name}": cols[name] for name in ("ACTIVE", "TOKEN", "POS", "LOOP", "NGEN", "PENDING", "MIN_LOOPS",
-                                                 "MAX_LOOPS", "MAX_TOKENS", "MIN_TOKENS", "IGNORE_EOS", "TRACE_LEN",
-                                                 "THRESHOLD")},
-        MODE=_MODES[ExitMode(mode)], LAST_EXITED=last_exited, T=T, T_PAD=next_pow2(T),
-        EOS_PAD=next_pow2(eos.shape[0]), num_warps=1, enable_fp_fusion=False,
+        idx,
+        state.ints,
+        state.floats,
+        state.remaining,
+        state.trace,
+        lp if lam is None else lam.float(),
+        tok,
+        lp,
+        slots_all,
+        eos,
+        rec,
+        src,
+        dst,
+        state.ints.stride(0),
+        state.floats.stride(0),
+        state.trace.stride(0),
+        rec.stride(0),
+        eos.shape[0],
+        **{
+            f"C_{name}": cols[name]
+            for name in (
+                "ACTIVE",
+                "TOKEN",
+                "POS",
+                "LOOP",
+                "NGEN",
+                "PENDING",
+                "MIN_LOOPS",
+                "MAX_LOOPS",
+                "MAX_TOKENS",
+                "MIN_TOKENS",
+                "IGNORE_EOS",
+                "TRACE_LEN",
+                "THRESHOLD",
+            )
+        },
+        MODE=_MODES[ExitMode(mode)],
+        LAST_EXITED=last_exited,
+        T=T,
+        T_PAD=next_pow2(T),
+        EOS_PAD=next_pow2(eos.shape[0]),
+        num_warps=1,
+        enable_fp_fusion=False,
     )
     return src, dst

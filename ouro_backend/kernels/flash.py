@@ -5,6 +5,7 @@ FlashAttention-2 (`flash_attn`, sm80+). FA2's paged path needs block_size % 256 
 benchmark device's image (the flash-attn-4 wheels exceed what a device call can carry), so this path is
 checked for a clear error here and left unmeasured; the Triton kernels are the primary path.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,8 +28,10 @@ def _load_flash(device: torch.device):
             return name, importlib.import_module(name)
         except ImportError:
             continue
-    raise ConfigError(f"attention_backend=flash was asked for but none of {candidates} is installed "
-                      f"(pip install flash-attn), or use attention_backend=triton")
+    raise ConfigError(
+        f"attention_backend=flash was asked for but none of {candidates} is installed "
+        f"(pip install flash-attn), or use attention_backend=triton"
+    )
 
 
 class FlashBackend(TritonBackend):
@@ -37,18 +40,39 @@ class FlashBackend(TritonBackend):
     def __init__(self, device: torch.device, block_size: int):
         self.module_name, self.fa = _load_flash(device)
         if self.module_name == "flash_attn" and block_size % 256:
-            raise ConfigError(f"attention_backend=flash with FlashAttention-2 needs block_size to be a multiple "
-                              f"of 256 (paged KV), got {block_size}")
+            raise ConfigError(
+                f"attention_backend=flash with FlashAttention-2 needs block_size to be a multiple "
+                f"of 256 (paged KV), got {block_size}"
+            )
 
-    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                  scale: float) -> torch.Tensor:
+    def attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
         cu_k = F.pad(meta.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
         common = dict(softmax_scale=scale, causal=True)
         if self.module_name == "flash_attn_interface":
-            out = self.fa.flash_attn_varlen_func(q, k_cache, v_cache, meta.cu_seqlens_q, None, meta.max_seqlen_q,
-                                                 meta.max_seqlen_k, seqused_k=meta.seq_lens,
-                                                 page_table=meta.block_tables, **common)
+            out = self.fa.flash_attn_varlen_func(
+                q,
+                k_cache,
+                v_cache,
+                meta.cu_seqlens_q,
+                None,
+                meta.max_seqlen_q,
+                meta.max_seqlen_k,
+                seqused_k=meta.seq_lens,
+                page_table=meta.block_tables,
+                **common,
+            )
         else:
-            out = self.fa.flash_attn_varlen_func(q, k_cache, v_cache, meta.cu_seqlens_q, cu_k, meta.max_seqlen_q,
-                                                 meta.max_seqlen_k, block_table=meta.block_tables, **common)
+            out = self.fa.flash_attn_varlen_func(
+                q,
+                k_cache,
+                v_cache,
+                meta.cu_seqlens_q,
+                cu_k,
+                meta.max_seqlen_q,
+                meta.max_seqlen_k,
+                block_table=meta.block_tables,
+                **common,
+            )
         return out[0] if isinstance(out, tuple) else out

@@ -10,9 +10,8 @@ Remaining differences to torch are in fp32 rounding of the mean (reduction order
 flip the last bit of a bf16 result in rare cases (tests: bitwise equal for all but a tiny fraction,
 never more than one bf16 ulp).
 """
-from __future__ import annotations
 
-from typing import Optional, Tuple
+from __future__ import annotations
 
 import torch
 import triton
@@ -24,8 +23,15 @@ from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, w_ptr, y_ptr, stride_xn, stride_yn, D, eps,
-    BLOCK_D: tl.constexpr, INTERP: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    stride_xn,
+    stride_yn,
+    D,
+    eps,
+    BLOCK_D: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
@@ -41,9 +47,20 @@ def _rms_norm_kernel(
 
 @triton.jit
 def _sandwich_norm_kernel(
-    x_ptr, res_ptr, w_post_ptr, w_next_ptr, res_out_ptr, y_ptr,
-    stride_xn, stride_rn, stride_ron, stride_yn, D, eps,
-    BLOCK_D: tl.constexpr, INTERP: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_post_ptr,
+    w_next_ptr,
+    res_out_ptr,
+    y_ptr,
+    stride_xn,
+    stride_rn,
+    stride_ron,
+    stride_yn,
+    D,
+    eps,
+    BLOCK_D: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
@@ -76,8 +93,7 @@ def _warps(block_d: int) -> int:
     return max(1, min(16, block_d // 256))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """``weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)`` over the last dim, in x.dtype.
     ``x`` may have a row stride (last dim contiguous). ``out`` (same shape, contiguous last dim) optional."""
     D = x.shape[-1]
@@ -92,16 +108,31 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     x2, y2 = _rows(x), out.view(-1, D)
     bd = next_pow2(D)
     _rms_norm_kernel[(x2.shape[0],)](
-        x2, weight, y2, x2.stride(0), y2.stride(0), D, float(eps),
-        BLOCK_D=bd, INTERP=kernel_is_interpreted(_rms_norm_kernel),
-        num_warps=_warps(bd), enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        x2,
+        weight,
+        y2,
+        x2.stride(0),
+        y2.stride(0),
+        D,
+        float(eps),
+        BLOCK_D=bd,
+        INTERP=kernel_is_interpreted(_rms_norm_kernel),
+        num_warps=_warps(bd),
+        enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
     return out
 
 
-def sandwich_norm(x: torch.Tensor, residual: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor,
-                  eps: float, *, residual_out: Optional[torch.Tensor] = None,
-                  out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def sandwich_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    w_post: torch.Tensor,
+    w_next: torch.Tensor,
+    eps: float,
+    *,
+    residual_out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused Ouro layer epilogue: returns ``(new_residual, y)`` with
     ``new_residual = residual + rms_norm(x, w_post)`` and ``y = rms_norm(new_residual, w_next)``, rounded
     like the two torch ops in x.dtype. One read of x and residual, two writes.
@@ -124,9 +155,21 @@ def sandwich_norm(x: torch.Tensor, residual: torch.Tensor, w_post: torch.Tensor,
     ro2, y2 = residual_out.view(-1, D), out.view(-1, D)
     bd = next_pow2(D)
     _sandwich_norm_kernel[(x2.shape[0],)](
-        x2, r2, w_post, w_next, ro2, y2,
-        x2.stride(0), r2.stride(0), ro2.stride(0), y2.stride(0), D, float(eps),
-        BLOCK_D=bd, INTERP=kernel_is_interpreted(_sandwich_norm_kernel),
-        num_warps=_warps(bd), enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        x2,
+        r2,
+        w_post,
+        w_next,
+        ro2,
+        y2,
+        x2.stride(0),
+        r2.stride(0),
+        ro2.stride(0),
+        y2.stride(0),
+        D,
+        float(eps),
+        BLOCK_D=bd,
+        INTERP=kernel_is_interpreted(_sandwich_norm_kernel),
+        num_warps=_warps(bd),
+        enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
     return residual_out, out

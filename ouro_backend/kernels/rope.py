@@ -13,8 +13,8 @@ the torch expression given the same cache. Note the cache itself: cos/sin comput
 can differ in the last fp32 bit; build it once (on either) and give the oracle the same one when
 bitwise equality matters.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import triton
@@ -25,8 +25,21 @@ from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_
 
 
 @triton.jit
-def _rope_heads(x_ptr, n, stride_n, stride_h, stride_d, NUM: tl.constexpr, BLOCK_H: tl.constexpr,
-                i, i_mask, cos, sin, HALF: tl.constexpr, INTERP: tl.constexpr):
+def _rope_heads(
+    x_ptr,
+    n,
+    stride_n,
+    stride_h,
+    stride_d,
+    NUM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    i,
+    i_mask,
+    cos,
+    sin,
+    HALF: tl.constexpr,
+    INTERP: tl.constexpr,
+):
     """Rotate the NUM heads of token n of x; returns (o1, o2, offsets, mask) for storing."""
     dt: tl.constexpr = x_ptr.dtype.element_ty
     h = tl.arange(0, BLOCK_H).to(tl.int64)
@@ -42,10 +55,24 @@ def _rope_heads(x_ptr, n, stride_n, stride_h, stride_d, NUM: tl.constexpr, BLOCK
 
 @triton.jit
 def _rope_kernel(
-    q_ptr, k_ptr, pos_ptr, cs_ptr,
-    stride_qn, stride_qh, stride_qd, stride_kn, stride_kh, stride_kd, stride_cs,
-    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERP: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cs_ptr,
+    stride_qn,
+    stride_qh,
+    stride_qd,
+    stride_kn,
+    stride_kh,
+    stride_kd,
+    stride_cs,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + n).to(tl.int64)
@@ -57,27 +84,56 @@ def _rope_kernel(
     k_dt: tl.constexpr = k_ptr.dtype.element_ty
     qc = round_f32(cos, q_dt, INTERP)
     qs = round_f32(sin, q_dt, INTERP)
-    o1, o2, p1, p2, mask = _rope_heads(q_ptr, n, stride_qn, stride_qh, stride_qd, NUM_Q_HEADS, BLOCK_HQ,
-                                       i, i_mask, qc, qs, HALF, INTERP)
+    o1, o2, p1, p2, mask = _rope_heads(
+        q_ptr, n, stride_qn, stride_qh, stride_qd, NUM_Q_HEADS, BLOCK_HQ, i, i_mask, qc, qs, HALF, INTERP
+    )
     tl.store(p1, o1, mask=mask)
     tl.store(p2, o2, mask=mask)
     kc = round_f32(cos, k_dt, INTERP)
     ks = round_f32(sin, k_dt, INTERP)
-    o1, o2, p1, p2, mask = _rope_heads(k_ptr, n, stride_kn, stride_kh, stride_kd, NUM_K_HEADS, BLOCK_HK,
-                                       i, i_mask, kc, ks, HALF, INTERP)
+    o1, o2, p1, p2, mask = _rope_heads(
+        k_ptr, n, stride_kn, stride_kh, stride_kd, NUM_K_HEADS, BLOCK_HK, i, i_mask, kc, ks, HALF, INTERP
+    )
     tl.store(p1, o1, mask=mask)
     tl.store(p2, o2, mask=mask)
 
 
 @triton.jit
 def _rope_write_kv_kernel(
-    q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr,
-    stride_qn, stride_qh, stride_qd, stride_kn, stride_kh, stride_kd, stride_vn, stride_vh, stride_vd,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    cs_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    stride_qn,
+    stride_qh,
+    stride_qd,
+    stride_kn,
+    stride_kh,
+    stride_kd,
+    stride_vn,
+    stride_vh,
+    stride_vd,
     stride_cs,
-    stride_kcb, stride_kcs, stride_kch, stride_kcd,
-    stride_vcb, stride_vcs, stride_vch, stride_vcd,
-    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERP: tl.constexpr,
+    stride_kcb,
+    stride_kcs,
+    stride_kch,
+    stride_kcd,
+    stride_vcb,
+    stride_vcs,
+    stride_vch,
+    stride_vcd,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + n).to(tl.int64)
@@ -91,8 +147,9 @@ def _rope_write_kv_kernel(
     vc_dt: tl.constexpr = vc_ptr.dtype.element_ty
     qc = round_f32(cos, q_dt, INTERP)
     qs = round_f32(sin, q_dt, INTERP)
-    o1, o2, p1, p2, mask = _rope_heads(q_ptr, n, stride_qn, stride_qh, stride_qd, NUM_Q_HEADS, BLOCK_HQ,
-                                       i, i_mask, qc, qs, HALF, INTERP)
+    o1, o2, p1, p2, mask = _rope_heads(
+        q_ptr, n, stride_qn, stride_qh, stride_qd, NUM_Q_HEADS, BLOCK_HQ, i, i_mask, qc, qs, HALF, INTERP
+    )
     tl.store(p1, o1, mask=mask)
     tl.store(p2, o2, mask=mask)
     slot = tl.load(slot_ptr + n).to(tl.int64)
@@ -101,8 +158,9 @@ def _rope_write_kv_kernel(
         off = slot % BLOCK_SIZE
         kc = round_f32(cos, k_dt, INTERP)
         ks = round_f32(sin, k_dt, INTERP)
-        k1, k2, _kp1, _kp2, kmask = _rope_heads(k_ptr, n, stride_kn, stride_kh, stride_kd, NUM_K_HEADS, BLOCK_HK,
-                                           i, i_mask, kc, ks, HALF, INTERP)
+        k1, k2, _kp1, _kp2, kmask = _rope_heads(
+            k_ptr, n, stride_kn, stride_kh, stride_kd, NUM_K_HEADS, BLOCK_HK, i, i_mask, kc, ks, HALF, INTERP
+        )
         h = tl.arange(0, BLOCK_HK).to(tl.int64)[:, None]
         dst = kc_ptr + blk * stride_kcb + off * stride_kcs + h * stride_kch + i[None, :] * stride_kcd
         # Names differ from the q-side ones: Triton's compiler (3.6) rejects re-binding a name to a
@@ -129,8 +187,9 @@ def _check(q, k, positions, cos_sin_cache):
     assert k.dim() == 3 and k.shape[0] == N and k.shape[2] == hd, (q.shape, k.shape)
     assert hd % 2 == 0
     assert positions.shape == (N,), positions.shape
-    assert cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == hd and cos_sin_cache.stride(1) == 1, \
+    assert cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == hd and cos_sin_cache.stride(1) == 1, (
         cos_sin_cache.shape
+    )
     assert cos_sin_cache.dtype == torch.float32, "cos_sin_cache must be fp32"
 
 
@@ -151,16 +210,35 @@ def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cac
     half = hd // 2
     bhq, bhk, bhalf = next_pow2(H), next_pow2(k.shape[1]), next_pow2(half)
     _rope_kernel[(N,)](
-        q, k, positions, cos_sin_cache, *q.stride(), *k.stride(), cos_sin_cache.stride(0),
-        NUM_Q_HEADS=H, NUM_K_HEADS=k.shape[1], HALF=half, BLOCK_HQ=bhq, BLOCK_HK=bhk, BLOCK_HALF=bhalf,
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        *q.stride(),
+        *k.stride(),
+        cos_sin_cache.stride(0),
+        NUM_Q_HEADS=H,
+        NUM_K_HEADS=k.shape[1],
+        HALF=half,
+        BLOCK_HQ=bhq,
+        BLOCK_HK=bhk,
+        BLOCK_HALF=bhalf,
         INTERP=kernel_is_interpreted(_rope_kernel),
-        num_warps=_warps(bhq, bhalf), enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        num_warps=_warps(bhq, bhalf),
+        enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )
 
 
-def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                      cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
+def rope_and_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Fused ``rope_`` + ``write_kv`` in one launch: q is rotated in place; the rotated k and the raw v
     go to the caches at ``slot_mapping`` (``-1``: pad row, no write). ``k`` itself is NOT modified."""
     _check(q, k, positions, cos_sin_cache)
@@ -176,11 +254,28 @@ def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
     half = hd // 2
     bhq, bhk, bhalf = next_pow2(H), next_pow2(kvh), next_pow2(half)
     _rope_write_kv_kernel[(N,)](
-        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-        *q.stride(), *k.stride(), *v.stride(), cos_sin_cache.stride(0),
-        *k_cache.stride(), *v_cache.stride(),
-        NUM_Q_HEADS=H, NUM_K_HEADS=kvh, HALF=half, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_HQ=bhq, BLOCK_HK=bhk, BLOCK_HALF=bhalf,
+        q,
+        k,
+        v,
+        positions,
+        cos_sin_cache,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        cos_sin_cache.stride(0),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        NUM_Q_HEADS=H,
+        NUM_K_HEADS=kvh,
+        HALF=half,
+        BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_HQ=bhq,
+        BLOCK_HK=bhk,
+        BLOCK_HALF=bhalf,
         INTERP=kernel_is_interpreted(_rope_write_kv_kernel),
-        num_warps=_warps(bhq, bhalf), enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        num_warps=_warps(bhq, bhalf),
+        enable_fp_fusion=False,  # exact torch rounding in fp32 too
     )

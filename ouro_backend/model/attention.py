@@ -7,10 +7,10 @@ backend (`ouro_backend/kernels/backend.py`) implements the same methods. The eng
 (`llm_engine.attention_backend`). Depth awareness is not the backend's
 business: a row's loop plane is simply which block table the runner hands it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -32,13 +32,13 @@ class AttentionMetadata:
     max_seqlen_q: int
     max_seqlen_k: int
     # Host copies for backends that loop over rows (the torch reference path).
-    cu_seqlens_q_host: Optional[list[int]] = None
-    seq_lens_host: Optional[list[int]] = None
+    cu_seqlens_q_host: list[int] | None = None
+    seq_lens_host: list[int] | None = None
     # Rounds with prompt chunks put `decode_rows` one-query rows first. A kernel whose grid spans every
     # row for max_seqlen_q queries may run those rows apart (max_seqlen_q 1) from the prompt rows, whose
     # cu_seqlens_q relative to their first query is `cu_prefill`.
     decode_rows: int = 0
-    cu_prefill: Optional[torch.Tensor] = None
+    cu_prefill: torch.Tensor | None = None
 
 
 class TorchBackend:
@@ -57,8 +57,17 @@ class TorchBackend:
     copy_kv_slots = staticmethod(torch_ops.copy_kv_slots_ref)
 
     @staticmethod
-    def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                  scale: float) -> torch.Tensor:
-        return torch_ops.paged_attention_ref(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens,
-                                             meta.block_tables, scale, cu_host=meta.cu_seqlens_q_host,
-                                             lens_host=meta.seq_lens_host)
+    def attention(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return torch_ops.paged_attention_ref(
+            q,
+            k_cache,
+            v_cache,
+            meta.cu_seqlens_q,
+            meta.seq_lens,
+            meta.block_tables,
+            scale,
+            cu_host=meta.cu_seqlens_q_host,
+            lens_host=meta.seq_lens_host,
+        )

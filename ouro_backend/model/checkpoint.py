@@ -3,12 +3,14 @@
 Strict on purpose: a missing, extra or misshaped tensor is a wrong model, not something to paper over, so
 every error names the tensor, the file and the expected vs found shape.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -16,7 +18,7 @@ from safetensors.torch import save_file
 
 from ..config import ConfigError, OuroConfig
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Non-persistent buffers some exporters write anyway; recomputed from the config, never trusted.
@@ -65,20 +67,27 @@ def expected_shapes(cfg: OuroConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H)}
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (cfg.q_size, H),
-            p + "self_attn.k_proj.weight": (cfg.kv_size, H),
-            p + "self_attn.v_proj.weight": (cfg.kv_size, H),
-            p + "self_attn.o_proj.weight": (H, cfg.q_size),
-            p + "mlp.gate_proj.weight": (I, H),
-            p + "mlp.up_proj.weight": (I, H),
-            p + "mlp.down_proj.weight": (H, I),
-        })
-        for norm in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm",
-                     "post_attention_layernorm_2"):
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (cfg.q_size, H),
+                p + "self_attn.k_proj.weight": (cfg.kv_size, H),
+                p + "self_attn.v_proj.weight": (cfg.kv_size, H),
+                p + "self_attn.o_proj.weight": (H, cfg.q_size),
+                p + "mlp.gate_proj.weight": (I, H),
+                p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I),
+            }
+        )
+        for norm in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2"):
             shapes[p + norm + ".weight"] = (H,)
-    shapes.update({"model.norm.weight": (H,), "model.early_exit_gate.weight": (1, H),
-                   "model.early_exit_gate.bias": (1,), "lm_head.weight": (V, H)})
+    shapes.update(
+        {
+            "model.norm.weight": (H,),
+            "model.early_exit_gate.weight": (1, H),
+            "model.early_exit_gate.bias": (1,),
+            "lm_head.weight": (V, H),
+        }
+    )
     return shapes
 
 
@@ -98,8 +107,9 @@ def _weight_files(d: Path) -> dict[str, list[str]]:
     raise CheckpointError(f"no weights in {d}: expected {SINGLE_FILE} or {INDEX_FILE}")
 
 
-def load_weights(model_dir: PathLike, cfg: OuroConfig, dtype: torch.dtype,
-                 device: Union[str, torch.device] = "cpu") -> dict[str, torch.Tensor]:
+def load_weights(
+    model_dir: PathLike, cfg: OuroConfig, dtype: torch.dtype, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
     d = _model_dir(model_dir)
     expected = expected_shapes(cfg)
     weights: dict[str, torch.Tensor] = {}
@@ -122,8 +132,10 @@ def load_weights(model_dir: PathLike, cfg: OuroConfig, dtype: torch.dtype,
                         raise CheckpointError(f"{path}: tensor {name!r} appears in more than one file")
                     shape = tuple(f.get_slice(name).get_shape())  # header only: check before reading
                     if shape != expected[name]:
-                        raise CheckpointError(f"{path}: tensor {name!r} has shape {list(shape)}, "
-                                              f"expected {list(expected[name])} for this config.json")
+                        raise CheckpointError(
+                            f"{path}: tensor {name!r} has shape {list(shape)}, "
+                            f"expected {list(expected[name])} for this config.json"
+                        )
                     weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
         except CheckpointError:
             raise
@@ -144,8 +156,14 @@ def _tokenizer_text(tok: Any) -> str:
     return Path(tok).read_text(encoding="utf-8")
 
 
-def save_checkpoint(model_dir: PathLike, cfg: OuroConfig, weights: Mapping[str, torch.Tensor], tokenizer: Any,
-                    generation_config: Optional[dict] = None, shard_size_bytes: Optional[int] = None) -> Path:
+def save_checkpoint(
+    model_dir: PathLike,
+    cfg: OuroConfig,
+    weights: Mapping[str, torch.Tensor],
+    tokenizer: Any,
+    generation_config: dict | None = None,
+    shard_size_bytes: int | None = None,
+) -> Path:
     """Write an HF-layout checkpoint. `weights` is read one tensor at a time (in its iteration order), and a
     shard is written as soon as it is full, so a lazy mapping keeps memory to about one shard."""
     d = Path(model_dir).expanduser()
@@ -192,4 +210,3 @@ def save_checkpoint(model_dir: PathLike, cfg: OuroConfig, weights: Mapping[str, 
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (d / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return d
-

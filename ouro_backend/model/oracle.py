@@ -5,6 +5,7 @@ version each query may see by the KV-layout rule of docs/model.md. Written indep
 `model.py` (HF weight names, unfused projections, its own attention) so the engine is checked against
 the math, not against itself.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ def rope_ref(x: torch.Tensor, pos: torch.Tensor, cfg: OuroConfig) -> torch.Tenso
     freqs = pos.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], -1)
     cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
-    x1, x2 = x[..., : cfg.head_dim // 2], x[..., cfg.head_dim // 2:]
+    x1, x2 = x[..., : cfg.head_dim // 2], x[..., cfg.head_dim // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -41,8 +42,9 @@ class DenseOracle:
         self.cfg = cfg
         self.w = weights
 
-    def forward(self, tokens: list[int], num_prompt: int, loops: list[int],
-                layout: KVLayout | str = KVLayout.LAST_EXITED) -> OracleResult:
+    def forward(
+        self, tokens: list[int], num_prompt: int, loops: list[int], layout: KVLayout | str = KVLayout.LAST_EXITED
+    ) -> OracleResult:
         """Run `tokens`; token i runs `loops[i]` loops (prompt tokens: all T).
 
         Token i's logits are taken at its last loop, i.e. they predict token i+1.
@@ -64,8 +66,9 @@ class DenseOracle:
                     h = self._layer(h, i, d, l, kv, num_prompt, loops, layout)
                 h = rms_norm_ref(h, w["model.norm.weight"], cfg.rms_norm_eps)
                 hid.append(h[0])
-                gate = torch.sigmoid(h.float() @ w["model.early_exit_gate.weight"].float().t()
-                                     + w["model.early_exit_gate.bias"].float())
+                gate = torch.sigmoid(
+                    h.float() @ w["model.early_exit_gate.weight"].float().t() + w["model.early_exit_gate.bias"].float()
+                )
                 gates.append(float(gate))
             res.hidden.append(hid)
             res.gates.append(gates)
@@ -90,12 +93,13 @@ class DenseOracle:
             values.append(kv[j][dj][l][1])
         K = torch.stack(keys).float().repeat_interleave(cfg.num_attention_heads // cfg.num_key_value_heads, 1)
         V = torch.stack(values).float().repeat_interleave(cfg.num_attention_heads // cfg.num_key_value_heads, 1)
-        att = (torch.einsum("hd,khd->hk", q[0].float(), K) * hd ** -0.5).softmax(-1)
+        att = (torch.einsum("hd,khd->hk", q[0].float(), K) * hd**-0.5).softmax(-1)
         o = torch.einsum("hk,khd->hd", att, V).to(h.dtype).reshape(1, -1) @ w[p + "self_attn.o_proj.weight"].t()
         h = h + rms_norm_ref(o, w[p + "input_layernorm_2.weight"], eps)
         x = rms_norm_ref(h, w[p + "post_attention_layernorm.weight"], eps)
-        m = (F.silu(x @ w[p + "mlp.gate_proj.weight"].t()) * (x @ w[p + "mlp.up_proj.weight"].t())) \
-            @ w[p + "mlp.down_proj.weight"].t()
+        m = (F.silu(x @ w[p + "mlp.gate_proj.weight"].t()) * (x @ w[p + "mlp.up_proj.weight"].t())) @ w[
+            p + "mlp.down_proj.weight"
+        ].t()
         return h + rms_norm_ref(m, w[p + "post_attention_layernorm_2.weight"], eps)
 
     @staticmethod
@@ -108,8 +112,9 @@ class DenseOracle:
             return d
         return exit_j  # SHARED decode: the plane holds j's exit-loop KV
 
-    def generate(self, prompt: list[int], max_tokens: int, exit_fn=None,
-                 layout: KVLayout | str = KVLayout.LAST_EXITED) -> tuple[list[int], list[int]]:
+    def generate(
+        self, prompt: list[int], max_tokens: int, exit_fn=None, layout: KVLayout | str = KVLayout.LAST_EXITED
+    ) -> tuple[list[int], list[int]]:
         """Greedy generation. exit_fn(gates_so_far) -> depth for a decode token (None: all T loops).
 
         Returns (generated tokens, exit depth of each); recomputes from scratch for every token.

@@ -5,6 +5,7 @@ The three stages of a round (docs/engine.md) are separate methods so the runner 
 check and coda). Memory-bound ops go through the attention backend; projections are plain matmuls
 (cuBLAS on the GPU) with q/k/v and gate/up fused.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,16 +38,18 @@ class OuroModel:
         self.layers = []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."
-            self.layers.append(LayerWeights(
-                qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).contiguous(),
-                o=w[p + "self_attn.o_proj.weight"],
-                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]).contiguous(),
-                down=w[p + "mlp.down_proj.weight"],
-                ln_in=w[p + "input_layernorm.weight"],
-                ln_in2=w[p + "input_layernorm_2.weight"],
-                ln_post=w[p + "post_attention_layernorm.weight"],
-                ln_post2=w[p + "post_attention_layernorm_2.weight"],
-            ))
+            self.layers.append(
+                LayerWeights(
+                    qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).contiguous(),
+                    o=w[p + "self_attn.o_proj.weight"],
+                    gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]).contiguous(),
+                    down=w[p + "mlp.down_proj.weight"],
+                    ln_in=w[p + "input_layernorm.weight"],
+                    ln_in2=w[p + "input_layernorm_2.weight"],
+                    ln_post=w[p + "post_attention_layernorm.weight"],
+                    ln_post2=w[p + "post_attention_layernorm_2.weight"],
+                )
+            )
         self.norm = w["model.norm.weight"]
         # The exit gate is evaluated in fp32 (docs/model.md).
         self.gate_w = w["model.early_exit_gate.weight"].float()
@@ -55,13 +58,14 @@ class OuroModel:
         self.dtype = self.embed_tokens.dtype
         self.device = self.embed_tokens.device
         self.cos_sin = build_cos_sin_cache(max_positions, cfg.head_dim, cfg.rope_theta, self.device)
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens[token_ids]
 
-    def loop(self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-             kv_cache: torch.Tensor) -> torch.Tensor:
+    def loop(
+        self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
+    ) -> torch.Tensor:
         """One Ouro loop: every layer in order, then model.norm. Returns the normed state."""
         cfg, ops = self.cfg, self.backend
         eps, n = cfg.rms_norm_eps, h.shape[0]
@@ -69,8 +73,8 @@ class OuroModel:
         for i, layer in enumerate(self.layers):
             qkv = x @ layer.qkv.t()
             q = qkv[:, : cfg.q_size].view(n, cfg.num_attention_heads, cfg.head_dim)
-            k = qkv[:, cfg.q_size: cfg.q_size + cfg.kv_size].view(n, cfg.num_key_value_heads, cfg.head_dim)
-            v = qkv[:, cfg.q_size + cfg.kv_size:].view(n, cfg.num_key_value_heads, cfg.head_dim)
+            k = qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].view(n, cfg.num_key_value_heads, cfg.head_dim)
+            v = qkv[:, cfg.q_size + cfg.kv_size :].view(n, cfg.num_key_value_heads, cfg.head_dim)
             k_cache, v_cache = kv_cache[i, 0], kv_cache[i, 1]
             ops.rope_and_write_kv(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta, self.scale)

@@ -5,10 +5,10 @@ is counter-based: E for vocabulary entry v of a request's k-th token is a hash o
 seeded request draws the same tokens alone or in any batch, eagerly or inside a CUDA graph, one round
 per launch or several, with no generator state to carry and no per-row Python.
 """
+
 from __future__ import annotations
 
 import enum
-from typing import Optional
 
 import torch
 
@@ -63,10 +63,16 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(logits < cutoff, float("-inf"))
 
 
-def sample_tokens(logits: torch.Tensor, mode: SamplerMode, temperature: Optional[torch.Tensor] = None,
-                  top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
-                  seed: Optional[torch.Tensor] = None, counter: Optional[torch.Tensor] = None,
-                  vocab_hash: Optional[torch.Tensor] = None) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor,
+    mode: SamplerMode,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    seed: torch.Tensor | None = None,
+    counter: torch.Tensor | None = None,
+    vocab_hash: torch.Tensor | None = None,
+) -> torch.Tensor:
     """logits fp32 [R, V] -> tokens int64 [R]. GREEDY takes every row's argmax and needs no per-row values;
     SAMPLE draws for the rows with temperature > 0 (the per-row tensors are [R]). Nothing is read back."""
     tokens = logits.argmax(-1)

@@ -5,11 +5,12 @@ UTF-8 character ("🙂" may be 2-4 tokens) and decoders may treat a sequence's f
 (leading spaces). The classic fix: decode(prefix + new) minus decode(prefix), with a few tokens of
 prefix, and hold back a trailing incomplete character (U+FFFD) until a later token completes it.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence, Union
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -28,14 +29,18 @@ def train_byte_level_bpe(texts: Iterable[str], vocab_size: int, min_frequency: i
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
-                                  special_tokens=SPECIAL_TOKENS,  # first: ids 0, 1, 2
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte encodable
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,  # first: ids 0, 1, 2
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # every byte encodable
     tok.train_from_iterator(texts, trainer)
     return tok.to_str()
 
 
-def load_tokenizer(model_dir: Union[str, os.PathLike]) -> Tokenizer:
+def load_tokenizer(model_dir: str | os.PathLike) -> Tokenizer:
     path = Path(model_dir).expanduser() / "tokenizer.json"
     if not path.is_file():
         raise CheckpointError(f"{path} not found: the engine needs a Hugging Face fast tokenizer (tokenizer.json)")
@@ -45,8 +50,9 @@ def load_tokenizer(model_dir: Union[str, os.PathLike]) -> Tokenizer:
         raise CheckpointError(f"cannot load {path}: {e}") from None
 
 
-def _delta(tokenizer: Tokenizer, prefix_ids: Sequence[int], new_ids: Sequence[int],
-           skip_special_tokens: bool, final: bool) -> tuple[str, bool]:
+def _delta(
+    tokenizer: Tokenizer, prefix_ids: Sequence[int], new_ids: Sequence[int], skip_special_tokens: bool, final: bool
+) -> tuple[str, bool]:
     """(new text, whether one trailing U+FFFD was held back)."""
     prefix_text = tokenizer.decode(list(prefix_ids), skip_special_tokens=skip_special_tokens)
     full = tokenizer.decode(list(prefix_ids) + list(new_ids), skip_special_tokens=skip_special_tokens)
@@ -56,11 +62,16 @@ def _delta(tokenizer: Tokenizer, prefix_ids: Sequence[int], new_ids: Sequence[in
     held = not final and full.endswith(REPLACEMENT)
     # Lossy UTF-8 gives exactly one U+FFFD for an incomplete tail; earlier ones are permanent (invalid
     # bytes or a real U+FFFD), so holding back one character is always enough and never loses text.
-    return full[start:len(full) - held], held
+    return full[start : len(full) - held], held
 
 
-def decode_delta(tokenizer: Tokenizer, prefix_ids: Sequence[int], new_ids: Sequence[int],
-                 skip_special_tokens: bool = True, final: bool = False) -> str:
+def decode_delta(
+    tokenizer: Tokenizer,
+    prefix_ids: Sequence[int],
+    new_ids: Sequence[int],
+    skip_special_tokens: bool = True,
+    final: bool = False,
+) -> str:
     """Stateless streaming step: the text `new_ids` add after `prefix_ids` (the last ~PREFIX_WINDOW ids
     already streamed; they are context only). Semantics: decode(prefix + new)[len(decode(prefix)):], except
     that a trailing U+FFFD (a possibly incomplete character) is never emitted: it is dropped from the
@@ -78,8 +89,13 @@ class IncrementalDetokenizer:
     returned. Memory is O(PREFIX_WINDOW): only the last few ids are kept.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True,
-                 window: int = PREFIX_WINDOW) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+        window: int = PREFIX_WINDOW,
+    ) -> None:
         assert window >= 4, "window must cover an incomplete UTF-8 tail (3 tokens) plus one"
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
@@ -90,12 +106,12 @@ class IncrementalDetokenizer:
         self.held = False
         self.num_tokens = 0
 
-    def add(self, ids: Union[int, Iterable[int]]) -> str:
+    def add(self, ids: int | Iterable[int]) -> str:
         new = [ids] if isinstance(ids, int) else list(ids)
         if not new:
             return ""
         text, self.held = _delta(self.tokenizer, self.prefix, new, self.skip_special_tokens, final=False)
-        self.prefix = (self.prefix + new)[-self.window:]
+        self.prefix = (self.prefix + new)[-self.window :]
         self.num_tokens += len(new)
         return text
 

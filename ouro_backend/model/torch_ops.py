@@ -4,9 +4,8 @@ them) and the twin each Triton kernel in `ouro_backend/kernels/` falls back to a
 One copy of each op, so the CPU engine and the kernels' references cannot drift apart. (The dense oracle,
 `oracle.py`, keeps its own independent math on purpose: it is what these are checked against.)
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
@@ -30,14 +29,13 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :I]) * gate_up[..., I:]
 
 
-def build_cos_sin_cache(max_pos: int, head_dim: int, theta: float,
-                        device: Optional[torch.device] = None) -> torch.Tensor:
+def build_cos_sin_cache(max_pos: int, head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
     """fp32 ``[max_pos, head_dim]``: ``[:, :hd/2] = cos(pos * inv_freq)``, ``[:, hd/2:] = sin(...)``,
     computed like HF (``inv_freq`` from an int64 arange cast to float; fp32 product; fp32 cos/sin)."""
     assert head_dim % 2 == 0
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device,
-                                                                                   dtype=torch.float)
-                                / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim)
+    )
     pos = torch.arange(max_pos, dtype=torch.int64, device=device).float()
     freqs = pos[:, None] * inv_freq[None, :]
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
@@ -92,9 +90,19 @@ def copy_kv_slots_ref(kv_all_layers, src_slots, dst_slots) -> None:
     kv_all_layers[:, :, dst // bs, dst % bs] = vals
 
 
-def paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale,
-                        max_seqlen_q=None, out=None, cu_host: Optional[list[int]] = None,
-                        lens_host: Optional[list[int]] = None) -> torch.Tensor:
+def paged_attention_ref(
+    q,
+    k_cache,
+    v_cache,
+    cu_seqlens_q,
+    seq_lens,
+    block_tables,
+    scale,
+    max_seqlen_q=None,
+    out=None,
+    cu_host: list[int] | None = None,
+    lens_host: list[int] | None = None,
+) -> torch.Tensor:
     """Causal attention over the paged cache, fp32 math, one row at a time: twin of
     `kernels.paged_attention`. `cu_host` / `lens_host`: host copies of the row offsets and lengths (saves a
     device sync per call on the GPU)."""

@@ -4,6 +4,7 @@ downloaded checkpoint (checkpoint.load_config / load_weights, tokenizer.load_tok
 
     python -m ouro_backend.model.toy --out DIR [--seed 0] [--shape toy|ouro-1.4b|ouro-2.6b] [--dtype D] [--shards N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,8 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
 
 import torch
 from tokenizers import Tokenizer
@@ -26,15 +27,40 @@ from .tokenizer import train_byte_level_bpe
 
 EOS_IDS = [0, 2]  # <|endoftext|> and <|im_end|>
 TOY_VERSION = "1"  # bump when the toy's weights or tokenizer change: cached toys are then rebuilt
-_COMMON = dict(rope_theta=1e6, rms_norm_eps=1e-6, total_ut_steps=4, early_exit_threshold=1.0,
-               bos_token_id=1, eos_token_id=tuple(EOS_IDS))
+_COMMON = dict(
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+    total_ut_steps=4,
+    early_exit_threshold=1.0,
+    bos_token_id=1,
+    eos_token_id=tuple(EOS_IDS),
+)
 SHAPES: dict[str, dict] = {
-    "toy": dict(_COMMON, vocab_size=1024, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                rope_theta=10000.0, torch_dtype="float32"),
-    "ouro-1.4b": dict(_COMMON, vocab_size=49152, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
-                      num_attention_heads=16, num_key_value_heads=16, head_dim=128,
-                      max_position_embeddings=65536, torch_dtype="bfloat16"),
+    "toy": dict(
+        _COMMON,
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        torch_dtype="float32",
+    ),
+    "ouro-1.4b": dict(
+        _COMMON,
+        vocab_size=49152,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=128,
+        max_position_embeddings=65536,
+        torch_dtype="bfloat16",
+    ),
 }
 SHAPES["ouro-2.6b"] = dict(SHAPES["ouro-1.4b"], num_hidden_layers=48)
 
@@ -77,7 +103,7 @@ Symbols: € £ ¥ © ® ™ ° ± × ÷ → ← ↑ ↓ ∞ ≈ ≠ ≤ ≥ α 
 """
 
 
-def toy_config(shape: str = "toy", dtype: Optional[str] = None) -> OuroConfig:
+def toy_config(shape: str = "toy", dtype: str | None = None) -> OuroConfig:
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of: {', '.join(SHAPES)}")
     cfg = OuroConfig(**dict(SHAPES[shape], torch_dtype=dtype or SHAPES[shape]["torch_dtype"]))
@@ -90,10 +116,9 @@ def build_tokenizer_json() -> str:
     return train_byte_level_bpe(CORPUS.splitlines(keepends=True), vocab_size=1000)
 
 
-
-
-def init_weight(name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, tokenizer_vocab: int,
-                loop_change: float = 1.0) -> torch.Tensor:
+def init_weight(
+    name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, tokenizer_vocab: int, loop_change: float = 1.0
+) -> torch.Tensor:
     """One tensor, seeded from (seed, name): the same values whatever the sharding or generation order.
 
     Scales (why; tuned with a dense reference forward on the toy):
@@ -136,8 +161,9 @@ def init_weight(name: str, shape: tuple[int, ...], cfg: OuroConfig, seed: int, t
 class LazyWeights(Mapping[str, torch.Tensor]):
     """Generates each tensor when asked: writing a 2.6B checkpoint holds about one shard in memory."""
 
-    def __init__(self, cfg: OuroConfig, seed: int, tokenizer_vocab: int, verbose: bool = False,
-                 loop_change: float = 1.0) -> None:
+    def __init__(
+        self, cfg: OuroConfig, seed: int, tokenizer_vocab: int, verbose: bool = False, loop_change: float = 1.0
+    ) -> None:
         self.cfg, self.seed, self.vocab, self.verbose = cfg, seed, tokenizer_vocab, verbose
         self.loop_change = loop_change
         self.shapes = expected_shapes(cfg)
@@ -154,7 +180,7 @@ class LazyWeights(Mapping[str, torch.Tensor]):
         return len(self.shapes)
 
 
-def _shard_size(sizes: list[int], shards: int) -> Optional[int]:
+def _shard_size(sizes: list[int], shards: int) -> int | None:
     """Smallest shard byte limit for which save_checkpoint's greedy packing makes at most `shards` files."""
     if shards <= 1:
         return None
@@ -166,6 +192,7 @@ def _shard_size(sizes: list[int], shards: int) -> Optional[int]:
                 n, cur = n + 1, 0
             cur += s
         return n
+
     lo, hi = max(sizes), sum(sizes)
     while lo < hi:
         mid = (lo + hi) // 2
@@ -173,9 +200,15 @@ def _shard_size(sizes: list[int], shards: int) -> Optional[int]:
     return lo
 
 
-def write_checkpoint(out: str | os.PathLike, shape: str = "toy", seed: int = 0, dtype: Optional[str] = None,
-                     shards: Optional[int] = None, verbose: bool = False,
-                     loop_change: float = 1.0) -> Path:
+def write_checkpoint(
+    out: str | os.PathLike,
+    shape: str = "toy",
+    seed: int = 0,
+    dtype: str | None = None,
+    shards: int | None = None,
+    verbose: bool = False,
+    loop_change: float = 1.0,
+) -> Path:
     cfg = toy_config(shape, dtype)
     tok_json = build_tokenizer_json()
     vocab = Tokenizer.from_str(tok_json).get_vocab_size(with_added_tokens=True)
@@ -185,12 +218,20 @@ def write_checkpoint(out: str | os.PathLike, shape: str = "toy", seed: int = 0, 
     if shards is None:  # about 2 GB per file for the large shapes, like HF exports
         shards = max(1, math.ceil(sum(sizes) / 2e9))
     if verbose:
-        print(f"writing {shape} ({sum(sizes) / 1e9:.2f} GB, {cfg.torch_dtype}, {shards} shard(s)) to {out}",
-              file=sys.stderr, flush=True)
+        print(
+            f"writing {shape} ({sum(sizes) / 1e9:.2f} GB, {cfg.torch_dtype}, {shards} shard(s)) to {out}",
+            file=sys.stderr,
+            flush=True,
+        )
     t0 = time.time()
-    path = save_checkpoint(out, cfg, LazyWeights(cfg, seed, vocab, verbose, loop_change), tok_json,
-                           generation_config={"bos_token_id": 1, "eos_token_id": EOS_IDS},
-                           shard_size_bytes=_shard_size(sizes, shards))
+    path = save_checkpoint(
+        out,
+        cfg,
+        LazyWeights(cfg, seed, vocab, verbose, loop_change),
+        tok_json,
+        generation_config={"bos_token_id": 1, "eos_token_id": EOS_IDS},
+        shard_size_bytes=_shard_size(sizes, shards),
+    )
     if verbose:
         print(f"done in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
     return path
@@ -201,7 +242,7 @@ def default_toy_path() -> Path:
     return Path(root).expanduser() / "toy"
 
 
-def ensure_toy_checkpoint(path: Optional[str | os.PathLike] = None) -> str:
+def ensure_toy_checkpoint(path: str | os.PathLike | None = None) -> str:
     """The toy checkpoint's directory, built on first use. Built in a temp dir next to it and renamed into
     place, so readers never see a half-written checkpoint and racing processes are safe (the loser of
     the rename discards its copy). A toy of another TOY_VERSION is replaced."""
@@ -234,20 +275,28 @@ def ensure_toy_checkpoint(path: Optional[str | os.PathLike] = None) -> str:
     return str(final)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ouro_backend.model.toy", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory (HF layout)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shape", default="toy", choices=list(SHAPES))
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="weight dtype (default: float32 for toy, bfloat16 for the large shapes)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="weight dtype (default: float32 for toy, bfloat16 for the large shapes)",
+    )
     p.add_argument("--shards", type=int, default=None, help="number of safetensors files (default: ~2 GB each)")
-    p.add_argument("--loop-change", type=float, default=1.0,
-                   help="how much each loop changes the state (1: default); smaller makes early loops agree "
-                        "more with the last")
+    p.add_argument(
+        "--loop-change",
+        type=float,
+        default=1.0,
+        help="how much each loop changes the state (1: default); smaller makes early loops agree more with the last",
+    )
     args = p.parse_args(argv)
-    path = write_checkpoint(args.out, args.shape, args.seed, args.dtype, args.shards, verbose=True,
-                            loop_change=args.loop_change)
+    path = write_checkpoint(
+        args.out, args.shape, args.seed, args.dtype, args.shards, verbose=True, loop_change=args.loop_change
+    )
     print(path)
 
 

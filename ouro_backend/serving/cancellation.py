@@ -4,12 +4,14 @@
 asked from one watcher thread every `interval_s`, never from a thread that sends responses: asking for every
 open request on every token would put one server round trip per request in front of each send.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +21,13 @@ class CancelWatcher:
     time, or None), else `on_cancel(s)` if its client is gone. A stream has `sender`, `send_lock`, `done`
     (FINAL sent) and `deadline`."""
 
-    def __init__(self, interval_s: float, streams: Callable[[], list], on_cancel: Callable[[Any], None],
-                 on_expired: Callable[[Any], None]):
+    def __init__(
+        self,
+        interval_s: float,
+        streams: Callable[[], list],
+        on_cancel: Callable[[Any], None],
+        on_expired: Callable[[Any], None],
+    ):
         self.interval_s = interval_s
         self._streams = streams
         self._on_cancel = on_cancel

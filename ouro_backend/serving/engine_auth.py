@@ -10,6 +10,7 @@ Two guards:
   leaves it, readable by this user only, in `<address>.key`, where the other models of the same server
   read it (`read_key`).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,6 @@ import stat
 import tempfile
 import threading
 from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
-from typing import Optional
 
 from .engine_errors import EngineProcessError
 
@@ -38,14 +38,20 @@ def private_dir() -> str:
         pass
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode):
-        raise EngineProcessError(f"{directory} is not a directory (a link or a file is in its place); "
-                                 f"remove it, or set TMPDIR to another directory")
+        raise EngineProcessError(
+            f"{directory} is not a directory (a link or a file is in its place); "
+            f"remove it, or set TMPDIR to another directory"
+        )
     if st.st_uid != uid:
-        raise EngineProcessError(f"{directory} belongs to uid {st.st_uid}, not to this user (uid {uid}): another "
-                                 f"user could control the engine's socket; remove it, or set TMPDIR")
+        raise EngineProcessError(
+            f"{directory} belongs to uid {st.st_uid}, not to this user (uid {uid}): another "
+            f"user could control the engine's socket; remove it, or set TMPDIR"
+        )
     if st.st_mode & 0o077:
-        raise EngineProcessError(f"{directory} is accessible by other users (mode {stat.S_IMODE(st.st_mode):o}); "
-                                 f"run 'chmod 700 {directory}' or remove it")
+        raise EngineProcessError(
+            f"{directory} is accessible by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"run 'chmod 700 {directory}' or remove it"
+        )
     return directory
 
 
@@ -107,7 +113,7 @@ def authenticate(conn: Connection, authkey: bytes) -> None:
         timer.cancel()
 
 
-def connect(address: str, authkey: Optional[bytes] = None) -> Connection:
+def connect(address: str, authkey: bytes | None = None) -> Connection:
     """A connection to the engine at `address` that passed the handshake with `authkey`, else with the key
     in `<address>.key`. Raises OSError (nothing there yet), AuthenticationError or EngineProcessError."""
     return Client(address, family="AF_UNIX", authkey=authkey if authkey is not None else read_key(address))

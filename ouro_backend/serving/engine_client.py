@@ -13,6 +13,7 @@ Who talks to it:
 
 The messages and their order: engine_messages; who may connect: engine_auth.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,16 +24,26 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
-from typing import Callable, Optional
 
 from ..config import ConfigError, EngineConfig
 from ..sampling_params import SamplingParams
 from .engine_auth import connect, key_path, remove_file, shutdown, write_key
 from .engine_errors import EngineProcessError
-from .engine_messages import (AbortRequest, AddRequest, CountError, EngineInfo, FromEngine, Hello, InitError, Ready,
-                              Start, ToEngine)
+from .engine_messages import (
+    AbortRequest,
+    AddRequest,
+    CountError,
+    EngineInfo,
+    FromEngine,
+    Hello,
+    InitError,
+    Ready,
+    Start,
+    ToEngine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +55,14 @@ class EngineClient:
     after the Hello (or Ready); `on_close()` once when the connection ends. `add` / `abort` /
     `count_error` are thread-safe and raise EngineProcessError once the engine is gone."""
 
-    def __init__(self, conn: Connection, info: EngineInfo, on_message: Callable[[FromEngine], None],
-                 on_close: Callable[[], None], name: str = "ouro-engine-client"):
+    def __init__(
+        self,
+        conn: Connection,
+        info: EngineInfo,
+        on_message: Callable[[FromEngine], None],
+        on_close: Callable[[], None],
+        name: str = "ouro-engine-client",
+    ):
         self.conn = conn
         self.info = info
         self._on_message = on_message
@@ -56,8 +73,14 @@ class EngineClient:
         self._reader.start()
 
     @classmethod
-    def connect(cls, address: str, on_message: Callable[[FromEngine], None], on_close: Callable[[], None],
-                timeout_s: float = 5.0, authkey: Optional[bytes] = None) -> EngineClient:
+    def connect(
+        cls,
+        address: str,
+        on_message: Callable[[FromEngine], None],
+        on_close: Callable[[], None],
+        timeout_s: float = 5.0,
+        authkey: bytes | None = None,
+    ) -> EngineClient:
         """Connect to a running engine process, authenticated with its key (`authkey`, else read from
         `<address>.key`); retries until `timeout_s` (the owner may still be starting it)."""
         deadline = time.monotonic() + timeout_s
@@ -129,19 +152,28 @@ def _python() -> str:
     return found
 
 
-def start_engine_process(config: EngineConfig, address: str, on_message: Callable[[FromEngine], None],
-                         on_close: Callable[[], None], metrics_interval_s: float = 0.25,
-                         env: Optional[dict[str, str]] = None) -> tuple[EngineClient, subprocess.Popen]:
+def start_engine_process(
+    config: EngineConfig,
+    address: str,
+    on_message: Callable[[FromEngine], None],
+    on_close: Callable[[], None],
+    metrics_interval_s: float = 0.25,
+    env: dict[str, str] | None = None,
+) -> tuple[EngineClient, subprocess.Popen]:
     """Spawn the engine process (with `env` added to this one's environment), listening at `address`, and
     wait until its engine is built (weights, KV, CUDA graphs). Returns the owner's client and the process.
     Raises ConfigError for a bad config or checkpoint (the engine's message), EngineProcessError if it died."""
     authkey = write_key(address)
     parent, child = socket.socketpair()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, **(env or {}),
-               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen([_python(), "-m", SERVER_MODULE, "--owner-fd", str(child.fileno()), "--address", address],
-                            pass_fds=[child.fileno()], env=env)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds ouro_backend/
+    env = dict(
+        os.environ, **(env or {}), PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    )
+    proc = subprocess.Popen(
+        [_python(), "-m", SERVER_MODULE, "--owner-fd", str(child.fileno()), "--address", address],
+        pass_fds=[child.fileno()],
+        env=env,
+    )
     child.close()
     conn = Connection(parent.detach())
     try:
@@ -151,8 +183,9 @@ def start_engine_process(config: EngineConfig, address: str, on_message: Callabl
         code = proc.wait(timeout=30)
         conn.close()
         remove_file(key_path(address))
-        raise EngineProcessError(f"the engine process exited with code {code} while starting "
-                                 "(its traceback is in the server log)") from None
+        raise EngineProcessError(
+            f"the engine process exited with code {code} while starting (its traceback is in the server log)"
+        ) from None
     if isinstance(answer, Ready):
         return EngineClient(conn, answer.info, on_message, on_close, name="ouro-engine-owner"), proc
     conn.close()  # an engine that is not ready stops when its owner channel closes, if it has not already

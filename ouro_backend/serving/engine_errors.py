@@ -1,4 +1,5 @@
 """The errors an engine process's clients see (engine_client, engine_pool) besides a RequestError."""
+
 from __future__ import annotations
 
 from ..sampling_params import RequestError

@@ -23,10 +23,11 @@ its last Delta (the one with a finish reason), its Rejected or its Failed. The e
 channel closes (the owner was unloaded, or died); when a client's connection closes, it aborts that
 client's requests.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple, Optional
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -38,18 +39,20 @@ if TYPE_CHECKING:
 class Delta(NamedTuple):
     """What one step produced for one request: new tokens (and the few before them, for stateless
     detokenization) and, on the last one, the finish reason and the characters a stop string cuts."""
+
     rid: str
     ids: list
     depths: list
     prefix: list
     trim: int
-    finish_reason: Optional[str]
+    finish_reason: str | None
     spec_counts: tuple[int, int] = (0, 0)  # self-speculation: the request's (drafted, accepted) so far
     num_cached: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class Load(NamedTuple):
     """How busy an engine is, for clients that choose between engines."""
+
     requests: int  # running + waiting + swapped
     kv_usage: float  # used / total KV blocks
 

@@ -16,23 +16,30 @@ ouro_backend.serving.streams.
 
 Metadata travels in tensors (24.10 cannot attach response parameters): see protocol.ENGINE_OUTPUTS.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from ..config import ConfigError, EngineConfig
 from ..sampling_params import RequestError
 from . import protocol
-from .engine_pool import EnginePool, EngineRouter, resolve_devices
 from .engine_client import EngineClient
 from .engine_errors import EngineProcessError
 from .engine_messages import FromEngine, Stats
+from .engine_pool import EnginePool, EngineRouter, resolve_devices
 from .metrics import EngineMetrics
-from .options import (ServingOptions, decoupled_model_config, engine_options, resolve_model_path, tensor_arrays,
-                      typed_options)
+from .options import (
+    ServingOptions,
+    decoupled_model_config,
+    engine_options,
+    resolve_model_path,
+    tensor_arrays,
+    typed_options,
+)
 from .streams import StreamingModel
 
 log = logging.getLogger(__name__)
@@ -56,8 +63,16 @@ class EngineModel(StreamingModel):
             config.model = resolve_model_path(options)["model"]
             devices = resolve_devices(serving.engine_devices, config.device)
             self.setup_streams(pb_utils, serving)
-            self.pool = EnginePool(self.model_name, os.getppid(), config, devices, serving.metrics_interval_s,
-                                   self._on_message, self._on_closed, self._log)
+            self.pool = EnginePool(
+                self.model_name,
+                os.getppid(),
+                config,
+                devices,
+                serving.metrics_interval_s,
+                self._on_message,
+                self._on_closed,
+                self._log,
+            )
             self.router = EngineRouter(len(devices), self._owner_client)
             self.pool.start()
         except ConfigError as e:
@@ -65,7 +80,8 @@ class EngineModel(StreamingModel):
             # The message is what `tritonserver` prints for the failed load: make it the whole story.
             raise pb_utils.TritonModelException(
                 f"{self.model_name}: invalid engine configuration: {e}. Engine options come from the "
-                f"`parameters` of {self.model_name}/config.pbtxt, $OURO_ENGINE_ARGS and $OURO_MODEL_PATH") from None
+                f"`parameters` of {self.model_name}/config.pbtxt, $OURO_ENGINE_ARGS and $OURO_MODEL_PATH"
+            ) from None
         except EngineProcessError as e:
             self.close_streams("")
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
@@ -74,15 +90,22 @@ class EngineModel(StreamingModel):
         first = self.pool.clients[0]
         assert first is not None  # start() connected every engine
         info = first.info
-        self.metrics = EngineMetrics(pb_utils, self.model_name, args.get("model_version", "1"), info.num_loops,
-                                     serving.metrics_interval_s, tuple(devices))
+        self.metrics = EngineMetrics(
+            pb_utils,
+            self.model_name,
+            args.get("model_version", "1"),
+            info.num_loops,
+            serving.metrics_interval_s,
+            tuple(devices),
+        )
         for slot, client in zip(self.pool.slots, self.pool.clients):
             assert client is not None
             i = client.info
             pb_utils.Logger.log_info(
                 f"{self.model_name}: engine {slot.index} ready on {slot.device} (process {i.pid}): "
                 f"model={i.model_path} dtype={i.dtype} loops={i.num_loops} max_model_len={i.max_model_len} "
-                f"kv_blocks={i.kv_blocks}")
+                f"kv_blocks={i.kv_blocks}"
+            )
         pb_utils.Logger.log_info(f"{self.model_name}: {len(devices)} engine process(es): {', '.join(devices)}")
 
     def _owner_client(self, index: int) -> EngineClient:
@@ -111,11 +134,12 @@ class EngineModel(StreamingModel):
         else:
             self.on_engine_message(index, msg)
 
-    def parse(self, request: Any) -> Optional[tuple[protocol.ParsedRequest, list[int], str]]:
+    def parse(self, request: Any) -> tuple[protocol.ParsedRequest, list[int], str] | None:
         inputs = tensor_arrays(self.pb.get_input_tensor_by_name, request, protocol.ENGINE_INPUTS)
         protocol.check_parameters(request.parameters(), self.model_name)
-        parsed = protocol.parse_request(inputs, specs=protocol.ENGINE_INPUTS, prompt_input="input_ids",
-                                        model=self.model_name)
+        parsed = protocol.parse_request(
+            inputs, specs=protocol.ENGINE_INPUTS, prompt_input="input_ids", model=self.model_name
+        )
         if parsed.abort_request_id is not None:
             self._abort_by_id(parsed.abort_request_id)
             return None
@@ -130,9 +154,11 @@ class EngineModel(StreamingModel):
         request's owner; a client-chosen request_id proves nothing (another client may know or guess it)
         and is refused. A generated id that is no longer running is a no-op (it may have just finished)."""
         if not rid.startswith(GENERATED_ID_PREFIX):
-            raise RequestError(f"abort_request_id {rid!r} is not an id this model generated: only the request_id "
-                               "output of a request started without request_id can be aborted by id (cancel "
-                               "the call itself to stop a request that chose its own)")
+            raise RequestError(
+                f"abort_request_id {rid!r} is not an id this model generated: only the request_id "
+                "output of a request started without request_id can be aborted by id (cancel "
+                "the call itself to stop a request that chose its own)"
+            )
         with self._lock:
             stream = self._streams.get(rid)
         if stream is not None:

@@ -11,15 +11,16 @@ hold an `EngineRouter`: a connection to each engine and the load it knows of, an
 request to the least loaded engine: the fewest requests (running + waiting, its own ones counted at once,
 the other clients' ones as the engine last reported them), then the least KV in use.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
 
 from ..config import ConfigError, EngineConfig
 from .engine_auth import engine_address, private_dir
@@ -43,7 +44,7 @@ def visible_gpus() -> list[str]:
         return []
 
 
-def resolve_devices(spec: str, device: str = "auto", gpus: Optional[list[str]] = None) -> list[str]:
+def resolve_devices(spec: str, device: str = "auto", gpus: list[str] | None = None) -> list[str]:
     """`engine_devices` -> one device per engine: `cpu` or `cuda:<i>` (i-th visible GPU).
 
     auto: the engine option `device` decides: auto or cuda -> every visible GPU (auto without one: the CPU);
@@ -55,8 +56,10 @@ def resolve_devices(spec: str, device: str = "auto", gpus: Optional[list[str]] =
         if gpus:
             return [f"cuda:{i}" for i in range(len(gpus))]
         if device == "cuda":
-            raise ConfigError("device=cuda but no GPU is visible (CUDA_VISIBLE_DEVICES="
-                              f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+            raise ConfigError(
+                "device=cuda but no GPU is visible (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+            )
         return ["cpu"]
     devices = [d.strip() for d in (device if spec == "auto" else spec).split(",")]
     for d in devices:
@@ -64,15 +67,17 @@ def resolve_devices(spec: str, device: str = "auto", gpus: Optional[list[str]] =
             continue
         index = d[5:] if d.startswith("cuda:") else ""
         if not index.isdigit():
-            raise ConfigError(f"engine_devices={spec!r}: {d!r} is not a device (use cpu or cuda:N, comma-separated, "
-                              "or auto)")
+            raise ConfigError(
+                f"engine_devices={spec!r}: {d!r} is not a device (use cpu or cuda:N, comma-separated, or auto)"
+            )
         if int(index) >= len(gpus):
             raise ConfigError(f"engine_devices={spec!r}: {d} is not visible ({len(gpus)} GPU(s) visible)")
     return devices
 
 
-def engine_placement(device: str, config: EngineConfig, gpus: list[str], nth: int = 0,
-                     of: int = 1) -> tuple[EngineConfig, dict[str, str]]:
+def engine_placement(
+    device: str, config: EngineConfig, gpus: list[str], nth: int = 0, of: int = 1
+) -> tuple[EngineConfig, dict[str, str]]:
     """The engine config and environment of the `nth` of `of` engine processes on `device`: a GPU engine
     sees only its GPU. Engines sharing a GPU start one after another, and automatic KV sizing counts the
     memory of those before as taken: the nth may fill the GPU up to (nth + 1) / of of
@@ -91,6 +96,7 @@ def manifest_path(engine_model: str, server_pid: int) -> str:
 @dataclass(frozen=True)
 class EngineSlot:
     """Where engine `index` of a pool listens and what it runs on."""
+
     index: int
     address: str
     device: str
@@ -129,16 +135,25 @@ class EnginePool:
     """The engine processes of one `ouro_engine` model. `on_message(index, msg)` and `on_closed(index)`
     run on engine `index`'s reader thread; `log(level, text)` reports starts and restarts."""
 
-    def __init__(self, engine_model: str, server_pid: int, config: EngineConfig, devices: list[str],
-                 metrics_interval_s: float, on_message: Callable[[int, FromEngine], None],
-                 on_closed: Callable[[int], None], log: Callable[[str, str], None]):
+    def __init__(
+        self,
+        engine_model: str,
+        server_pid: int,
+        config: EngineConfig,
+        devices: list[str],
+        metrics_interval_s: float,
+        on_message: Callable[[int, FromEngine], None],
+        on_closed: Callable[[int], None],
+        log: Callable[[str, str], None],
+    ):
         self.engine_model, self.server_pid = engine_model, server_pid
         self.config, self.metrics_interval_s = config, metrics_interval_s
         self._on_message, self._on_closed, self._log = on_message, on_closed, log
         self._gpus = visible_gpus()
-        self.slots = [EngineSlot(i, engine_address(f"{engine_model}-{i}", server_pid), d)
-                      for i, d in enumerate(devices)]
-        self.clients: list[Optional[EngineClient]] = [None] * len(devices)
+        self.slots = [
+            EngineSlot(i, engine_address(f"{engine_model}-{i}", server_pid), d) for i, d in enumerate(devices)
+        ]
+        self.clients: list[EngineClient | None] = [None] * len(devices)
         self.processes: list = [None] * len(devices)
         self.restarts = [0] * len(devices)
         self._unloading = False
@@ -151,7 +166,7 @@ class EnginePool:
         for slot in self.slots:
             by_device.setdefault(slot.device, []).append(slot)
 
-        def start_group(slots: list[EngineSlot]) -> Optional[Exception]:
+        def start_group(slots: list[EngineSlot]) -> Exception | None:
             for slot in slots:
                 try:
                     self._start(slot.index)
@@ -173,15 +188,22 @@ class EnginePool:
         previous = self.clients[index]
         if previous is not None:  # a restart: the KV cache it had (its neighbours on the device hold theirs)
             config = replace(config, num_blocks=previous.info.kv_blocks, kv_cache_bytes=None)
-        client, proc = start_engine_process(config, slot.address, lambda msg: self._on_message(index, msg),
-                                            lambda: self._closed(index), self.metrics_interval_s, env=env)
+        client, proc = start_engine_process(
+            config,
+            slot.address,
+            lambda msg: self._on_message(index, msg),
+            lambda: self._closed(index),
+            self.metrics_interval_s,
+            env=env,
+        )
         self.clients[index], self.processes[index] = client, proc
 
     def _closed(self, index: int) -> None:
         self._on_closed(index)
         if not self._unloading:
-            threading.Thread(target=self._restart, args=(index,), name=f"ouro-engine-restart-{index}",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._restart, args=(index,), name=f"ouro-engine-restart-{index}", daemon=True
+            ).start()
 
     RESTART_BACKOFF_S = (1.0, 30.0)  # the first retry's wait, doubled after each failure up to the second
 
@@ -191,23 +213,31 @@ class EnginePool:
         the same way: the device is never left without an engine while the model is loaded."""
         slot = self.slots[index]
         code = self.processes[index].wait()
-        self._log("error", f"engine {index} ({slot.device}): process {self.processes[index].pid} "
-                           f"exited with code {code}; starting a new one")
+        self._log(
+            "error",
+            f"engine {index} ({slot.device}): process {self.processes[index].pid} "
+            f"exited with code {code}; starting a new one",
+        )
         wait, attempt = self.RESTART_BACKOFF_S[0], 1
         while not self._unloading:
             try:
                 self._start(index)
             except Exception as e:
-                self._log("error", f"engine {index} ({slot.device}): restart attempt {attempt} failed ({e}); "
-                                   f"retrying in {wait:.0f}s")
+                self._log(
+                    "error",
+                    f"engine {index} ({slot.device}): restart attempt {attempt} failed ({e}); retrying in {wait:.0f}s",
+                )
                 time.sleep(wait)
                 wait, attempt = min(2 * wait, self.RESTART_BACKOFF_S[1]), attempt + 1
                 continue
             self.restarts[index] += 1
             client = self.clients[index]
             assert client is not None  # _start() set it
-            self._log("info", f"engine {index} ({slot.device}): engine process {client.info.pid} "
-                              f"ready (restart {self.restarts[index]})")
+            self._log(
+                "info",
+                f"engine {index} ({slot.device}): engine process {client.info.pid} "
+                f"ready (restart {self.restarts[index]})",
+            )
             return
 
     def close(self) -> None:
@@ -233,10 +263,10 @@ class EngineRouter:
 
     RECONNECT_INTERVAL_S = 1.0  # a lost engine is retried at most this often, so requests do not wait on it
 
-    def __init__(self, num_engines: int, connect: Optional[Callable[[int], EngineClient]] = None):
+    def __init__(self, num_engines: int, connect: Callable[[int], EngineClient] | None = None):
         self._connect = connect
         self._lock = threading.Lock()
-        self.clients: list[Optional[EngineClient]] = [None] * num_engines
+        self.clients: list[EngineClient | None] = [None] * num_engines
         self._mine = [0] * num_engines  # this client's open requests on each engine
         self._others = [0] * num_engines  # the other clients' ones, as last reported
         self._kv = [0.0] * num_engines
@@ -245,12 +275,12 @@ class EngineRouter:
     def __len__(self) -> int:
         return len(self.clients)
 
-    def set_client(self, index: int, client: Optional[EngineClient]) -> None:
+    def set_client(self, index: int, client: EngineClient | None) -> None:
         with self._lock:
             self.clients[index] = client
             self._mine[index] = self._others[index] = 0
 
-    def live(self, index: int) -> Optional[EngineClient]:
+    def live(self, index: int) -> EngineClient | None:
         """Engine `index`'s connection, (re)connecting when there is none (at most every RECONNECT_INTERVAL_S)."""
         client = self.clients[index]
         if client is not None and not client.closed:
@@ -269,16 +299,20 @@ class EngineRouter:
         """The least loaded live engine, counted as taking one more request."""
         live = [(i, c) for i in range(len(self.clients)) if (c := self.live(i)) is not None]
         if not live:
-            what = "the engine process is" if len(self.clients) == 1 else f"all {len(self.clients)} engine processes are"
+            what = (
+                "the engine process is" if len(self.clients) == 1 else f"all {len(self.clients)} engine processes are"
+            )
             raise EngineProcessError(f"{what} gone (exited and restarting); see the server log")
         with self._lock:
             i, client = min(live, key=lambda ic: (self._mine[ic[0]] + self._others[ic[0]], self._kv[ic[0]], ic[0]))
             if self._mine[i] + self._others[i] >= client.info.capacity:
                 # NOTE: a stalled engine reports nothing, so this client's own count is what refuses here; the
                 # engine process refuses too (it counts every client's requests: EngineServer._add).
-                raise ServerBusy(f"server busy: every engine holds its max_num_seqs={client.info.max_num_seqs} "
-                                 f"running and max_waiting_requests={client.info.max_waiting_requests} waiting "
-                                 f"requests; retry later")
+                raise ServerBusy(
+                    f"server busy: every engine holds its max_num_seqs={client.info.max_num_seqs} "
+                    f"running and max_waiting_requests={client.info.max_waiting_requests} waiting "
+                    f"requests; retry later"
+                )
             self._mine[i] += 1
         return i, client
 

@@ -6,6 +6,7 @@ exits), then runs the step loop on the main thread until the owner channel close
 the Unix socket at PATH (engine_auth: nothing is unpickled before the handshake); each gets the outputs
 of its own requests. The messages: engine_messages.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ import time
 import traceback
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from ..config import ConfigError
 from ..engine.round_trace import RoundTrace
@@ -25,8 +26,24 @@ from ..outputs import RequestOutput
 from ..sampling_params import RequestError, SamplingParams
 from .engine_auth import authenticate, key_path, listen, remove_file
 from .engine_errors import EngineProcessError, ServerBusy
-from .engine_messages import (AbortRequest, AddRequest, CountError, Delta, EngineInfo, Failed, FromEngine, Hello,
-                              InitError, Load, LoadReport, Outputs, Ready, Rejected, Start, Stats)
+from .engine_messages import (
+    AbortRequest,
+    AddRequest,
+    CountError,
+    Delta,
+    EngineInfo,
+    Failed,
+    FromEngine,
+    Hello,
+    InitError,
+    Load,
+    LoadReport,
+    Outputs,
+    Ready,
+    Rejected,
+    Start,
+    Stats,
+)
 from .metrics import MetricsBuffer
 from .request_trace import RequestTrace
 
@@ -83,17 +100,24 @@ class _Peer:
 class EngineServer:
     """The step loop on the main thread, one reader thread per connection."""
 
-    def __init__(self, engine: LLMEngine, owner: Connection, address: str, metrics_interval_s: float,
-                 authkey: bytes):
+    def __init__(self, engine: LLMEngine, owner: Connection, address: str, metrics_interval_s: float, authkey: bytes):
         self.engine = engine
         self.authkey = authkey
         self.metrics = MetricsBuffer()
         self.metrics_interval_s = metrics_interval_s
         self.trace = RequestTrace.from_env("engine")  # None unless $OURO_REQUEST_TRACE asks for the hops
-        self.info = EngineInfo(engine.model_path, str(engine.device), str(engine.dtype).replace("torch.", ""),
-                               engine.model_config.num_loops, engine.max_model_len, engine.kv.num_blocks,
-                               os.getpid(), engine.config.max_num_seqs, engine.config.max_waiting_requests,
-                               engine.config.request_timeout_s)
+        self.info = EngineInfo(
+            engine.model_path,
+            str(engine.device),
+            str(engine.dtype).replace("torch.", ""),
+            engine.model_config.num_loops,
+            engine.max_model_len,
+            engine.kv.num_blocks,
+            os.getpid(),
+            engine.config.max_num_seqs,
+            engine.config.max_waiting_requests,
+            engine.config.request_timeout_s,
+        )
         self._lock = threading.Lock()
         self._routes: dict[str, _Peer] = {}  # request id -> the connection that sent it
         self._wake = threading.Event()
@@ -195,9 +219,18 @@ class EngineServer:
             if peer is None:
                 continue
             batch = batches.setdefault(id(peer), (peer, []))[1]
-            batch.append(Delta(out.request_id, out.new_token_ids, out.new_exit_depths, out.prefix_token_ids,
-                               out.trim_chars, out.finish_reason if out.finished else None,
-                               (out.num_spec_drafted, out.num_spec_accepted), out.num_cached_tokens))
+            batch.append(
+                Delta(
+                    out.request_id,
+                    out.new_token_ids,
+                    out.new_exit_depths,
+                    out.prefix_token_ids,
+                    out.trim_chars,
+                    out.finish_reason if out.finished else None,
+                    (out.num_spec_drafted, out.num_spec_accepted),
+                    out.num_cached_tokens,
+                )
+            )
         for peer, deltas in batches.values():
             if not peer.send(Outputs(deltas, load)):
                 self._drop(peer)
@@ -218,8 +251,7 @@ class EngineServer:
         try:
             authenticate(conn, self.authkey)
         except (AuthenticationError, EOFError, OSError) as e:
-            log.warning("engine process: refused a connection that did not authenticate (%s)",
-                        e or type(e).__name__)
+            log.warning("engine process: refused a connection that did not authenticate (%s)", e or type(e).__name__)
             conn.close()
             return
         peer = _Peer(conn, owner=False)
@@ -260,8 +292,10 @@ class EngineServer:
             if taken:  # checked here: the engine would refuse it too, but only after the route was replaced
                 raise RequestError(f"request id {rid!r} is already in use")
             if len(self._routes) > self.info.capacity:  # every open request, this one included
-                raise ServerBusy(f"server busy: {self.info.max_num_seqs} requests running and "
-                                 f"{self.info.max_waiting_requests} waiting (max_waiting_requests); retry later")
+                raise ServerBusy(
+                    f"server busy: {self.info.max_num_seqs} requests running and "
+                    f"{self.info.max_waiting_requests} waiting (max_waiting_requests); retry later"
+                )
             self.engine.add_request(rid, prompt_ids, params)
         except Exception as e:
             if not isinstance(e, RequestError):
@@ -317,7 +351,7 @@ class EngineServer:
         self._fail([(rid, message) for rid in rids])
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="The Ouro engine process (started by the ouro_engine model)")
     ap.add_argument("--owner-fd", type=int, required=True)
     ap.add_argument("--address", required=True)

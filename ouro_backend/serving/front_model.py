@@ -17,6 +17,7 @@ engines; requests that come meanwhile queue behind it. Later, an engine that is 
 once a second by the requests that come, which go to the live engines meanwhile (and fail at once if none
 is live); after `ouro_engine` restarts an engine, the next request reconnects to it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,12 +25,12 @@ import os
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from . import protocol
-from .engine_pool import EngineRouter, EngineSlot, read_manifest
 from .engine_client import EngineClient
 from .engine_errors import EngineProcessError
+from .engine_pool import EngineRouter, EngineSlot, read_manifest
 from .options import FrontOptions, decoupled_model_config, model_config_parameters, tensor_arrays, typed_options
 from .streams import StreamingModel
 
@@ -52,9 +53,9 @@ class FrontModel(StreamingModel):
         except ValueError as e:
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
         self._slots: list[EngineSlot] = []
-        self.router: Optional[EngineRouter] = None
-        self._tokenizer: Optional[Tokenizer] = None
-        self._tokenizer_path: Optional[str] = None
+        self.router: EngineRouter | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._tokenizer_path: str | None = None
         self._prompt_limit = (0, 0)  # (bytes, tokens): the longest prompt the engine's context can take
         self._connect_lock = threading.Lock()
         self.setup_streams(pb_utils, self.options)
@@ -83,8 +84,9 @@ class FrontModel(StreamingModel):
                     break
                 except OSError:
                     if time.monotonic() >= deadline:
-                        raise EngineProcessError(f"no engine processes of {self.options.engine_model} in this "
-                                                 "server (is that model loaded?)") from None
+                        raise EngineProcessError(
+                            f"no engine processes of {self.options.engine_model} in this server (is that model loaded?)"
+                        ) from None
                     time.sleep(0.2)
             router = EngineRouter(len(self._slots), self._connect)
             for slot in self._slots:
@@ -93,15 +95,20 @@ class FrontModel(StreamingModel):
                 except EngineProcessError as e:  # the others serve; this one is retried by requests
                     log.warning("%s: engine %d: %s", self.model_name, slot.index, e)
             if not any(c is not None for c in router.clients):
-                raise EngineProcessError(f"none of the {len(self._slots)} engine process(es) of "
-                                         f"{self.options.engine_model} answers")
+                raise EngineProcessError(
+                    f"none of the {len(self._slots)} engine process(es) of {self.options.engine_model} answers"
+                )
             self.router = router
             return router
 
     def _connect(self, index: int, timeout_s: float = 0.0) -> EngineClient:
         slot = self._slots[index]
-        client = EngineClient.connect(slot.address, lambda msg: self.on_engine_message(index, msg),
-                                      lambda: self.on_engine_closed(index), timeout_s=timeout_s)
+        client = EngineClient.connect(
+            slot.address,
+            lambda msg: self.on_engine_message(index, msg),
+            lambda: self.on_engine_closed(index),
+            timeout_s=timeout_s,
+        )
         if client.info.model_path != self._tokenizer_path:
             from ..model.tokenizer import load_tokenizer
 
@@ -109,8 +116,10 @@ class FrontModel(StreamingModel):
             self._tokenizer_path = client.info.model_path
             context = client.info.max_model_len
             self._prompt_limit = (protocol.prompt_byte_limit(self._tokenizer, context), context)
-        self.pb.Logger.log_info(f"{self.model_name}: connected to engine {index} ({slot.device}, process "
-                                f"{client.info.pid}) of {self.options.engine_model} ({client.info.model_path})")
+        self.pb.Logger.log_info(
+            f"{self.model_name}: connected to engine {index} ({slot.device}, process "
+            f"{client.info.pid}) of {self.options.engine_model} ({client.info.model_path})"
+        )
         return client
 
     def parse(self, request: Any) -> tuple[protocol.ParsedRequest, list[int], str]:

@@ -29,6 +29,7 @@ The engine process counts into a `MetricsBuffer` (plain numbers) and sends a `Me
 `ouro_engine` model every `metrics_interval_s`; there a reporter thread publishes it through
 pb_utils.MetricFamily (each update is an IPC message to the server, so no hot thread makes them).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,20 +37,62 @@ import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from .protocol import finish_reason_name
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                   20.0, 40.0, 80.0]
-TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
-                0.3, 0.5, 0.75, 1.0, 2.5]
-GAUGE_KEYS = {"kv_usage": "ouro_kv_cache_usage_ratio", "num_running": "ouro_num_requests_running",
-              "num_waiting": "ouro_num_requests_waiting", "num_swapped": "ouro_num_requests_swapped",
-              "spec_acceptance_rate": "ouro_spec_acceptance_rate", "prefix_cache_hit_rate": "ouro_prefix_cache_hit_rate",
-              "spec_mean_accepted_length": "ouro_spec_mean_accepted_length"}
+LATENCY_BUCKETS = [
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+TPOT_BUCKETS = [
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+]
+GAUGE_KEYS = {
+    "kv_usage": "ouro_kv_cache_usage_ratio",
+    "num_running": "ouro_num_requests_running",
+    "num_waiting": "ouro_num_requests_waiting",
+    "num_swapped": "ouro_num_requests_swapped",
+    "spec_acceptance_rate": "ouro_spec_acceptance_rate",
+    "prefix_cache_hit_rate": "ouro_prefix_cache_hit_rate",
+    "spec_mean_accepted_length": "ouro_spec_mean_accepted_length",
+}
 RESTARTS_ENV = "OURO_SERVER_RESTARTS"  # set by ouro-serve (entrypoints/supervisor.py) for each server
 
 
@@ -66,12 +109,16 @@ class MetricsSnapshot:
     observations: list = field(default_factory=list)  # (histogram key, value)
     depths: Counter = field(default_factory=Counter)  # exit depth -> generated tokens
     finished: Counter = field(default_factory=Counter)  # finish reason -> requests
-    stats: Optional[dict] = None  # LLMEngine.stats(): gauges and engine counters
+    stats: dict | None = None  # LLMEngine.stats(): gauges and engine counters
 
 
 # Counters the engine keeps anyway (LLMEngine.counters, in its stats): the Prometheus counter that each feeds.
-ENGINE_COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
-                   "num_aborted": "aborted", "num_preemptions": "preemptions"}
+ENGINE_COUNTERS = {
+    "prompt_tokens": "prompt_tokens",
+    "generation_tokens": "generation_tokens",
+    "num_aborted": "aborted",
+    "num_preemptions": "preemptions",
+}
 
 
 class MetricsBuffer:
@@ -117,7 +164,7 @@ class MetricsBuffer:
             if snap.stats is not None:
                 self._snap.stats = snap.stats
 
-    def take(self, stats: Optional[dict] = None) -> MetricsSnapshot:
+    def take(self, stats: dict | None = None) -> MetricsSnapshot:
         """The counts since the last take. With `stats` (LLMEngine.stats()), also what the engine's own
         counters grew by since then."""
         with self._lock:
@@ -136,8 +183,15 @@ class EngineMetrics:
     """Queue-and-flush wrapper over pb_utils.MetricFamily; a no-op when pb_utils is None. Each engine
     process of the model has its own series, labelled `engine` (its index) and `device`."""
 
-    def __init__(self, pb_utils: Any, model_name: str, model_version: str, num_loops: int,
-                 interval_s: float = 0.25, devices: tuple[str, ...] = ("cpu",)):
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        model_version: str,
+        num_loops: int,
+        interval_s: float = 0.25,
+        devices: tuple[str, ...] = ("cpu",),
+    ):
         self.enabled = pb_utils is not None and hasattr(pb_utils, "MetricFamily")
         self.pending = [MetricsBuffer() for _ in devices]  # per engine: counted, not yet published
         self._stop = threading.Event()
@@ -159,41 +213,75 @@ class EngineMetrics:
             "generation_tokens": family("ouro_generation_tokens_total", "Generated tokens", MF.COUNTER),
             "aborted": family("ouro_requests_aborted_total", "Requests cancelled by the client", MF.COUNTER),
             "errors": family("ouro_request_errors_total", "Requests that ended with an error", MF.COUNTER),
-            "preemptions": family("ouro_num_preemptions_total", "Running requests preempted for lack of KV blocks",
-                                  MF.COUNTER),
+            "preemptions": family(
+                "ouro_num_preemptions_total", "Running requests preempted for lack of KV blocks", MF.COUNTER
+            ),
         }
-        hists = {} if not has_hist else {
-            "ttft": (family("ouro_time_to_first_token_seconds", "Time to first token (s)", MF.HISTOGRAM),
-                     LATENCY_BUCKETS),
-            "tpot": (family("ouro_time_per_output_token_seconds", "Time per output token after the first (s)",
-                            MF.HISTOGRAM), TPOT_BUCKETS),
-            "latency": (family("ouro_e2e_request_latency_seconds", "Request latency, arrival to finish (s)",
-                               MF.HISTOGRAM), LATENCY_BUCKETS),
-            "depth": (family("ouro_exit_depth", "Loop depth at which generated tokens exited", MF.HISTOGRAM),
-                      [float(d) for d in range(1, num_loops + 1)]),
+        hists = (
+            {}
+            if not has_hist
+            else {
+                "ttft": (
+                    family("ouro_time_to_first_token_seconds", "Time to first token (s)", MF.HISTOGRAM),
+                    LATENCY_BUCKETS,
+                ),
+                "tpot": (
+                    family(
+                        "ouro_time_per_output_token_seconds", "Time per output token after the first (s)", MF.HISTOGRAM
+                    ),
+                    TPOT_BUCKETS,
+                ),
+                "latency": (
+                    family("ouro_e2e_request_latency_seconds", "Request latency, arrival to finish (s)", MF.HISTOGRAM),
+                    LATENCY_BUCKETS,
+                ),
+                "depth": (
+                    family("ouro_exit_depth", "Loop depth at which generated tokens exited", MF.HISTOGRAM),
+                    [float(d) for d in range(1, num_loops + 1)],
+                ),
+            }
+        )
+        gauges = {
+            key: family(GAUGE_KEYS[key], desc, MF.GAUGE)
+            for key, desc in [
+                ("kv_usage", "Fraction of KV cache blocks in use"),
+                ("num_running", "Requests being generated"),
+                ("num_waiting", "Requests waiting for admission"),
+                ("num_swapped", "Preempted requests whose KV waits in host memory"),
+                (
+                    "prefix_cache_hit_rate",
+                    "Prompt tokens found in the prefix cache / prompt tokens admitted (0 without prefix caching)",
+                ),
+                (
+                    "spec_acceptance_rate",
+                    "Self-speculation: accepted / drafted tokens since start (0 without speculation)",
+                ),
+                (
+                    "spec_mean_accepted_length",
+                    "Self-speculation: tokens emitted per row and speculative step (1 + accepted drafts)",
+                ),
+            ]
         }
-        gauges = {key: family(GAUGE_KEYS[key], desc, MF.GAUGE) for key, desc in [
-            ("kv_usage", "Fraction of KV cache blocks in use"),
-            ("num_running", "Requests being generated"),
-            ("num_waiting", "Requests waiting for admission"),
-            ("num_swapped", "Preempted requests whose KV waits in host memory"),
-            ("prefix_cache_hit_rate",
-             "Prompt tokens found in the prefix cache / prompt tokens admitted (0 without prefix caching)"),
-            ("spec_acceptance_rate", "Self-speculation: accepted / drafted tokens since start (0 without speculation)"),
-            ("spec_mean_accepted_length",
-             "Self-speculation: tokens emitted per row and speculative step (1 + accepted drafts)"),
-        ]}
         success = family("ouro_request_success_total", "Finished requests by finish reason", MF.COUNTER)
         stat = family("ouro_engine_stat", "Engine counters from LLMEngine.stats()", MF.GAUGE)
         # A counter that a new server starts at the count so far: it only grows while ouro-serve runs.
-        restarts = family("ouro_server_restarts_total", "tritonserver restarts by ouro-serve before this server",
-                          MF.COUNTER)
+        restarts = family(
+            "ouro_server_restarts_total", "tritonserver restarts by ouro-serve before this server", MF.COUNTER
+        )
         self._restarts = restarts.Metric(labels={"model": model_name, "version": str(model_version)})
         if server_restarts():
             self._restarts.increment(server_restarts())
-        self._series = [_Series({"model": model_name, "version": str(model_version), "engine": str(i),
-                                 "device": device}, counters, hists, gauges, success, stat)
-                        for i, device in enumerate(devices)]
+        self._series = [
+            _Series(
+                {"model": model_name, "version": str(model_version), "engine": str(i), "device": device},
+                counters,
+                hists,
+                gauges,
+                success,
+                stat,
+            )
+            for i, device in enumerate(devices)
+        ]
         self._thread = threading.Thread(target=self._run, name="ouro-metrics", daemon=True)
         self._thread.start()
 

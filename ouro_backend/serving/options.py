@@ -11,13 +11,15 @@ If no model is given at all, the engine uses the demo model shipped with the pac
 A relative `model` path is resolved against the model's directory in the repository when it exists there.
 Unknown keys and bad values fail the model load with ConfigError naming the option.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from typing import Any, TypeVar
 
 from ..config import MODEL_PATH_ENV, ConfigError, parse_value
 
@@ -32,6 +34,7 @@ def _option(default: Any, help: str) -> Any:
 @dataclass(frozen=True)
 class StreamOptions:
     """What both decoupled models (`ouro_engine`, `ouro`) take as config.pbtxt parameters."""
+
     cancel_check_interval_s: float = _option(0.05, "how often open requests are checked for client cancellation")
     response_threads: int = _option(8, "threads sending responses; a request always uses the same one")
 
@@ -46,22 +49,34 @@ class StreamOptions:
 @dataclass(frozen=True)
 class ServingOptions(StreamOptions):
     """`ouro_engine` parameters that configure the serving layer, not the engine."""
+
     metrics_interval_s: float = _option(0.25, "how often each engine process reports metrics and its load")
-    engine_devices: str = _option("auto", "one engine process per device, comma-separated (cuda:0,cuda:1; cpu); "
-                                  "auto: every visible GPU, else the CPU ($OURO_ENGINE_DEVICES overrides)")
+    engine_devices: str = _option(
+        "auto",
+        "one engine process per device, comma-separated (cuda:0,cuda:1; cpu); "
+        "auto: every visible GPU, else the CPU ($OURO_ENGINE_DEVICES overrides)",
+    )
 
 
 @dataclass(frozen=True)
 class FrontOptions(StreamOptions):
     """`ouro` parameters."""
+
     engine_model: str = _option("ouro_engine", "the model whose engine process serves this front's requests")
     engine_connect_timeout_s: float = _option(300.0, "how long the front waits at load for that engine to come up")
 
 
 def option_docs(cls: type) -> list[tuple[str, str]]:
     """(name, "help (default)") for each field of an options dataclass: what config.pbtxt documents."""
-    return [(f.name, f"{f.metadata['help']} ({f.default:g})" if isinstance(f.default, float)
-             else f"{f.metadata['help']} ({f.default})") for f in dataclasses.fields(cls)]
+    return [
+        (
+            f.name,
+            f"{f.metadata['help']} ({f.default:g})"
+            if isinstance(f.default, float)
+            else f"{f.metadata['help']} ({f.default})",
+        )
+        for f in dataclasses.fields(cls)
+    ]
 
 
 # Parameters in config.pbtxt that configure the serving layer, not the engine.
@@ -82,7 +97,7 @@ def typed_options(cls: type[_O], values: Mapping[str, str]) -> _O:
     return cls(**kwargs).validate()
 
 
-def parse_engine_args(raw: Optional[str]) -> dict[str, str]:
+def parse_engine_args(raw: str | None) -> dict[str, str]:
     """$OURO_ENGINE_ARGS -> {key: value}."""
     if not raw or not raw.strip():
         return {}
@@ -116,8 +131,9 @@ def model_config_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def engine_options(model_config: Mapping[str, Any], model_dir: Optional[str] = None,
-                   environ: Optional[Mapping[str, str]] = None) -> tuple[dict[str, str], dict[str, str]]:
+def engine_options(
+    model_config: Mapping[str, Any], model_dir: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """(engine options for EngineConfig.from_strings, serving options)."""
     env = os.environ if environ is None else environ
     params = model_config_parameters(model_config)
@@ -144,8 +160,10 @@ def resolve_model_path(options: dict[str, str]) -> dict[str, str]:
 
         options = dict(options, model=default_model())
     elif not os.path.isdir(options["model"]):
-        raise ConfigError(f"model={options['model']!r}: no such checkpoint directory "
-                          f"(set the `model` parameter in config.pbtxt, ${MODEL_PATH_ENV}, or ouro-serve --model)")
+        raise ConfigError(
+            f"model={options['model']!r}: no such checkpoint directory "
+            f"(set the `model` parameter in config.pbtxt, ${MODEL_PATH_ENV}, or ouro-serve --model)"
+        )
     return options
 
 
@@ -155,7 +173,8 @@ def decoupled_model_config(pb_utils: Any, args: dict, default_name: str) -> tupl
     name = args.get("model_name", default_name)
     if not pb_utils.using_decoupled_model_transaction_policy(config):
         raise pb_utils.TritonModelException(
-            f"{name}: set `model_transaction_policy {{ decoupled: true }}` in config.pbtxt")
+            f"{name}: set `model_transaction_policy {{ decoupled: true }}` in config.pbtxt"
+        )
     return config, name
 
 

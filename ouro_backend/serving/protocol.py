@@ -11,12 +11,14 @@ accepted (one prompt per request, as the vLLM and TensorRT-LLM backends do for d
 Parsing also accepts unbatched arrays (`[1]`, `[n]`), so a model configured with `max_batch_size: 0`
 works unchanged.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -53,22 +55,38 @@ SAMPLING_INPUTS = _spec(
     InputSpec("random_seed", "UINT64", "uint", doc="alias of seed (TensorRT-LLM's name)"),
     InputSpec("stop_words", "STRING", "str", is_list=True, doc="stop strings (not included in the output)"),
     InputSpec("ignore_eos", "BOOL", "bool"),
-    InputSpec("exclude_input_in_output", "BOOL", "bool",
-              doc="non-streaming only: do not echo the prompt before the generated text"),
+    InputSpec(
+        "exclude_input_in_output",
+        "BOOL",
+        "bool",
+        doc="non-streaming only: do not echo the prompt before the generated text",
+    ),
     InputSpec("min_loops", "INT64", "int", doc="Ouro: a token runs at least this many loops (default 1)"),
     InputSpec("max_loops", "INT64", "int", doc="Ouro: a token runs at most this many loops (default: the model's)"),
-    InputSpec("exit_threshold", "FP32", "float",
-              doc="Ouro: exit when the gate's exit probability reaches it (1.0: fixed depth max_loops)"),
+    InputSpec(
+        "exit_threshold",
+        "FP32",
+        "float",
+        doc="Ouro: exit when the gate's exit probability reaches it (1.0: fixed depth max_loops)",
+    ),
     InputSpec("exit_trace", "INT64", "int", is_list=True, doc="Ouro: depths to replay (engine exit_mode=trace)"),
 )
 RETURN_FLAGS = _spec(
     InputSpec("return_num_input_tokens", "BOOL", "bool"),
     InputSpec("return_num_output_tokens", "BOOL", "bool"),
     InputSpec("return_finish_reason", "BOOL", "bool"),
-    InputSpec("return_spec_counts", "BOOL", "bool",
-              doc="self-speculation: return num_spec_drafted_tokens / num_spec_accepted_tokens (request totals)"),
-    InputSpec("return_num_cached_tokens", "BOOL", "bool",
-              doc="return num_cached_tokens: prompt tokens whose KV came from the prefix cache"),
+    InputSpec(
+        "return_spec_counts",
+        "BOOL",
+        "bool",
+        doc="self-speculation: return num_spec_drafted_tokens / num_spec_accepted_tokens (request totals)",
+    ),
+    InputSpec(
+        "return_num_cached_tokens",
+        "BOOL",
+        "bool",
+        doc="return num_cached_tokens: prompt tokens whose KV came from the prefix cache",
+    ),
 )
 TEXT_INPUT = InputSpec("text_input", "STRING", "str", doc="the prompt (required)")
 # What a client may send to `ouro` / `ouro_ensemble`.
@@ -81,11 +99,19 @@ ENGINE_INPUTS = _spec(
     *SAMPLING_INPUTS.values(),
     *RETURN_FLAGS.values(),
     InputSpec("text_input", "STRING", "str", doc="the prompt text: echoed (echo_text) by non-streaming requests"),
-    InputSpec("request_id", "STRING", "str",
-              doc="engine request id to use (unique among running requests); default: generated"),
-    InputSpec("abort_request_id", "STRING", "str",
-              doc="control request: abort the running request whose request_id output this is (input_ids may "
-                  "be empty); only ids the model generated, not ones a client chose"),
+    InputSpec(
+        "request_id",
+        "STRING",
+        "str",
+        doc="engine request id to use (unique among running requests); default: generated",
+    ),
+    InputSpec(
+        "abort_request_id",
+        "STRING",
+        "str",
+        doc="control request: abort the running request whose request_id output this is (input_ids may "
+        "be empty); only ids the model generated, not ones a client chose",
+    ),
 )
 ENGINE_OUTPUTS = {
     "output_ids": "INT32",  # the new token ids of this response
@@ -135,26 +161,56 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "can
 
 # Request parameters Triton or its clients set themselves; anything else in `request.parameters()` is a
 # field the model does not know (for example an unknown JSON field of /generate) and is rejected.
-RESERVED_PARAMETERS = frozenset({
-    "sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output",
-    "headers", "request_id", "id",
-})
+RESERVED_PARAMETERS = frozenset(
+    {
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "binary_data_output",
+        "headers",
+        "request_id",
+        "id",
+    }
+)
 
 
 class ParsedRequest:
     """A validated request: the prompt, the SamplingParams and the serving flags."""
 
-    __slots__ = ("prompt", "params", "stream", "exclude_input_in_output", "return_num_input_tokens",
-                 "return_num_output_tokens", "return_finish_reason", "return_spec_counts",
-                 "return_num_cached_tokens", "request_id",
-                 "abort_request_id", "prompt_text")
+    __slots__ = (
+        "prompt",
+        "params",
+        "stream",
+        "exclude_input_in_output",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+        "return_finish_reason",
+        "return_spec_counts",
+        "return_num_cached_tokens",
+        "request_id",
+        "abort_request_id",
+        "prompt_text",
+    )
 
-    def __init__(self, prompt, params, stream=False, exclude_input_in_output=False,
-                 return_num_input_tokens=False, return_num_output_tokens=False, return_finish_reason=False,
-                 return_spec_counts=False, return_num_cached_tokens=False, request_id=None,
-                 abort_request_id=None, prompt_text=None):
-        self.prompt: Union[str, list[int], None] = prompt
-        self.params: Optional[SamplingParams] = params
+    def __init__(
+        self,
+        prompt,
+        params,
+        stream=False,
+        exclude_input_in_output=False,
+        return_num_input_tokens=False,
+        return_num_output_tokens=False,
+        return_finish_reason=False,
+        return_spec_counts=False,
+        return_num_cached_tokens=False,
+        request_id=None,
+        abort_request_id=None,
+        prompt_text=None,
+    ):
+        self.prompt: str | list[int] | None = prompt
+        self.params: SamplingParams | None = params
         self.stream = stream
         self.exclude_input_in_output = exclude_input_in_output
         self.return_num_input_tokens = return_num_input_tokens
@@ -162,10 +218,10 @@ class ParsedRequest:
         self.return_finish_reason = return_finish_reason
         self.return_spec_counts = return_spec_counts
         self.return_num_cached_tokens = return_num_cached_tokens
-        self.request_id: Optional[str] = request_id
-        self.abort_request_id: Optional[str] = abort_request_id
+        self.request_id: str | None = request_id
+        self.abort_request_id: str | None = abort_request_id
         # The prompt as text (client models; the engine when given text_input): what echo_text repeats.
-        self.prompt_text: Optional[str] = prompt if isinstance(prompt, str) else prompt_text
+        self.prompt_text: str | None = prompt if isinstance(prompt, str) else prompt_text
 
     @property
     def echo_prompt(self) -> bool:
@@ -183,11 +239,12 @@ class ParsedRequest:
 def _values(name: str, arr: Any, spec: InputSpec) -> np.ndarray:
     """The flat values of one request's tensor, after checking batch size and dtype."""
     arr = np.asarray(arr)
-    if arr.ndim >= 2 or (arr.ndim == 1 and not spec.is_list and arr.size != 1):
-        # [batch, ...]: one prompt per request
-        if arr.ndim >= 1 and arr.shape[0] != 1:
-            raise RequestError(f"input {name!r} has batch size {arr.shape[0]} (shape {list(arr.shape)}); "
-                               f"only batch size 1 is supported: send one prompt per request")
+    batched = arr.ndim >= 2 or (arr.ndim == 1 and not spec.is_list and arr.size != 1)  # [batch, ...]
+    if batched and arr.shape[0] != 1:  # one prompt per request
+        raise RequestError(
+            f"input {name!r} has batch size {arr.shape[0]} (shape {list(arr.shape)}); "
+            f"only batch size 1 is supported: send one prompt per request"
+        )
     flat = arr.reshape(-1)
     kind = arr.dtype.kind
     ok = {
@@ -237,7 +294,7 @@ def read_scalar(inputs: Mapping[str, Any], name: str, specs: Mapping[str, InputS
     return _to_str(name, v)
 
 
-def read_list(inputs: Mapping[str, Any], name: str, specs: Mapping[str, InputSpec]) -> Optional[list]:
+def read_list(inputs: Mapping[str, Any], name: str, specs: Mapping[str, InputSpec]) -> list | None:
     arr = inputs.get(name)
     if arr is None:
         return None
@@ -257,7 +314,7 @@ def check_known_inputs(inputs: Iterable[str], specs: Mapping[str, InputSpec], mo
         raise RequestError(f"unknown input(s){where}: {', '.join(unknown)}; known inputs: {', '.join(specs)}")
 
 
-def timeout_parameter_us(parameters: Union[str, Mapping[str, Any], None]) -> int:
+def timeout_parameter_us(parameters: str | Mapping[str, Any] | None) -> int:
     """The request's `timeout` parameter in microseconds (0: none). Triton 2.51 leaves a /generate JSON
     field `timeout` there instead of setting the request's own timeout."""
     if isinstance(parameters, str):
@@ -273,7 +330,7 @@ def timeout_parameter_us(parameters: Union[str, Mapping[str, Any], None]) -> int
     return int(value)
 
 
-def check_parameters(parameters: Union[str, Mapping[str, Any], None], model: str = "") -> None:
+def check_parameters(parameters: str | Mapping[str, Any] | None, model: str = "") -> None:
     """Reject request parameters the model does not know (e.g. an unknown JSON field of /generate, which
     Triton turns into a request parameter instead of an input)."""
     if not parameters:
@@ -283,20 +340,28 @@ def check_parameters(parameters: Union[str, Mapping[str, Any], None], model: str
             parameters = json.loads(parameters)
         except ValueError:
             return
-    unknown = sorted(k for k in parameters
-                     if k not in RESERVED_PARAMETERS and not k.startswith("triton_") and not k.startswith("_"))
+    unknown = sorted(
+        k for k in parameters if k not in RESERVED_PARAMETERS and not k.startswith("triton_") and not k.startswith("_")
+    )
     if unknown:
         where = f" of model {model!r}" if model else ""
-        raise RequestError(f"unknown field(s) {', '.join(repr(k) for k in unknown)}: not an input{where}; "
-                           f"known inputs: {', '.join(CLIENT_INPUTS)}")
+        raise RequestError(
+            f"unknown field(s) {', '.join(repr(k) for k in unknown)}: not an input{where}; "
+            f"known inputs: {', '.join(CLIENT_INPUTS)}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Requests
 
 
-def parse_request(inputs: Mapping[str, Any], *, specs: Mapping[str, InputSpec] = CLIENT_INPUTS,
-                  prompt_input: str = "text_input", model: str = "") -> ParsedRequest:
+def parse_request(
+    inputs: Mapping[str, Any],
+    *,
+    specs: Mapping[str, InputSpec] = CLIENT_INPUTS,
+    prompt_input: str = "text_input",
+    model: str = "",
+) -> ParsedRequest:
     """Validate one request's tensors -> ParsedRequest. Raises RequestError naming the bad input.
 
     `prompt_input` is "text_input" (client models: a string prompt) or "input_ids" (the engine: token ids).
@@ -311,7 +376,7 @@ def parse_request(inputs: Mapping[str, Any], *, specs: Mapping[str, InputSpec] =
     if inputs.get(prompt_input) is None:
         raise RequestError(f"missing required input {prompt_input!r}")
     if prompt_input == "input_ids":
-        prompt: Union[str, list[int]] = read_list(inputs, prompt_input, specs) or []
+        prompt: str | list[int] = read_list(inputs, prompt_input, specs) or []
         if not prompt:
             raise RequestError("input_ids is empty")
     else:
@@ -326,8 +391,17 @@ def parse_request(inputs: Mapping[str, Any], *, specs: Mapping[str, InputSpec] =
     if seed is not None and random_seed is not None and seed != random_seed:
         raise RequestError(f"seed ({seed}) and random_seed ({random_seed}) disagree; send one of them")
     kwargs: dict[str, Any] = {}
-    for name in ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "ignore_eos", "min_loops",
-                 "max_loops", "exit_threshold"):
+    for name in (
+        "max_tokens",
+        "min_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "ignore_eos",
+        "min_loops",
+        "max_loops",
+        "exit_threshold",
+    ):
         v = scalar(name)
         if v is not None:
             kwargs[name] = v
@@ -347,7 +421,9 @@ def parse_request(inputs: Mapping[str, Any], *, specs: Mapping[str, InputSpec] =
         raise RequestError("request_id is empty")
     prompt_text = scalar("text_input") if prompt_input != "text_input" else None
     return ParsedRequest(
-        prompt, params, prompt_text=prompt_text,
+        prompt,
+        params,
+        prompt_text=prompt_text,
         stream=bool(scalar("stream", False)),
         exclude_input_in_output=bool(scalar("exclude_input_in_output", False)),
         return_num_input_tokens=bool(scalar("return_num_input_tokens", False)),
@@ -376,8 +452,7 @@ def string_array(s: str) -> np.ndarray:
     return np.asarray([[s.encode("utf-8")]], dtype=np.object_)
 
 
-
-def finish_reason_name(reason: Optional[str]) -> str:
+def finish_reason_name(reason: str | None) -> str:
     """The client-facing finish reason ("" while the stream goes on)."""
     if not reason:
         return ""
@@ -389,10 +464,18 @@ def _check_return_flags(flags: Sequence[bool]) -> None:
         raise ValueError(f"{len(flags)} return flags for {len(RETURN_FLAGS)}: {', '.join(RETURN_FLAGS)}")
 
 
-def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int], exit_depths: Sequence[int],
-                           trim_chars: int, num_input_tokens: int, finish_reason: Optional[str],
-                           echo_text: str = "", return_flags: Sequence[bool] = (False,) * len(RETURN_FLAGS),
-                           spec_counts: tuple[int, int] = (0, 0), num_cached_tokens: int = 0) -> dict[str, np.ndarray]:
+def engine_response_arrays(
+    output_ids: Sequence[int],
+    prefix_ids: Sequence[int],
+    exit_depths: Sequence[int],
+    trim_chars: int,
+    num_input_tokens: int,
+    finish_reason: str | None,
+    echo_text: str = "",
+    return_flags: Sequence[bool] = (False,) * len(RETURN_FLAGS),
+    spec_counts: tuple[int, int] = (0, 0),
+    num_cached_tokens: int = 0,
+) -> dict[str, np.ndarray]:
     """One `ouro_engine` response. `return_flags`: the request's RETURN_FLAGS, in order;
     `spec_counts`: the request's (drafted, accepted) speculative tokens so far; `num_cached_tokens`: its
     prompt tokens found in the prefix cache."""
@@ -415,8 +498,14 @@ def engine_response_arrays(output_ids: Sequence[int], prefix_ids: Sequence[int],
     }
 
 
-def detokenize(tokenizer, output_ids: Sequence[int], prefix_ids: Sequence[int], trim_chars: int = 0,
-               final: bool = False, prompt_text: Optional[str] = None) -> str:
+def detokenize(
+    tokenizer,
+    output_ids: Sequence[int],
+    prefix_ids: Sequence[int],
+    trim_chars: int = 0,
+    final: bool = False,
+    prompt_text: str | None = None,
+) -> str:
     """The text of one engine response: decode(prefix + new) - decode(prefix), holding back an incomplete
     trailing character unless `final`, minus `trim_chars` (a stop string), after `prompt_text` if echoed.
 
@@ -432,12 +521,20 @@ def detokenize(tokenizer, output_ids: Sequence[int], prefix_ids: Sequence[int], 
     return text
 
 
-def client_response_arrays(tokenizer, output_ids: Sequence[int], prefix_ids: Sequence[int],
-                           exit_depths: Sequence[int], trim_chars: int, num_input_tokens: int,
-                           finish_reason: Optional[str], echo_text: str = "",
-                           return_flags: Sequence[bool] = (False,) * len(RETURN_FLAGS),
-                           spec_counts: tuple[int, int] = (0, 0), num_cached_tokens: int = 0,
-                           num_output_tokens: Optional[int] = None) -> dict[str, np.ndarray]:
+def client_response_arrays(
+    tokenizer,
+    output_ids: Sequence[int],
+    prefix_ids: Sequence[int],
+    exit_depths: Sequence[int],
+    trim_chars: int,
+    num_input_tokens: int,
+    finish_reason: str | None,
+    echo_text: str = "",
+    return_flags: Sequence[bool] = (False,) * len(RETURN_FLAGS),
+    spec_counts: tuple[int, int] = (0, 0),
+    num_cached_tokens: int = 0,
+    num_output_tokens: int | None = None,
+) -> dict[str, np.ndarray]:
     """One client-facing response from an engine response's fields (as `engine_response_arrays` takes
     them): the `ouro` front builds it directly, `postprocessing` from the engine's tensors."""
     _check_return_flags(return_flags)
@@ -470,11 +567,19 @@ def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.nda
     prefix = read_list(inputs, "prefix_ids", POST_INPUTS)
     assert ids is not None and prefix is not None  # required: checked above
     return client_response_arrays(
-        tokenizer, ids, prefix, depths if depths is not None else [],
-        scalar("trim_chars", 0), scalar("num_input_tokens", 0), scalar("finish_reason", ""),
-        echo_text=scalar("echo_text", ""), return_flags=tuple(bool(scalar(f, False)) for f in RETURN_FLAGS),
+        tokenizer,
+        ids,
+        prefix,
+        depths if depths is not None else [],
+        scalar("trim_chars", 0),
+        scalar("num_input_tokens", 0),
+        scalar("finish_reason", ""),
+        echo_text=scalar("echo_text", ""),
+        return_flags=tuple(bool(scalar(f, False)) for f in RETURN_FLAGS),
         spec_counts=(scalar("num_spec_drafted_tokens", 0), scalar("num_spec_accepted_tokens", 0)),
-        num_cached_tokens=scalar("num_cached_tokens", 0), num_output_tokens=scalar("num_output_tokens", None))
+        num_cached_tokens=scalar("num_cached_tokens", 0),
+        num_output_tokens=scalar("num_output_tokens", None),
+    )
 
 
 def prompt_byte_limit(tokenizer, context_tokens: int) -> int:
@@ -492,8 +597,10 @@ def check_prompt_bytes(inputs: Mapping[str, Any], name: str, limit: int, context
         return
     size = sum(len(v) for v in np.asarray(arr).reshape(-1) if isinstance(v, (bytes, str)))
     if size > limit:
-        raise RequestError(f"{name} is {size} bytes: longer than any prompt that fits the {context_tokens}-token "
-                           f"context ({limit} bytes at most with this tokenizer)")
+        raise RequestError(
+            f"{name} is {size} bytes: longer than any prompt that fits the {context_tokens}-token "
+            f"context ({limit} bytes at most with this tokenizer)"
+        )
 
 
 def tokenize_arrays(tokenizer, text: str) -> dict[str, np.ndarray]:

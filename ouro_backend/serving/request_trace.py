@@ -23,6 +23,7 @@ call); front responded -> client received is the way out. The front knows a clie
 id the client sent (`alias`). Without client marks the summary spans front received -> front responded.
 `benchmarks/served.py --trace` sets the variable (for the server and load.py) and reports the summary.
 """
+
 from __future__ import annotations
 
 import glob
@@ -31,12 +32,21 @@ import os
 import statistics
 import threading
 import time
-from typing import Optional
 
 ENV = "OURO_REQUEST_TRACE"
-HOPS = [("client", "sent"), ("front", "received"), ("front", "parsed"), ("front", "submitted"),
-        ("engine", "received"), ("engine", "added"), ("engine", "first_token"), ("engine", "routed"),
-        ("front", "delivered"), ("front", "responded"), ("client", "received")]
+HOPS = [
+    ("client", "sent"),
+    ("front", "received"),
+    ("front", "parsed"),
+    ("front", "submitted"),
+    ("engine", "received"),
+    ("engine", "added"),
+    ("engine", "first_token"),
+    ("engine", "routed"),
+    ("front", "delivered"),
+    ("front", "responded"),
+    ("client", "received"),
+]
 
 
 class RequestTrace:
@@ -50,11 +60,11 @@ class RequestTrace:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_env(cls, role: str) -> Optional["RequestTrace"]:
+    def from_env(cls, role: str) -> RequestTrace | None:
         directory = os.environ.get(ENV)
         return cls(directory, role) if directory else None
 
-    def mark(self, rid: str, event: str, when: Optional[float] = None) -> None:
+    def mark(self, rid: str, event: str, when: float | None = None) -> None:
         """The first time `rid` passes `event` (later passes keep the first)."""
         t = time.monotonic() if when is None else when
         with self._lock:
@@ -99,8 +109,10 @@ def summarize(directory: str) -> dict:
 
     def stats(values: list[float]) -> dict:
         values = sorted(v * 1e3 for v in values)
-        return dict(median_ms=round(statistics.median(values), 3),
-                    p90_ms=round(values[min(len(values) - 1, int(0.9 * len(values)))], 3))
+        return dict(
+            median_ms=round(statistics.median(values), 3),
+            p90_ms=round(values[min(len(values) - 1, int(0.9 * len(values)))], 3),
+        )
 
     for a, b in zip(names, names[1:]):
         out[f"{a} -> {b}"] = stats([m[b] - m[a] for m in complete])

@@ -15,6 +15,7 @@ Thread design (as in the vLLM Triton backend, with the engine in its own process
   (a round trip to the server each, so never on a hot thread) and aborts cancelled ones in the engine,
   which frees their KV; their last response says finish_reason "cancelled".
 """
+
 from __future__ import annotations
 
 import abc
@@ -23,14 +24,14 @@ import logging
 import threading
 import time
 import zlib
-from typing import Any, Optional
+from typing import Any
 
 from ..sampling_params import RequestError
 from . import protocol
 from .cancellation import CancelWatcher
-from .engine_pool import EngineRouter
 from .engine_errors import EngineProcessError, ServerBusy
 from .engine_messages import Delta, Failed, FromEngine, LoadReport, Outputs, Rejected
+from .engine_pool import EngineRouter
 from .options import StreamOptions
 from .request_trace import RequestTrace
 
@@ -42,12 +43,43 @@ class Stream:
     `send_lock` orders the FINAL send against is_cancelled(): asking a sender whose final response went
     out crashes tritonserver 2.51 (the response factory is gone)."""
 
-    __slots__ = ("rid", "sender", "parsed", "num_input", "data_lock", "send_lock", "done", "cancelled",
-                 "ids", "depths", "prefix", "trim", "reason", "error", "error_code", "queued", "worker",
-                 "spec_counts", "num_cached", "engine", "responded", "timeout_s", "deadline")
+    __slots__ = (
+        "rid",
+        "sender",
+        "parsed",
+        "num_input",
+        "data_lock",
+        "send_lock",
+        "done",
+        "cancelled",
+        "ids",
+        "depths",
+        "prefix",
+        "trim",
+        "reason",
+        "error",
+        "error_code",
+        "queued",
+        "worker",
+        "spec_counts",
+        "num_cached",
+        "engine",
+        "responded",
+        "timeout_s",
+        "deadline",
+    )
 
-    def __init__(self, rid: str, sender: Any, parsed: protocol.ParsedRequest, num_input: int, worker: int,
-                 engine: int, received: float = 0.0, timeout_s: Optional[float] = None):
+    def __init__(
+        self,
+        rid: str,
+        sender: Any,
+        parsed: protocol.ParsedRequest,
+        num_input: int,
+        worker: int,
+        engine: int,
+        received: float = 0.0,
+        timeout_s: float | None = None,
+    ):
         self.rid = rid
         self.sender = sender
         self.parsed = parsed
@@ -58,11 +90,11 @@ class Stream:
         self.cancelled = False
         self.ids: list[int] = []
         self.depths: list[int] = []
-        self.prefix: Optional[list[int]] = None
+        self.prefix: list[int] | None = None
         self.trim = 0
-        self.reason: Optional[str] = None  # set with the engine's last delta
-        self.error: Optional[str] = None
-        self.error_code: Optional[str] = None  # a pb_utils.TritonError code name (None: the default)
+        self.reason: str | None = None  # set with the engine's last delta
+        self.error: str | None = None
+        self.error_code: str | None = None  # a pb_utils.TritonError code name (None: the default)
         self.queued = False
         self.worker = worker
         self.spec_counts = (0, 0)
@@ -85,12 +117,12 @@ class SendQueue:
         self._first: collections.deque = collections.deque()
         self._later: collections.deque = collections.deque()
 
-    def put(self, item: Optional[Stream], first: bool = False) -> None:
+    def put(self, item: Stream | None, first: bool = False) -> None:
         with self._ready:
             (self._first if first else self._later).append(item)
             self._ready.notify()
 
-    def get(self) -> Optional[Stream]:
+    def get(self) -> Stream | None:
         with self._ready:
             while not self._first and not self._later:
                 self._ready.wait()
@@ -103,7 +135,7 @@ class StreamingModel(abc.ABC):
     (`count_error`)."""
 
     model_name = "ouro"
-    router: Optional[EngineRouter] = None
+    router: EngineRouter | None = None
 
     def setup_streams(self, pb: Any, serving: StreamOptions) -> None:
         self.pb = pb
@@ -111,8 +143,10 @@ class StreamingModel(abc.ABC):
         self._streams: dict[str, Stream] = {}
         # A queue per sender; a stream is in it at most once (Stream.queued).
         self._queues = [SendQueue() for _ in range(serving.response_threads)]
-        self._senders = [threading.Thread(target=self._send_loop, args=(q,), name=f"ouro-send-{i}", daemon=True)
-                         for i, q in enumerate(self._queues)]
+        self._senders = [
+            threading.Thread(target=self._send_loop, args=(q,), name=f"ouro-send-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
         for t in self._senders:
             t.start()
         self._watcher = CancelWatcher(serving.cancel_check_interval_s, self._open_streams, self._cancel, self._expire)
@@ -120,7 +154,7 @@ class StreamingModel(abc.ABC):
 
     # ---------------------------------------------------------------- what a subclass provides
     @abc.abstractmethod
-    def parse(self, request: Any) -> Optional[tuple[protocol.ParsedRequest, list[int], str]]:
+    def parse(self, request: Any) -> tuple[protocol.ParsedRequest, list[int], str] | None:
         """(parsed request, prompt ids, request id), or None when the request was a control request that
         is already answered. Raises RequestError for bad input."""
 
@@ -148,8 +182,12 @@ class StreamingModel(abc.ABC):
                     trace.mark(parsed[2], "parsed")
                     if request.request_id():
                         trace.alias(request.request_id(), parsed[2])
-                self._submit(sender, *parsed, received=received,
-                             timeout_us=request.timeout() or protocol.timeout_parameter_us(request.parameters()))
+                self._submit(
+                    sender,
+                    *parsed,
+                    received=received,
+                    timeout_us=request.timeout() or protocol.timeout_parameter_us(request.parameters()),
+                )
             except ServerBusy as e:
                 self.count_error()
                 self.send_error(sender, f"{self.model_name}: {e}", code="UNAVAILABLE")
@@ -163,15 +201,30 @@ class StreamingModel(abc.ABC):
                 self.send_error(sender, f"{self.model_name}: internal error: {type(e).__name__}: {e}")
         return None
 
-    def _submit(self, sender: Any, parsed: protocol.ParsedRequest, prompt_ids: list[int], rid: str,
-                received: float, timeout_us: int = 0) -> None:
+    def _submit(
+        self,
+        sender: Any,
+        parsed: protocol.ParsedRequest,
+        prompt_ids: list[int],
+        rid: str,
+        received: float,
+        timeout_us: int = 0,
+    ) -> None:
         assert self.router is not None  # set before the model takes requests
         assert parsed.params is not None  # only control requests have none, and parse() answers those
         index, client = self.router.pick()
         # The server's request_timeout_s, or the request's own Triton `timeout` (microseconds) if shorter.
         limits = [t for t in (client.info.request_timeout_s, timeout_us / 1e6) if t > 0]
-        stream = Stream(rid, sender, parsed, len(prompt_ids), zlib.crc32(rid.encode()) % len(self._queues), index,
-                        received, min(limits) if limits else None)
+        stream = Stream(
+            rid,
+            sender,
+            parsed,
+            len(prompt_ids),
+            zlib.crc32(rid.encode()) % len(self._queues),
+            index,
+            received,
+            min(limits) if limits else None,
+        )
         with self._lock:
             if rid in self._streams:
                 self.router.release(index)
@@ -241,7 +294,7 @@ class StreamingModel(abc.ABC):
             s.queued = True
         self._queues[s.worker].put(s, first=not s.responded)
 
-    def _end_with_error(self, rid: str, message: str, code: Optional[str] = None) -> None:
+    def _end_with_error(self, rid: str, message: str, code: str | None = None) -> None:
         with self._lock:
             s = self._streams.pop(rid, None)
         if s is None:
@@ -282,12 +335,24 @@ class StreamingModel(abc.ABC):
             return
         final = reason is not None
         p = s.parsed
-        fields = dict(output_ids=ids, prefix_ids=prefix, exit_depths=depths, trim_chars=trim,
-                      num_input_tokens=s.num_input, finish_reason=reason,
-                      echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
-                      return_flags=(p.return_num_input_tokens, p.return_num_output_tokens, p.return_finish_reason,
-                                    p.return_spec_counts, p.return_num_cached_tokens),
-                      spec_counts=spec_counts, num_cached_tokens=s.num_cached)
+        fields = dict(
+            output_ids=ids,
+            prefix_ids=prefix,
+            exit_depths=depths,
+            trim_chars=trim,
+            num_input_tokens=s.num_input,
+            finish_reason=reason,
+            echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
+            return_flags=(
+                p.return_num_input_tokens,
+                p.return_num_output_tokens,
+                p.return_finish_reason,
+                p.return_spec_counts,
+                p.return_num_cached_tokens,
+            ),
+            spec_counts=spec_counts,
+            num_cached_tokens=s.num_cached,
+        )
         try:
             arrays = self.response_arrays(fields, s.rid)
             response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()])
@@ -314,12 +379,14 @@ class StreamingModel(abc.ABC):
         if self._trace is not None and ids:
             self._trace.mark(s.rid, "responded")
 
-    def send_error(self, sender: Any, message: str, code: Optional[str] = None) -> None:
+    def send_error(self, sender: Any, message: str, code: str | None = None) -> None:
         """A FINAL error response; `code` names a pb_utils.TritonError code (UNAVAILABLE: HTTP 503)."""
         pb = self.pb
         try:
             error = pb.TritonError(message) if code is None else pb.TritonError(message, getattr(pb.TritonError, code))
-            sender.send(pb.InferenceResponse(output_tensors=[], error=error), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(
+                pb.InferenceResponse(output_tensors=[], error=error), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            )
         except Exception as e:
             log.debug("error response failed: %s", e)
 
@@ -332,8 +399,11 @@ class StreamingModel(abc.ABC):
         """Past its deadline: abort it in the engine and end it with a timeout error."""
         self._cancel(s)
         self.count_error()
-        self._end_with_error(s.rid, f"{self.model_name}: request timed out: not finished "
-                                    f"{s.timeout_s:g}s after it arrived", code="UNAVAILABLE")
+        self._end_with_error(
+            s.rid,
+            f"{self.model_name}: request timed out: not finished {s.timeout_s:g}s after it arrived",
+            code="UNAVAILABLE",
+        )
 
     def _cancel(self, s: Stream) -> None:
         if s.cancelled:

@@ -10,6 +10,7 @@
 The tokenizer comes from the same checkpoint as the engine: $OURO_MODEL_PATH, else the `model` parameter
 of the model's config.pbtxt ($OURO_ENGINE_ARGS may set it too), else the demo model.
 """
+
 from __future__ import annotations
 
 import abc
@@ -49,15 +50,23 @@ class _TokenizerModel(abc.ABC):
         responses = []
         for request in requests:
             try:
-                arrays = self.process(tensor_arrays(self.pb.get_input_tensor_by_name, request, self.input_specs), request)
+                arrays = self.process(
+                    tensor_arrays(self.pb.get_input_tensor_by_name, request, self.input_specs), request
+                )
                 responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()]))
             except RequestError as e:
-                responses.append(pb.InferenceResponse(
-                    output_tensors=[], error=pb.TritonError(f"{self.model_name}: invalid request: {e}")))
+                responses.append(
+                    pb.InferenceResponse(
+                        output_tensors=[], error=pb.TritonError(f"{self.model_name}: invalid request: {e}")
+                    )
+                )
             except Exception as e:
                 log.exception("%s failed", self.model_name)
-                responses.append(pb.InferenceResponse(
-                    output_tensors=[], error=pb.TritonError(f"{self.model_name}: {type(e).__name__}: {e}")))
+                responses.append(
+                    pb.InferenceResponse(
+                        output_tensors=[], error=pb.TritonError(f"{self.model_name}: {type(e).__name__}: {e}")
+                    )
+                )
         return responses
 
     @abc.abstractmethod

@@ -11,6 +11,7 @@ downloads the two .deb files with `apt-get download` (no installation, no root n
 `dpkg-deb -x`, and writes DIR/train.txt, DIR/heldout.txt (the last `--heldout` share of every book and
 fortune file) and DIR/SOURCES.txt (package versions and sha256 of the files).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,21 @@ PACKAGES = ["r-cran-janeaustenr", "fortunes"]
 AUSTEN_DATA = "usr/lib/R/site-library/janeaustenr/data/Rdata"
 FORTUNE_DIR = "usr/share/games/fortunes"
 # Not English prose, or not the fortune files' BSD copyright.
-SKIP_FORTUNES = {"art", "ascii-art", "debian", "linux", "linuxcookie", "perl", "computers", "startrek",
-                 "pratchett", "translate-me", "zippy", "knghtbrd", "ethnic"}
+SKIP_FORTUNES = {
+    "art",
+    "ascii-art",
+    "debian",
+    "linux",
+    "linuxcookie",
+    "perl",
+    "computers",
+    "startrek",
+    "pratchett",
+    "translate-me",
+    "zippy",
+    "knghtbrd",
+    "ethnic",
+}
 
 
 def fetch_packages(workdir: Path) -> tuple[Path, list[str]]:
@@ -56,7 +70,7 @@ def austen_books(root: Path) -> dict[str, list[str]]:
     db = base.with_suffix(".rdb").read_bytes()
     books = {}
     for name, (offset, length) in index["variables"].items():
-        chunk = db[int(offset): int(offset) + int(length)]
+        chunk = db[int(offset) : int(offset) + int(length)]
         books[str(name)] = [str(x) for x in convert(zlib.decompress(chunk[4:]))]  # 4 bytes: raw length
     return books
 
@@ -100,8 +114,9 @@ def build(out: Path, heldout: float = 0.03) -> dict[str, int]:
     sep = "\n\n"
     (out / "train.txt").write_text(sep.join(train) + "\n", encoding="utf-8")
     (out / "heldout.txt").write_text(sep.join(held) + "\n", encoding="utf-8")
-    (out / "SOURCES.txt").write_text("\n".join(sources + [f"{k}: {len(v)} items" for k, v in sorted(docs.items())])
-                                     + "\n")
+    (out / "SOURCES.txt").write_text(
+        "\n".join(sources + [f"{k}: {len(v)} items" for k, v in sorted(docs.items())]) + "\n"
+    )
     return dict(train_chars=sum(map(len, train)), heldout_chars=sum(map(len, held)), documents=len(docs))
 
 

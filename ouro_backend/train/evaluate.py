@@ -1,6 +1,7 @@
 """How good the demo model is (docs/demo-model.md), in numbers:
 
-* held-out text (paragraphs separated by <|endoftext|>, as in training), teacher-forced (every position sees its full-depth context): cross-entropy at each loop;
+* held-out text (paragraphs separated by <|endoftext|>, as in training), teacher-forced (every position sees its
+full-depth context): cross-entropy at each loop;
   the cross-entropy when each position exits where the gate says (the engine's `ouro` rule: fp32 hazard,
   exit once 1 - prod(1 - lambda) >= threshold) and the depth histogram that gives; how often loop d's
   argmax equals the last loop's (the draft/verify agreement of self-speculation);
@@ -10,14 +11,15 @@
 
     python -m ouro_backend.train.evaluate [--model DIR] [--heldout FILE] [--words /usr/share/dict/american-english]
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +29,14 @@ from ..model.tokenizer import load_tokenizer
 from .looped_lm import LoopedLM
 from .train import encode
 
-PROMPTS = ["Once upon a time, there was a little", "The weather today is", "She looked at him and said",
-           "It is a truth universally acknowledged that", "My dear friend,", "In the morning, the children"]
+PROMPTS = [
+    "Once upon a time, there was a little",
+    "The weather today is",
+    "She looked at him and said",
+    "It is a truth universally acknowledged that",
+    "My dear friend,",
+    "In the morning, the children",
+]
 WORD_LIST = "/usr/share/dict/american-english"  # Debian's wamerican
 
 
@@ -47,32 +55,41 @@ def gate_depths(gate_logits: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def heldout_report(model_dir: str, text: str, thresholds: Sequence[float] = (0.5, 0.7, 0.9),
-                   window: int = 256, max_windows: int = 1024) -> dict:
+def heldout_report(
+    model_dir: str, text: str, thresholds: Sequence[float] = (0.5, 0.7, 0.9), window: int = 256, max_windows: int = 1024
+) -> dict:
     cfg = load_config(model_dir)
     model = LoopedLM(cfg).eval()
     model.load_state_dict(load_weights(model_dir, cfg, torch.float32, "cpu"))
     ids = encode(load_tokenizer(model_dir), [x for x in text.split("\n\n") if x.strip()]).tolist()  # as trained
-    rows = [ids[i: i + window + 1] for i in range(0, len(ids) - window, window)][:max_windows]
+    rows = [ids[i : i + window + 1] for i in range(0, len(ids) - window, window)][:max_windows]
     batch = torch.tensor(rows)
     states, gates = model(batch[:, :-1])
     target = batch[:, 1:]
     logits = [model.lm_head(s).float() for s in states]
-    ce = torch.stack([F.cross_entropy(lg.flatten(0, 1), target.flatten(), reduction="none").view_as(target)
-                      for lg in logits])  # [T, B, S]
+    ce = torch.stack(
+        [F.cross_entropy(lg.flatten(0, 1), target.flatten(), reduction="none").view_as(target) for lg in logits]
+    )  # [T, B, S]
     T = cfg.total_ut_steps
     last = logits[-1].argmax(-1)
-    out = dict(tokens=int(target.numel()), ce_per_loop=[round(float(c.mean()), 4) for c in ce],
-               agreement_with_last_loop={d + 1: round(float((logits[d].argmax(-1) == last).float().mean()), 4)
-                                         for d in range(T - 1)},
-               gate={})
+    out = dict(
+        tokens=int(target.numel()),
+        ce_per_loop=[round(float(c.mean()), 4) for c in ce],
+        agreement_with_last_loop={
+            d + 1: round(float((logits[d].argmax(-1) == last).float().mean()), 4) for d in range(T - 1)
+        },
+        gate={},
+    )
     for thr in thresholds:
         depth = gate_depths(gates, thr)
         exit_ce = ce.gather(0, (depth - 1)[None]).squeeze(0)
         hist = torch.bincount(depth.flatten(), minlength=T + 1)[1:]
-        out["gate"][str(thr)] = dict(ce=round(float(exit_ce.mean()), 4), mean_depth=round(float(depth.float().mean()), 3),
-                                     depth_share=[round(float(h) / depth.numel(), 4) for h in hist],
-                                     ce_vs_full=round(float(exit_ce.mean() - ce[-1].mean()), 4))
+        out["gate"][str(thr)] = dict(
+            ce=round(float(exit_ce.mean()), 4),
+            mean_depth=round(float(depth.float().mean()), 3),
+            depth_share=[round(float(h) / depth.numel(), 4) for h in hist],
+            ce_vs_full=round(float(exit_ce.mean() - ce[-1].mean()), 4),
+        )
     return out
 
 
@@ -84,7 +101,7 @@ def repeated_share(text: str, n: int = 4) -> float:
     """The share of a text's word n-grams that already occurred earlier in it: 0 without a repeated
     phrase, 0.5 for a sentence said twice, towards 1 for one phrase over and over."""
     w = [x.lower() for x in words(text)]
-    grams = [tuple(w[i: i + n]) for i in range(len(w) - n + 1)]
+    grams = [tuple(w[i : i + n]) for i in range(len(w) - n + 1)]
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
@@ -92,8 +109,13 @@ def load_word_list(path: str = WORD_LIST) -> set[str]:
     return {w.strip().lower() for w in Path(path).read_text(encoding="utf-8", errors="replace").splitlines()}
 
 
-def english_report(model_dir: Optional[str], word_list: set[str], prompts: Sequence[str] = PROMPTS,
-                   max_tokens: int = 40, threshold: float = 0.7) -> dict:
+def english_report(
+    model_dir: str | None,
+    word_list: set[str],
+    prompts: Sequence[str] = PROMPTS,
+    max_tokens: int = 40,
+    threshold: float = 0.7,
+) -> dict:
     """Greedy continuations through the engine (fp32, CPU), at full depth and with the gate at `threshold`."""
     from ..engine.llm_engine import LLM
     from ..sampling_params import SamplingParams
@@ -102,13 +124,18 @@ def english_report(model_dir: Optional[str], word_list: set[str], prompts: Seque
     report = dict(threshold=threshold, prompts={})
     all_words, depths = [], Counter()
     for thr in (1.0, threshold):
-        for p, o in zip(prompts, llm.generate(list(prompts), SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                                               exit_threshold=thr))):
+        for p, o in zip(
+            prompts,
+            llm.generate(list(prompts), SamplingParams(max_tokens=max_tokens, temperature=0.0, exit_threshold=thr)),
+        ):
             long_words = [w.lower() for w in words(o.text) if len(w) >= 3]
-            entry = dict(text=o.text, exit_depths=o.exit_depths[1:],
-                         known_words=round(sum(w in word_list for w in long_words) / max(1, len(long_words)), 3),
-                         printable=all(c.isprintable() or c in "\n\t" for c in o.text),
-                         repeated_share=round(repeated_share(o.text), 3))
+            entry = dict(
+                text=o.text,
+                exit_depths=o.exit_depths[1:],
+                known_words=round(sum(w in word_list for w in long_words) / max(1, len(long_words)), 3),
+                printable=all(c.isprintable() or c in "\n\t" for c in o.text),
+                repeated_share=round(repeated_share(o.text), 3),
+            )
             report["prompts"].setdefault(p, {})["full" if thr == 1.0 else f"gate {thr}"] = entry
             if thr == 1.0:
                 all_words += long_words
@@ -119,7 +146,7 @@ def english_report(model_dir: Optional[str], word_list: set[str], prompts: Seque
     return report
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     from ..models import default_model
 
     p = argparse.ArgumentParser(prog="python -m ouro_backend.train.evaluate", description=__doc__.split("\n\n")[0])

@@ -5,6 +5,7 @@ Every token runs all T loops during training (the KV each loop attends to is tha
 engine's prefill). Loop t's normed state gives loop t's logits (shared LM head) and its exit gate
 lambda_t = sigmoid(gate(state_t)); the next loop starts from that normed state.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ class RMSNorm(nn.Module):
 
 def _linear(n_in: int, n_out: int) -> nn.Linear:
     lin = nn.Linear(n_in, n_out, bias=False)
-    nn.init.normal_(lin.weight, std=n_in ** -0.5)
+    nn.init.normal_(lin.weight, std=n_in**-0.5)
     return lin
 
 
@@ -128,7 +129,7 @@ def exit_distribution(gate_logits: torch.Tensor) -> torch.Tensor:
     T = gate_logits.shape[0]
     log_stay = F.logsigmoid(-gate_logits)  # log(1 - lambda)
     log_survive = torch.cat([torch.zeros_like(log_stay[:1]), torch.cumsum(log_stay[:-1], 0)])  # sum_{j<t}
-    log_p = torch.cat([log_survive[: T - 1] + F.logsigmoid(gate_logits[: T - 1]), log_survive[T - 1:]])
+    log_p = torch.cat([log_survive[: T - 1] + F.logsigmoid(gate_logits[: T - 1]), log_survive[T - 1 :]])
     return log_p.exp()
 
 
@@ -137,13 +138,22 @@ def ouro_loss(model: LoopedLM, ids: torch.Tensor, entropy_weight: float) -> tupl
     Returns (loss, stats) with each loop's mean CE and the mean exit distribution."""
     states, gate_logits = model(ids[:, :-1])
     target = ids[:, 1:]
-    ce = torch.stack([F.cross_entropy(model.lm_head(s).float().flatten(0, 1), target.flatten(), reduction="none")
-                      .view_as(target) for s in states])  # [T, B, S]
+    ce = torch.stack(
+        [
+            F.cross_entropy(model.lm_head(s).float().flatten(0, 1), target.flatten(), reduction="none").view_as(target)
+            for s in states
+        ]
+    )  # [T, B, S]
     p = exit_distribution(gate_logits)
     entropy = -(p * torch.log(p.clamp_min(1e-12))).sum(0)
     loss = ((p * ce).sum(0) - entropy_weight * entropy).mean()
     ce, p, entropy = ce.detach(), p.detach(), entropy.detach()
-    stats = dict(loss=float(loss.detach()), ce_per_loop=[float(x) for x in ce.mean((1, 2))],
-                 expected_ce=float((p * ce).sum(0).mean()), exit_dist=[float(x) for x in p.mean((1, 2))],
-                 entropy=float(entropy.mean()), entropy_max=math.log(p.shape[0]))
+    stats = dict(
+        loss=float(loss.detach()),
+        ce_per_loop=[float(x) for x in ce.mean((1, 2))],
+        expected_ce=float((p * ce).sum(0).mean()),
+        exit_dist=[float(x) for x in p.mean((1, 2))],
+        entropy=float(entropy.mean()),
+        entropy_max=math.log(p.shape[0]),
+    )
     return loss, stats

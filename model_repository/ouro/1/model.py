@@ -1,4 +1,5 @@
 """Triton Python model `ouro`: the logic is ouro_backend.serving.front_model.FrontModel."""
+
 import os
 import sys
 

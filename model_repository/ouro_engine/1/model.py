@@ -1,4 +1,5 @@
 """Triton Python model `ouro_engine`: the logic is ouro_backend.serving.engine_model.EngineModel."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Triton Python model `postprocessing`: the logic is ouro_backend.serving.text_models.PostprocessingModel."""
+
 import os
 import sys
 

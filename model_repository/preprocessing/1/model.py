@@ -1,4 +1,5 @@
 """Triton Python model `preprocessing`: the logic is ouro_backend.serving.text_models.PreprocessingModel."""
+
 import os
 import sys
 
