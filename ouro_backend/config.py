@@ -343,7 +343,7 @@ class EngineConfig:
 def parse_value(key: str, raw: str, type_name: str, what: str = "engine option") -> Any:
     """A string option -> the dataclass field's type (`type_name` as written in the annotation)."""
     if raw == "" or raw.lower() in ("none", "null"):
-        if "Optional" in type_name:
+        if "None" in type_name or "Optional" in type_name:  # `X | None` (or Optional[X]): unset
             return None
         raise ConfigError(f"{what} {key} needs a value")
     try:
@@ -360,5 +360,5 @@ def parse_value(key: str, raw: str, type_name: str, what: str = "engine option")
                 return False
             raise ValueError(raw)
     except ValueError:
-        raise ConfigError(f"{what} {key}={raw!r} is not a valid {type_name.replace('Optional', '')}") from None
+        raise ConfigError(f"{what} {key}={raw!r} is not a valid {type_name.replace(' | None', '').replace('Optional', '')}") from None
     return raw

@@ -1,7 +1,7 @@
 """Shared fixtures, and the test tiers (markers registered in pyproject.toml):
 
 * ``unit``: model-free and fast (the whole tier runs in seconds): no checkpoint, no model, no forward, no
-  server. The engine-core pieces built alone (tests/test_unit_*.py: KV cache, prefix cache, scheduler,
+  server. The engine-core pieces built alone (tests/test_unit_*.py: block pool, KV cache, scheduler,
   sequence and stop strings, decode state), and test_streams.py, test_serving_unit.py,
   test_package_layers.py, test_exit_policy.py. A test of those modules that asks for a model fixture
   (toy_path, toy_weights, oracle, llm, server) is ``engine`` instead (test_exit_policy.py's engine runs).
