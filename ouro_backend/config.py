@@ -360,5 +360,7 @@ def parse_value(key: str, raw: str, type_name: str, what: str = "engine option")
                 return False
             raise ValueError(raw)
     except ValueError:
-        raise ConfigError(f"{what} {key}={raw!r} is not a valid {type_name.replace(' | None', '').replace('Optional', '')}") from None
+        raise ConfigError(
+            f"{what} {key}={raw!r} is not a valid {type_name.replace(' | None', '').replace('Optional', '')}"
+        ) from None
     return raw

@@ -5,6 +5,7 @@ add_request. The KV cache is whole afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -17,11 +18,12 @@ from helpers import Inbox
 
 from ouro_backend import LLM, RequestError, SamplingParams
 from ouro_backend.config import EngineConfig
-from ouro_backend.engine.decode_state import MAX_TRACE
+from ouro_backend.engine.decode_state import MAX_TRACE, DecodeState
 from ouro_backend.engine.sequence import Sequence
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)  # exit_threshold: the engine's 0.7
-REQUESTS = [(f"r{i}", p, GREEDY) for i, p in enumerate(PROMPTS)] + [("bad", PROMPTS[1][::-1], GREEDY)]
+BAD = dataclasses.replace(GREEDY)  # the same values; its identity marks the faulty request's row
+REQUESTS = [(f"r{i}", p, GREEDY) for i, p in enumerate(PROMPTS)] + [("bad", PROMPTS[1][::-1], BAD)]
 GOOD = [r for r in REQUESTS if r[0] != "bad"]
 SCHEDULING = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 _REF: dict = {}
@@ -42,7 +44,7 @@ def check_isolated(eng, run, ref, match):
         assert_same(run.final[rid], ref[rid], rid)
     assert eng.stats()["num_failed"] == 1
     assert eng.kv.pool.num_available == eng.kv.num_blocks and not eng.runner.swap.saved
-    assert not eng.has_unfinished_requests() and not eng._ids
+    assert not eng.has_unfinished_requests() and eng.get_num_unfinished_requests() == 0
 
 
 def raise_for(original, when=lambda seq: True):
@@ -57,9 +59,16 @@ def raise_for(original, when=lambda seq: True):
 
 
 @SCHEDULING
-def test_fault_while_staging_the_admitted_row_ends_that_request_only(toy_path, async_scheduling):
+def test_fault_while_staging_the_admitted_row_ends_that_request_only(toy_path, async_scheduling, monkeypatch):
     eng = make_engine(toy_path, async_scheduling=async_scheduling)
-    eng.runner._admission_row = raise_for(eng.runner._admission_row)
+    host_row = DecodeState.host_row
+
+    def faulty(row, *args):
+        if row.params is BAD:
+            raise RuntimeError("injected fault in bad")
+        return host_row(row, *args)
+
+    monkeypatch.setattr(DecodeState, "host_row", staticmethod(faulty))
     run = drive(eng, REQUESTS)
     check_isolated(eng, run, without_bad(toy_path, async_scheduling), "injected fault in bad")
     assert run.final["bad"].token_ids == []
@@ -98,8 +107,7 @@ def test_fault_mid_generation_ends_that_request_only(toy_path, async_scheduling,
         return len(seq.output_ids) >= 4
 
     if where == "append":
-        append = raise_for(lambda seq, e: type(eng)._append(eng, e), late)
-        eng._append = lambda e: append(e.seq, e)
+        monkeypatch.setattr(Sequence, "append_token", raise_for(Sequence.append_token, late))
     else:
         monkeypatch.setattr(Sequence, "make_output", raise_for(Sequence.make_output, late))
     run = drive(eng, REQUESTS, arrivals={"bad": 2})
@@ -141,20 +149,20 @@ def test_fault_in_a_swap_ends_the_swapped_request_only(toy_path, async_schedulin
 
 
 @SCHEDULING
-def test_failed_batched_launch_ends_its_requests_not_the_waiting_ones(toy_path, async_scheduling):
+def test_failed_batched_launch_ends_its_requests_not_the_waiting_ones(toy_path, async_scheduling, monkeypatch):
     """A fault inside the batched device work belongs to no single request: the requests running in that
     launch end with its error; the ones still waiting for a slot run afterwards as if nothing happened."""
     eng = make_engine(toy_path, max_num_seqs=2, async_scheduling=async_scheduling)
-    decode = eng.runner._decode_launch
+    loop = eng.model.loop
     calls = []
 
     def faulty(*args):
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 7:  # the prompts' 4 loops ran; now their decode rounds
             raise RuntimeError("injected device fault")
-        return decode(*args)
+        return loop(*args)
 
-    eng.runner._decode_launch = faulty
+    monkeypatch.setattr(eng.model, "loop", faulty)
     requests = [(f"r{i}", p, GREEDY) for i, p in enumerate(PROMPTS[:4])]
     run = drive(eng, requests)
     failed = {rid for rid, out in run.final.items() if out.finish_reason == "error"}
@@ -163,7 +171,7 @@ def test_failed_batched_launch_ends_its_requests_not_the_waiting_ones(toy_path, 
     for rid, prompt, params in requests[2:]:
         assert_same(run.final[rid], alone(toy_path, prompt, params), rid)
     assert eng.stats()["num_failed"] == 2
-    assert eng.kv.pool.num_available == eng.kv.num_blocks and not eng._ids
+    assert eng.kv.pool.num_available == eng.kv.num_blocks and eng.get_num_unfinished_requests() == 0
 
 
 # ---- limits, refused at add_request

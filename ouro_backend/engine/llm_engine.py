@@ -272,6 +272,11 @@ class LLMEngine:
         with self._lock:
             self._aborts.append(request_id)
 
+    def get_num_unfinished_requests(self) -> int:
+        """Requests added and not yet reported finished (their ids are in use). Thread-safe."""
+        with self._lock:
+            return len(self._ids)
+
     def has_unfinished_requests(self) -> bool:
         with self._lock:
             pending = bool(self._inbox)
