@@ -9,6 +9,11 @@ greedy, EOS ignored, full depth (or the gate with --exit-threshold).
    genai-perf (client/genai_perf/run_genai_perf.py: synthetic prompts of --input-len tokens, the same
    concurrency, output length and request count), so the three tools measure one server.
 
+With --stand-in the model is replaced (benchmarks/stand_in_engine.py: every launch costs nothing and each
+running request gets a token per launch), so the run measures the serving path alone: the engine process's
+bookkeeping, the socket and protocol, the front, detokenization, Triton's stubs and the client; there is no
+engine-direct side then.
+
 With --trace the served engine records its rounds (ouro_backend/engine/round_trace.py): a
 served run that falls behind engine-direct shows whether the engine was slower per round or had fewer
 requests running; and every request's hops through the server are timed
@@ -194,6 +199,13 @@ def main() -> int:
     p.add_argument("--models", nargs="+", default=["ouro"], help="served models to load-test")
     p.add_argument("--skip-direct", action="store_true", help="served only (diagnostics)")
     p.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="replace the model (benchmarks/stand_in_engine.py) to measure the serving path alone "
+        "(implies --skip-direct)",
+    )
+    p.add_argument("--client-processes", type=int, default=None, help="client/load.py --processes")
+    p.add_argument(
         "--trace",
         action="store_true",
         help="record the served engine's rounds (OURO_ENGINE_TRACE) to OUT/engine_trace.json and "
@@ -271,7 +283,7 @@ def main() -> int:
             raise SystemExit(f"{flag} failed:\n{res.stderr[-3000:]}")
         return json.loads(res.stdout.strip().splitlines()[-1])
 
-    direct_res = None if args.skip_direct else phase("--direct")
+    direct_res = None if args.skip_direct or args.stand_in else phase("--direct")
     if direct_res:
         (out / "direct.json").write_text(json.dumps(direct_res, indent=1))
     process_res = None
@@ -304,14 +316,21 @@ def main() -> int:
         *[a for kv in args.engine_arg for a in ("--engine-arg", kv)],
         *(["--model-repository", args.model_repository] if args.model_repository else []),
     ]
+    server_env = dict(os.environ)
+    if args.trace:
+        server_env.update(trace_env("engine_trace.json") or {})
+        server_env[request_trace.ENV] = str((out / "request_trace").resolve())
+    if args.stand_in:
+        from ouro_backend.serving.engine_server import RUNNER_ENV
+
+        server_env[RUNNER_ENV] = "benchmarks.stand_in_engine:StandInRunner"
+        server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     server = subprocess.Popen(
         serve,
         stdout=open(out / "ouro-serve.out", "w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env=dict(trace_env("engine_trace.json"), **{request_trace.ENV: str((out / "request_trace").resolve())})
-        if args.trace
-        else None,
+        env=server_env,
     )
     try:
         wait_ready(f"localhost:{grpc_port}", "ouro", 600, server)
@@ -333,6 +352,7 @@ def main() -> int:
                 str(args.exit_threshold),
                 "--prompt",
                 text,
+                *(["--processes", str(args.client_processes)] if args.client_processes else []),
             ]
             subprocess.run(
                 load + ["-n", str(args.concurrency), "--json", str(out / "served_warmup.json")],
@@ -422,7 +442,13 @@ def main() -> int:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
 
-    summary: dict = {}
+    summary: dict = dict(
+        model=Path(model).name,
+        concurrency=args.concurrency,
+        workload="full" if args.exit_threshold >= 1 else args.exit_threshold,
+        stand_in_engine=args.stand_in,
+        streams=args.concurrency,
+    )
     if args.trace:
         summary["engine_rounds"] = summarize(str(out / "engine_trace.json"))
         summary["request_hops"] = request_trace.summarize(str(out / "request_trace"))
@@ -435,6 +461,8 @@ def main() -> int:
         served_ttft_p50_s=s["ttft_s"]["p50"],
         served_itl_p50_s=s["itl_s"]["p50"],
         served_repeats=[x["output_tokens_per_s"] for x in served],
+        served_responses_per_s=s.get("responses_per_s"),
+        tok_s=s["output_tokens_per_s"],
     )
     if pa and pa.get("output_tok_s"):
         summary.update(perf_analyzer_output_tok_s=pa["output_tok_s"], perf_analyzer_ok=pa["ok"])

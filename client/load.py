@@ -177,6 +177,8 @@ def run_load(
         "output_tokens": tokens,
         "output_tokens_per_s": tokens / elapsed if elapsed else None,
         "requests_per_s": len(ok) / elapsed if elapsed else None,
+        "responses": sum(len(r.chunks) for r in ok),  # streamed responses (a response may carry several tokens)
+        "responses_per_s": sum(len(r.chunks) for r in ok) / elapsed if elapsed else None,
         "mean_exit_depth": sum(depths) / len(depths) if depths else None,
         "ttft_s": percentiles(ttft),
         "itl_s": percentiles(itl),

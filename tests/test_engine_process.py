@@ -310,3 +310,31 @@ def test_first_tokens_go_out_at_once_and_nothing_is_kept():
     first.sent([a2])
     first.sent([out("a", [], finished=True), out("b", [10], finished=True)])
     assert first.started == set()
+
+
+def test_stand_in_runner_gives_every_request_its_tokens(toy_path):
+    """benchmarks/served.py --stand-in: the engine process with the model runner replaced
+    (OURO_ENGINE_RUNNER, benchmarks/stand_in_engine.py) streams each request exactly max_tokens tokens at
+    full depth, finished by the length rule, and aborts still end requests."""
+    from ouro_backend.serving.engine_server import RUNNER_ENV
+
+    inbox = Inbox()
+    config = EngineConfig(model=toy_path, device="cpu", dtype="float32", max_num_seqs=4)
+    env = {RUNNER_ENV: "benchmarks.stand_in_engine:StandInRunner"}  # the child's PYTHONPATH holds this checkout
+    client, proc = start_engine_process(
+        config, engine_address("stand-in", os.getpid()), inbox.on_message, inbox.on_close, env=env
+    )
+    try:
+        lengths = {f"r{i}": n for i, n in enumerate([1, 5, 17, 40, 3, 8])}  # more requests than slots
+        for rid, n in lengths.items():
+            client.add(rid, [5, 6, 7, 8 + len(rid)], SamplingParams(max_tokens=n, temperature=0.0))
+        client.add("gone", [9, 9, 9], SamplingParams(max_tokens=LONG, temperature=0.0))
+        inbox.pump(lambda: set(lengths) <= set(inbox.reasons) and len(inbox.tokens.get("gone", [])) >= 2)
+        client.abort("gone")
+        inbox.pump(lambda: "gone" in inbox.reasons)
+        assert {rid: len(inbox.tokens[rid]) for rid in lengths} == lengths
+        assert all(inbox.reasons[rid] == "length" for rid in lengths) and inbox.reasons["gone"] == "abort"
+        assert all(set(inbox.depths[rid]) == {4} for rid in lengths)
+    finally:
+        client.close()
+        proc.wait(timeout=30)

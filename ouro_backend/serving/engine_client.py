@@ -166,9 +166,8 @@ def start_engine_process(
     authkey = write_key(address)
     parent, child = socket.socketpair()
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds ouro_backend/
-    env = dict(
-        os.environ, **(env or {}), PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    )
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
         [_python(), "-m", SERVER_MODULE, "--owner-fd", str(child.fileno()), "--address", address],
         pass_fds=[child.fileno()],

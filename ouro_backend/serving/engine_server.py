@@ -10,6 +10,7 @@ of its own requests. The messages: engine_messages.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -351,6 +352,11 @@ class EngineServer:
         self._fail([(rid, message) for rid in rids])
 
 
+# Benchmarks only (benchmarks/stand_in_engine.py): "module:callable" that returns a stand-in for the engine's
+# ModelRunner, given the engine, so the serving path can be measured without the model's cost.
+RUNNER_ENV = "OURO_ENGINE_RUNNER"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="The Ouro engine process (started by the ouro_engine model)")
     ap.add_argument("--owner-fd", type=int, required=True)
@@ -365,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         from ..engine.llm_engine import LLMEngine
 
         engine = LLMEngine(start.config)
+        runner = os.environ.get(RUNNER_ENV)
+        if runner:  # benchmarks only: a stand-in for the model runner ("module:callable", called with the engine)
+            module, _, name = runner.partition(":")
+            engine.runner = getattr(importlib.import_module(module), name)(engine)
+            log.warning("%s=%s: the model runner is replaced (benchmarking the serving path)", RUNNER_ENV, runner)
     except ConfigError as e:
         owner.send(InitError(str(e)))
         return 2
