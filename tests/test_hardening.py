@@ -334,8 +334,12 @@ def test_a_stalled_engine_times_requests_out_and_refuses_more_than_it_may_queue(
     assert all(TIMEOUT_S - 0.1 <= r[0] < TIMEOUT_S + 5.0 for r in timed_out), timed_out
     assert all(r[1] == 400 for r in results)  # Triton 2.51 answers every error of a decoupled model with 400
     wait_idle(server)
-    status, body = generate(server, "ouro", {"text_input": PROMPT, "max_tokens": 4})
-    assert status == 200, body
+    # The engine's metrics can read idle a moment before each front has counted its timed-out requests'
+    # ends (a front's admission count follows the engine's messages): the server must serve again soon.
+    deadline = time.monotonic() + 10
+    while (r := generate(server, "ouro", {"text_input": PROMPT, "max_tokens": 4}))[0] != 200:
+        assert "server busy" in r[1].get("error", "") and time.monotonic() < deadline, r
+        time.sleep(0.2)
 
 
 def _engine_pid(server) -> int:
