@@ -14,8 +14,9 @@ another; in exchange the graphs' own intermediates are free to the next capture 
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +98,18 @@ def graph_rows(decode_slots: list[int], owners: list, sizes: list[int]) -> list[
     return rows
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """A collection during a capture would run Python finalizers (and their CUDA frees) mid-capture and
+    costs seconds over hundreds of captures: collect once, then pause the collector."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 class CudaGraphs:
     def __init__(
         self,
@@ -148,44 +161,28 @@ class CudaGraphs:
         # Reserved, not allocated: what a graph uses inside itself is free to the allocator after its
         # capture yet stays in the graphs' pool for its replays.
         before = torch.cuda.memory_reserved(dev)
-        # A collection during a capture would run Python finalizers (and their CUDA frees) mid-capture and
-        # costs seconds over hundreds of captures: collect once, then pause the collector until done.
-        gc.collect()
-        gc.disable()
-        try:
-            self._capture_all(mixed_step, decode_steps, spec_step, spec_rounds, rounds_per_launch)
-        finally:
-            gc.enable()
+        with _collector_paused():
+            R, idx = self.max_rows, self._all_rows
+            for mode in SamplerMode:
+                for t in reversed(self.token_buckets):
+                    pre = self.prompt_inputs(t, R)
+                    g, rec, (out, logits) = self._capture(
+                        lambda rec: self._shared_outputs(*mixed_step(idx, pre, rec[0], mode)), 1
+                    )
+                    self.mixed[(t, mode)] = Graph(g, t, R, rec, logits, out, R)
+                for rounds in sorted({1, rounds_per_launch}, reverse=True):
+                    for b in reversed(self.row_buckets):
+                        g, rec, (_, logits) = self._capture(
+                            lambda rec: self._shared_outputs(None, decode_steps(self._rows[:b], rec, mode)), rounds
+                        )
+                        self.decode[(b, rounds, mode)] = Graph(g, 0, b, rec, logits)
+            if spec_step is not None:  # idle rows of a bucket are masked by the state, as above
+                for mode in SamplerMode:
+                    for b in reversed(self.row_buckets):
+                        g, rec, _ = self._capture(lambda rec: spec_step(self._rows[:b], rec, mode), spec_rounds)
+                        self.spec[(b, mode)] = Graph(g, 0, b, rec, None)
         torch.cuda.synchronize(dev)
         self.memory = torch.cuda.memory_reserved(dev) - before
-
-    def _capture_all(
-        self,
-        mixed_step: MixedStep,
-        decode_steps: DecodeSteps,
-        spec_step: SpecStep | None,
-        spec_rounds: int,
-        rounds_per_launch: int,
-    ) -> None:
-        R, idx = self.max_rows, self._all_rows
-        for mode in SamplerMode:
-            for t in reversed(self.token_buckets):
-                pre = self.prompt_inputs(t, R)
-                g, rec, (out, logits) = self._capture(
-                    lambda rec: self._shared_outputs(*mixed_step(idx, pre, rec[0], mode)), 1
-                )
-                self.mixed[(t, mode)] = Graph(g, t, R, rec, logits, out, R)
-            for rounds in sorted({1, rounds_per_launch}, reverse=True):
-                for b in reversed(self.row_buckets):
-                    g, rec, (_, logits) = self._capture(
-                        lambda rec: self._shared_outputs(None, decode_steps(self._rows[:b], rec, mode)), rounds
-                    )
-                    self.decode[(b, rounds, mode)] = Graph(g, 0, b, rec, logits)
-        if spec_step is not None:  # idle rows of a bucket are masked by the state, as above
-            for mode in SamplerMode:
-                for b in reversed(self.row_buckets):
-                    g, rec, _ = self._capture(lambda rec: spec_step(self._rows[:b], rec, mode), spec_rounds)
-                    self.spec[(b, mode)] = Graph(g, 0, b, rec, None)
 
     def _shared_outputs(self, out: torch.Tensor | None, logits: torch.Tensor | None) -> tuple:
         """Inside a capture: copy the graph's outputs into the shared buffers (module docstring)."""
