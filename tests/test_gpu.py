@@ -17,6 +17,13 @@ LAYOUTS = ["last_exited", "shared"]
 
 
 @pytest.fixture(autouse=True)
+def projections_through_the_kernel(monkeypatch, request):
+    """Every decode projection of the toy model through `kernels.projections.linear` (its measured table
+    covers only the real shapes), except in tests marked ``cublas``."""
+    monkeypatch.setenv("OURO_LINEAR", "cublas" if request.node.get_closest_marker("cublas") else "kernel")
+
+
+@pytest.fixture(autouse=True)
 def release_gpu_memory():
     """Each engine captures dozens of graphs; free them before the next test's captures."""
     yield
@@ -54,6 +61,15 @@ def test_fp32_greedy_equals_oracle(toy_path, oracle, layout, graphs, threshold, 
     if rounds > 1:
         assert eng.stats()["rounds"] > eng.stats()["launches"], "no launch ran several rounds"
     assert eng.stats()["host_syncs"] == 0
+
+
+@pytest.mark.cublas
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fp32_greedy_equals_oracle_with_cublas_projections(toy_path, oracle, layout):
+    eng = gpu_engine(toy_path, "float32", kv_layout=layout, decode_rounds_per_launch=4)
+    outs = run_all(eng, PROMPTS, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=0.5))
+    for prompt, out in zip(PROMPTS, outs):
+        assert (out.token_ids, out.exit_depths) == oracle.generate(prompt, 8, exit_fn=ouro_exit(0.5), layout=layout)
 
 
 def delayed_exit(threshold, min_loops=1, max_loops=4):

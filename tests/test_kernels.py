@@ -103,6 +103,7 @@ def test_kernels_really_run_triton():
         K.rope_,
         K.rope_and_write_kv,
         K.silu_mul,
+        K.linear,
         K.decode_step.prepare,
         K.decode_step.advance,
     ):
@@ -414,6 +415,62 @@ def test_silu_mul(dtype):
 
 
 # ---------------------------------------------------------------------------------------------------
+# decode projections (kernels/projections.py)
+# ---------------------------------------------------------------------------------------------------
+
+LINEAR_CONFIGS = [
+    K.LinearConfig(16, 32, 1, 4, 1, dot=False),  # fma, one split
+    K.LinearConfig(16, 16, 3, 4, 1, dot=False),  # fma, serial split-K over 3 uneven slices
+    K.LinearConfig(16, 8, 2, 4, 1, dot=False),  # fma, whole chunks: w read one chunk ahead, split-K
+    K.LinearConfig(16, 8, 1, 4, 1, dot=False, prefetch=False),  # fma, whole chunks, no read-ahead
+    K.LinearConfig(16, 32, 2, 4, 2, dot=True),  # tensor-core tile
+    K.LinearConfig(16, 16, 2, 4, 2, dot=True),  # K not a multiple of BLOCK_K (masked loads), split-K
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("silu_x", [False, True])
+@pytest.mark.parametrize("cfg", LINEAR_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("M", [1, 3, 12])
+def test_linear_matches_twin(dtype, silu_x, cfg, M):
+    if M > K.projections.MAX_FMA_M and cfg.block_k < 16:
+        pytest.skip("beyond MAX_FMA_M rows the tensor-core path runs, which needs BLOCK_K >= 16")
+    gen = torch.Generator().manual_seed(71 + M)
+    N, Kd = 40, 72  # N not a multiple of BLOCK_N; K = 72: uneven splits and a partial chunk
+    x = torch.randn(M, 2 * Kd if silu_x else Kd, generator=gen).to(dtype).to(DEV)
+    w = (torch.randn(N, Kd, generator=gen) / Kd**0.5).to(dtype).to(DEV)
+    y = K.linear(x, w, silu_x=silu_x, config=cfg)
+    ref = K.linear_ref(x.float() if dtype == torch.float32 else x, w, silu_x)
+    assert y.shape == (M, N) and y.dtype == dtype and torch.isfinite(y).all()
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    else:  # fp32 accumulation in another order, one rounding to bf16: within one bf16 ulp of the twin
+        exact = (K.linear_ref(x.float(), w.float(), silu_x) if not silu_x else ref.float()).float()
+        torch.testing.assert_close(y.float(), exact, rtol=8e-3, atol=8e-3)
+    if cfg.split_k > 1:  # serial split-K: bitwise reproducible, and the arrival counters re-armed
+        assert torch.equal(K.linear(x, w, silu_x=silu_x, config=cfg), y)
+        assert torch.equal(K.linear(x, w, silu_x=silu_x, config=cfg), y)
+
+
+def test_linear_fused_silu_is_bitwise_the_activation_kernel():
+    """silu_x applies exactly `silu_mul`'s rounding: fused == silu_mul then the same kernel, bitwise."""
+    gen = torch.Generator().manual_seed(72)
+    gu = (torch.randn(5, 2 * 64, generator=gen) * 3).to(torch.bfloat16).to(DEV)
+    w = torch.randn(24, 64, generator=gen).to(torch.bfloat16).to(DEV)
+    cfg = K.LinearConfig(8, 32, 1, 4, 1, dot=False)
+    assert torch.equal(K.linear(gu, w, silu_x=True, config=cfg), K.linear(K.silu_mul(gu), w, config=cfg))
+
+
+def test_linear_table_routes_decode_shapes_only():
+    assert K.config_for(6144, 2048, 1) is not None and K.config_for(2048, 5632, 64) is not None
+    assert K.config_for(6144, 2048, 65) is None  # prompt chunks and large M: cuBLAS
+    assert K.config_for(123, 456, 1) is None  # unmeasured shape: cuBLAS
+    with pytest.raises(AssertionError, match="empty"):  # a split of K with no chunk is refused
+        x, w = torch.ones(1, 64, device=DEV), torch.ones(8, 64, device=DEV)
+        K.linear(x, w, config=K.LinearConfig(8, 32, 3, dot=False))
+
+
+# ---------------------------------------------------------------------------------------------------
 # CPU fallback (normal import, no interpreter): the public functions route to the references
 # ---------------------------------------------------------------------------------------------------
 
@@ -577,3 +634,25 @@ def test_decode_advance_matches_twin(mode, last_exited):
         stops |= set(rec_b[0].tolist())
     assert exits > 0
     assert {ds.EMIT_EOS, ds.EMIT_LENGTH} & stops, "the trials should cover the device's stop rules"
+
+
+TABLE_ROWS = [(shape, m) for shape, rows in K.projections.DECODE_TABLE.items() for m, cfg in rows if cfg is not None]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the measured table's shapes at full size: GPU only")
+@pytest.mark.parametrize("shape,M", TABLE_ROWS)
+def test_linear_table_configs_on_real_shapes(shape, M):
+    """Every config the engine picks for the Ouro-1.4B/2.6B projections, at the largest M it serves,
+    against an fp32 product."""
+    N, Kd = shape
+    silu_x = shape == (2048, 5632)
+    gen = torch.Generator(device="cuda").manual_seed(M)
+    x = torch.randn(M, 2 * Kd if silu_x else Kd, generator=gen, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(N, Kd, generator=gen, device="cuda") / Kd**0.5).to(torch.bfloat16)
+    cfg = K.config_for(N, Kd, M)
+    y = K.linear(x, w, silu_x=silu_x, config=cfg)
+    ref = (K.silu_mul(x) if silu_x else x).float() @ w.float().t()
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(y).all() and err < 5e-3, (cfg.name, err)
+    if cfg.split_k > 1:
+        assert torch.equal(K.linear(x, w, silu_x=silu_x, config=cfg), y)

@@ -24,6 +24,9 @@ def _compile(kernel, args: dict, arch: int, **options):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if "PDL" in kernel.arg_names:  # the variant the GPU runs: programmatic dependent launch
+        args = {"PDL": True, **args}
+        options = {"launch_pdl": True, **options}
     sig, const, attrs = {}, {}, {}
     for i, name in enumerate(kernel.arg_names):
         v = args[name]
@@ -46,7 +49,7 @@ def _strides(prefix: str, dims: str, unit_last=True) -> dict:
 
 def configs():
     """(label, kernel, args, launch options) for every kernel at the configs the wrappers pick."""
-    from ouro_backend.kernels import activation, attention, norm, rope
+    from ouro_backend.kernels import activation, attention, norm, projections, rope
 
     H = KVH = 16
     HD, D, BS = 128, 2048, 16
@@ -247,6 +250,39 @@ def configs():
         LIBDEVICE=activation._HAS_LIBDEVICE,
     )
     out.append(("silu_mul", activation._silu_mul_kernel, a, dict(num_warps=4, enable_fp_fusion=False)))
+    for (N, K), rows in projections.DECODE_TABLE.items():
+        for max_m, cfg in rows:
+            if cfg is None:
+                continue
+            block_m = max(16 if cfg.dot or max_m > projections.MAX_FMA_M else 1, min(max_m, projections.MAX_M))
+            for silu_x in (False, True):
+                a = dict(
+                    x_ptr="*bf16",
+                    w_ptr="*bf16",
+                    y_ptr="*bf16",
+                    part_ptr="*fp32",
+                    count_ptr="*i32",
+                    M="i32",
+                    N="i32",
+                    K="i32",
+                    stride_xm="i32",
+                    stride_wn="i32",
+                    stride_ym="i32",
+                    BLOCK_M=block_m,
+                    BLOCK_N=cfg.block_n,
+                    BLOCK_K=cfg.block_k,
+                    SPLIT_K=cfg.split_k,
+                    EVEN_K=K % cfg.block_k == 0,
+                    USE_DOT=cfg.dot or max_m > projections.MAX_FMA_M,
+                    DOT_PREC="tf32",
+                    SILU_X=silu_x,
+                    PREFETCH=cfg.prefetch and not (cfg.dot or max_m > projections.MAX_FMA_M) and K % cfg.block_k == 0,
+                    INTERP=False,
+                    LIBDEVICE=projections._HAS_LIBDEVICE,
+                )
+                opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                label = f"linear {N}x{K} M<={max_m} {cfg.name}{' silu_x' if silu_x else ''}"
+                out.append((label, projections._linear_kernel, a, opts))
     return out
 
 

@@ -18,6 +18,7 @@ from .attention import (
     write_kv_ref,
 )
 from .norm import rms_norm, rms_norm_ref, sandwich_norm, sandwich_norm_ref
+from .projections import LinearConfig, config_for, linear, linear_ref
 from .rope import rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref
 
 __all__ = [
@@ -25,7 +26,11 @@ __all__ = [
     "build_cos_sin_cache",
     "copy_kv_slots",
     "copy_kv_slots_ref",
+    "config_for",
     "decode_step",
+    "linear",
+    "linear_ref",
+    "LinearConfig",
     "paged_attention",
     "paged_attention_ref",
     "rms_norm",

@@ -80,3 +80,45 @@ def cast_rne(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     else:
         y = x.to(DTYPE)
     return y
+
+
+# Programmatic dependent launch (PDL, sm90+): a kernel launched with it may start while the kernel before it
+# on the stream is still running, so its launch and prologue (and, in `linear`, its first weight reads) hide
+# under the previous kernel's tail. NOTE the contract every PDL kernel keeps: it calls `pdl_enter` (which
+# waits for the previous kernel to finish and its writes to be visible) before it reads anything another
+# kernel wrote or writes anything another kernel reads, in every program, before any early return. Only
+# read-only data (weights) may be touched before it. Kernels launched without PDL are ordered as usual.
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except Exception:  # pragma: no cover - a Triton without grid dependency control
+    gdc_launch_dependents = gdc_wait = None
+
+_PDL: dict = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """PDL on this device: a CUDA device of compute capability 9.0 or newer, a Triton that has grid
+    dependency control, and ``OURO_PDL`` not set to ``0`` (the switch for A/B runs)."""
+    import os
+
+    if device.type != "cuda" or gdc_wait is None or os.environ.get("OURO_PDL", "1") == "0":
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PDL:
+        _PDL[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return _PDL[idx]
+
+
+def pdl_launch(kernel, device: torch.device) -> dict:
+    """The launch options of a PDL-aware kernel: ``PDL`` (its constexpr) and Triton's ``launch_pdl``."""
+    if kernel_is_interpreted(kernel) or not pdl_enabled(device):
+        return {"PDL": False}
+    return {"PDL": True, "launch_pdl": True}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Wait for the previous kernel (its writes visible) and let the next one launch (see `pdl_launch`)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

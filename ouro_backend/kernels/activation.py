@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..model.torch_ops import silu_mul_ref  # the torch twins
-from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_triton
+from ._common import cast_rne, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, use_triton
 
 try:  # full-precision expf (what torch's CUDA silu uses); the interpreter lacks libdevice
     from triton.language.extra import libdevice as _libdevice
@@ -28,8 +28,17 @@ except Exception:  # pragma: no cover
 
 @triton.jit
 def _silu_mul_kernel(
-    x_ptr, y_ptr, stride_xn, stride_yn, I, BLOCK: tl.constexpr, INTERP: tl.constexpr, LIBDEVICE: tl.constexpr
+    x_ptr,
+    y_ptr,
+    stride_xn,
+    stride_yn,
+    I,
+    BLOCK: tl.constexpr,
+    INTERP: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -72,5 +81,6 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
         LIBDEVICE=_HAS_LIBDEVICE and not kernel_is_interpreted(_silu_mul_kernel),
         num_warps=4 if block >= 512 else 1,
         enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        **pdl_launch(_silu_mul_kernel, gate_up.device),
     )
     return out

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..model.torch_ops import copy_kv_slots_ref, paged_attention_ref, write_kv_ref  # the torch twins
-from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, sm_count, use_triton
+from ._common import cast_rne, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, sm_count, use_triton
 
 _LOG2E = 1.4426950408889634
 
@@ -61,7 +61,9 @@ def _write_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + n).to(tl.int64)
     if slot < 0:
@@ -116,6 +118,7 @@ def write_kv(
         BLOCK_D=bd,
         INTERP=kernel_is_interpreted(_write_kv_kernel),
         num_warps=4 if bh * bd >= 1024 else 1,
+        **pdl_launch(_write_kv_kernel, k.device),
     )
 
 
@@ -231,7 +234,9 @@ def _paged_attn_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R). One program = BLOCK_Q query tokens of one row x the
     # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
     pid0 = tl.program_id(0)
@@ -343,7 +348,9 @@ def _combine_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     S_PAD: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     offs_s = tl.arange(0, S_PAD)
@@ -499,6 +506,7 @@ def paged_attention(
         INTERP=interp,
         num_warps=nw,
         num_stages=ns,
+        **pdl_launch(_paged_attn_kernel, q.device),
     )
     if num_splits > 1:
         _combine_splits_kernel[(N, H)](
@@ -514,5 +522,6 @@ def paged_attention(
             S_PAD=next_pow2(num_splits),
             INTERP=interp,
             num_warps=1 if hd <= 64 else 2,
+            **pdl_launch(_combine_splits_kernel, q.device),
         )
     return out

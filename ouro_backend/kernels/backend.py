@@ -5,7 +5,17 @@ from __future__ import annotations
 import torch
 
 from ..model.attention import AttentionMetadata
-from . import copy_kv_slots, paged_attention, rms_norm, rope_, rope_and_write_kv, sandwich_norm, silu_mul, write_kv
+from . import (
+    copy_kv_slots,
+    linear,
+    paged_attention,
+    rms_norm,
+    rope_,
+    rope_and_write_kv,
+    sandwich_norm,
+    silu_mul,
+    write_kv,
+)
 
 
 class TritonBackend:
@@ -17,6 +27,7 @@ class TritonBackend:
     rope_ = staticmethod(rope_)
     rope_and_write_kv = staticmethod(rope_and_write_kv)
     silu_mul = staticmethod(silu_mul)
+    linear = staticmethod(linear)
     write_kv = staticmethod(write_kv)
     copy_kv_slots = staticmethod(copy_kv_slots)
 

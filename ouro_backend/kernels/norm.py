@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..model.torch_ops import rms_norm_ref, sandwich_norm_ref  # the torch twins
-from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_triton
+from ._common import cast_rne, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, use_triton
 
 
 @triton.jit
@@ -32,7 +32,9 @@ def _rms_norm_kernel(
     eps,
     BLOCK_D: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     mask = d < D
@@ -61,7 +63,9 @@ def _sandwich_norm_kernel(
     eps,
     BLOCK_D: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     mask = d < D
@@ -119,6 +123,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
         INTERP=kernel_is_interpreted(_rms_norm_kernel),
         num_warps=_warps(bd),
         enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        **pdl_launch(_rms_norm_kernel, x.device),
     )
     return out
 
@@ -171,5 +176,6 @@ def sandwich_norm(
         INTERP=kernel_is_interpreted(_sandwich_norm_kernel),
         num_warps=_warps(bd),
         enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        **pdl_launch(_sandwich_norm_kernel, x.device),
     )
     return residual_out, out

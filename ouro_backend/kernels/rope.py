@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..model.torch_ops import rope_and_write_kv_ref, rope_ref  # the torch twins
-from ._common import cast_rne, kernel_is_interpreted, next_pow2, round_f32, use_triton
+from ._common import cast_rne, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, use_triton
 
 
 @triton.jit
@@ -73,7 +73,9 @@ def _rope_kernel(
     BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + n).to(tl.int64)
     i = tl.arange(0, BLOCK_HALF).to(tl.int64)
@@ -134,7 +136,9 @@ def _rope_write_kv_kernel(
     BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + n).to(tl.int64)
     i = tl.arange(0, BLOCK_HALF).to(tl.int64)
@@ -226,6 +230,7 @@ def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cac
         INTERP=kernel_is_interpreted(_rope_kernel),
         num_warps=_warps(bhq, bhalf),
         enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        **pdl_launch(_rope_kernel, q.device),
     )
 
 
@@ -278,4 +283,5 @@ def rope_and_write_kv(
         INTERP=kernel_is_interpreted(_rope_write_kv_kernel),
         num_warps=_warps(bhq, bhalf),
         enable_fp_fusion=False,  # exact torch rounding in fp32 too
+        **pdl_launch(_rope_write_kv_kernel, q.device),
     )

@@ -53,6 +53,7 @@ class TorchBackend:
     rope_ = staticmethod(torch_ops.rope_ref)
     rope_and_write_kv = staticmethod(torch_ops.rope_and_write_kv_ref)
     silu_mul = staticmethod(torch_ops.silu_mul_ref)
+    linear = staticmethod(torch_ops.linear_ref)
     write_kv = staticmethod(torch_ops.write_kv_ref)
     copy_kv_slots = staticmethod(torch_ops.copy_kv_slots_ref)
 

@@ -2,8 +2,9 @@
 
 The three stages of a round (docs/engine.md) are separate methods so the runner can batch them independently:
 `embed` (prelude), `loop` (recurrent core: every layer then `model.norm`), and `gate` / `logits` (exit
-check and coda). Memory-bound ops go through the attention backend; projections are plain matmuls
-(cuBLAS on the GPU) with q/k/v and gate/up fused.
+check and coda). Memory-bound ops and the projections go through the backend (`backend.linear`: a decode
+kernel for few rows, cuBLAS otherwise), with q/k/v and gate/up fused and SiLU-mul folded into the down
+projection.
 """
 
 from __future__ import annotations
@@ -71,16 +72,16 @@ class OuroModel:
         eps, n = cfg.rms_norm_eps, h.shape[0]
         x = ops.rms_norm(h, self.layers[0].ln_in, eps)
         for i, layer in enumerate(self.layers):
-            qkv = x @ layer.qkv.t()
+            qkv = ops.linear(x, layer.qkv)
             q = qkv[:, : cfg.q_size].view(n, cfg.num_attention_heads, cfg.head_dim)
             k = qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].view(n, cfg.num_key_value_heads, cfg.head_dim)
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(n, cfg.num_key_value_heads, cfg.head_dim)
             k_cache, v_cache = kv_cache[i, 0], kv_cache[i, 1]
             ops.rope_and_write_kv(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta, self.scale)
-            o = attn.view(n, cfg.q_size) @ layer.o.t()
+            o = ops.linear(attn.view(n, cfg.q_size), layer.o)
             h, x = ops.sandwich_norm(o, h, layer.ln_in2, layer.ln_post, eps)
-            m = ops.silu_mul(x @ layer.gate_up.t()) @ layer.down.t()
+            m = ops.linear(ops.linear(x, layer.gate_up), layer.down, silu_x=True)
             next_norm = self.layers[i + 1].ln_in if i + 1 < len(self.layers) else self.norm
             h, x = ops.sandwich_norm(m, h, layer.ln_post2, next_norm, eps)
         # x is now model.norm(h): the loop's output, the next loop's input, the gate's and LM head's input.

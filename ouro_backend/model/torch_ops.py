@@ -29,6 +29,12 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :I]) * gate_up[..., I:]
 
 
+def linear_ref(x: torch.Tensor, w: torch.Tensor, silu_x: bool = False) -> torch.Tensor:
+    """``x @ w.T``; with ``silu_x``, x is a gate/up output and the product is ``silu_mul(x) @ w.T``: twin of
+    `kernels.linear`."""
+    return (silu_mul_ref(x) if silu_x else x) @ w.t()
+
+
 def build_cos_sin_cache(max_pos: int, head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
     """fp32 ``[max_pos, head_dim]``: ``[:, :hd/2] = cos(pos * inv_freq)``, ``[:, hd/2:] = sin(...)``,
     computed like HF (``inv_freq`` from an int64 arange cast to float; fp32 product; fp32 cos/sin)."""

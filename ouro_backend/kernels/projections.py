@@ -1,0 +1,317 @@
+"""Decode projections ``y = x @ w.T`` for few rows (x [M, K], M <= 64; w [N, K] a weight), plus the SiLU-and-
+multiply of the MLP fused into the down projection's input.
+
+At decode time a projection does almost no arithmetic: its cost is streaming w from HBM once. What a
+kernel per projection loses against that floor is mostly fixed: its launch, the ramp until enough loads are
+in flight, and the tail of its last programs. This kernel attacks those:
+
+- it is launched with programmatic dependent launch (`_common.pdl_launch`), so it starts while the kernel
+  before it finishes; on the CUDA-core path each program reads its first chunk of w before it waits for that
+  kernel (`pdl_enter`; w is read-only, the one thing it may touch early) and then stays one chunk ahead;
+- ``silu_x``: x is the gate/up projection's output [M, 2K] and the kernel computes ``silu_mul(x) @ w.T``
+  with the activation applied as x is loaded (bitwise the same x as `activation.silu_mul`), which removes a
+  kernel and a round trip of the activation per layer.
+
+Layout: a program owns BLOCK_N rows of w (output columns) and one of SPLIT_K slices of K, walked in BLOCK_K
+chunks, fp32 accumulation. All M rows share that pass (BLOCK_M covers M), so w is read once. Inner product:
+``tl.dot`` with M padded to >= 16, or for M <= 8 one x row at a time on CUDA cores.
+
+Determinism: no float atomics. With SPLIT_K > 1 each split stores an fp32 partial; the last program of a
+tile to arrive (an int32 counter) sums the partials in split order, writes y and re-arms the counter for the
+next call or graph replay. Counters are per device and stream.
+
+Which shapes use it, with which config, is `config_for`'s measured table; everything else (prompt chunks,
+large M, unknown shapes) stays on cuBLAS. The torch twin is ``x @ w.T`` (after ``silu_mul_ref`` for
+``silu_x``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..model.torch_ops import linear_ref  # the torch twin
+from ._common import cast_rne, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, use_triton
+
+try:  # full-precision expf, as `activation.silu_mul`; the interpreter lacks libdevice
+    from triton.language.extra import libdevice as _libdevice
+
+    _HAS_LIBDEVICE = True
+except Exception:  # pragma: no cover
+    _libdevice = None
+    _HAS_LIBDEVICE = False
+
+
+@triton.jit
+def _load_x(ptrs, k_mask, K, EVEN_K: tl.constexpr, SILU_X: tl.constexpr, INTERP: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """x values at ``ptrs`` (fp32, rounded to x's dtype); with SILU_X, ``silu(g) * u`` of the gate/up row
+    (g at ptrs, u at ptrs + K), rounded exactly as `activation._silu_mul_kernel`."""
+    dt: tl.constexpr = ptrs.dtype.element_ty
+    if EVEN_K:
+        v = tl.load(ptrs).to(tl.float32)
+    else:
+        v = tl.load(ptrs, mask=k_mask, other=0.0).to(tl.float32)
+    if SILU_X:
+        if EVEN_K:
+            u = tl.load(ptrs + K).to(tl.float32)
+        else:
+            u = tl.load(ptrs + K, mask=k_mask, other=0.0).to(tl.float32)
+        if LIBDEVICE:
+            e = _libdevice.exp(-v)
+        else:
+            e = tl.exp(-v)
+        s = round_f32(v / (1.0 + e), dt, INTERP)
+        v = round_f32(s * u, dt, INTERP)
+    return v
+
+
+@triton.jit
+def _load_w(ptrs, k_mask, EVEN_K: tl.constexpr):
+    if EVEN_K:  # unmasked: plain 16-byte vector loads
+        w = tl.load(ptrs)
+    else:
+        w = tl.load(ptrs, mask=k_mask, other=0.0)
+    return w
+
+
+@triton.jit(do_not_specialize=["M"])  # M = 1 must not compile its own variant: BLOCK_M covers it
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    SILU_X: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+    INTERP: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    # grid: (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M))
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # clamp rather than mask the rows: loads stay unmasked (vectorised); the duplicates are never stored
+    rows_n = tl.minimum(offs_n, N - 1).to(tl.int64)
+    k_chunk = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K  # whole BLOCK_K chunks per split
+    k_lo = pid_k * k_chunk
+    k_hi = tl.minimum(k_lo + k_chunk, K)
+    w_ptrs = w_ptr + rows_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
+    if PREFETCH:  # (CUDA-core path, whole chunks) the first chunk of w in flight before the wait
+        w_next = tl.load(w_ptrs)
+    pdl_enter(PDL)
+    if USE_DOT:  # tensor cores; the compiler pipelines these loads (cp.async, num_stages deep)
+        rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
+        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            k_mask = (k + offs_k) < k_hi
+            x = _load_x(x_ptrs, k_mask[None, :], K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
+            w = _load_w(w_ptrs, k_mask[None, :], EVEN_K)
+            if INTERP:  # the interpreter's bf16 dot reads raw bits (see _common): dot fp32 copies
+                w = w.to(tl.float32)
+            else:
+                x = x.to(w_ptr.dtype.element_ty)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PREC)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+    else:  # CUDA cores, one x row at a time; the K reduction stays inside a warp (w's layout)
+        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        col = tl.arange(0, BLOCK_M)[None, :]
+        for k in range(k_lo, k_hi, BLOCK_K):
+            k_mask = (k + offs_k) < k_hi
+            if PREFETCH:  # one chunk ahead; the last chunk reloads itself (a clamp, not a mask)
+                w = w_next.to(tl.float32)
+                w_next = tl.load(w_ptrs + (tl.minimum(k + BLOCK_K, k_hi - BLOCK_K) - k))
+            else:
+                w = _load_w(w_ptrs, k_mask[None, :], EVEN_K).to(tl.float32)
+            for i in tl.static_range(BLOCK_M):
+                row = tl.minimum(pid_m * BLOCK_M + i, M - 1).to(tl.int64)
+                xi = _load_x(x_ptr + row * stride_xm + k + offs_k, k_mask, K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
+                acc_t += tl.where(col == i, tl.sum(w * xi[None, :], axis=1)[:, None], 0.0)
+            w_ptrs += BLOCK_K
+        acc = tl.trans(acc_t)
+    y_dtype: tl.constexpr = y_ptr.dtype.element_ty
+    offs_m64 = offs_m.to(tl.int64)
+    out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    y_ptrs = y_ptr + offs_m64[:, None] * stride_ym + offs_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, cast_rne(acc, y_dtype, INTERP), mask=out_mask)
+    else:
+        split_stride = M.to(tl.int64) * N  # partials: [SPLIT_K, M, N] fp32
+        p_ptrs = part_ptr + offs_m64[:, None] * N + offs_n[None, :]
+        tl.store(p_ptrs + pid_k * split_stride, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial store happens before the release below
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:  # last to arrive: the other partials are visible (acquire)
+            tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT_K):  # fixed order -> bitwise reproducible
+                tot += tl.load(p_ptrs + s * split_stride, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptrs, cast_rne(tot, y_dtype, INTERP), mask=out_mask)
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")  # re-arm
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    dot: bool = True  # tl.dot (any M) or multiply + tl.sum per x row (M <= MAX_FMA_M, else dot)
+    prefetch: bool = True  # CUDA-core path: w's first chunk read before the PDL wait, then one chunk ahead
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{'dot' if self.dot else 'fma'}_n{self.block_n}_k{self.block_k}_s{self.split_k}"
+            f"_w{self.num_warps}_st{self.num_stages}{'' if self.prefetch else '_nopf'}"
+        )
+
+
+MAX_FMA_M = 8  # the fma path does a warp reduction per x row and chunk: beyond this, dot wins
+MAX_M = 64  # decode rows; beyond this cuBLAS
+
+
+def _fma(bn: int, bk: int, split: int = 1, warps: int = 8) -> LinearConfig:
+    return LinearConfig(bn, bk, split, warps, 1, dot=False)
+
+
+def _dot(bn: int, bk: int, split: int = 1, warps: int = 4, stages: int = 4) -> LinearConfig:
+    return LinearConfig(bn, bk, split, warps, stages, dot=True)
+
+
+# Decode configs by weight shape (N, K): (largest M, config or None for cuBLAS), ascending M: the fastest of
+# benchmarks/kernels/linear_bench.py's candidates where it beat cuBLAS, on an H200 (Ouro-1.4B/2.6B shapes:
+# hidden 2048, MLP 5632; the last row is down, SiLU-mul fused on the CUDA-core path).
+DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]] = {
+    (6144, 2048): ((1, _fma(32, 256, 1, 8)), (8, None), (16, _dot(32, 128, 1, 4, 4)), (64, None)),  # qkv
+    (2048, 2048): (  # o
+        (1, _fma(8, 512, 2, 4)),
+        (2, _fma(16, 512, 2, 8)),
+        (8, _dot(32, 128, 4, 4, 4)),
+        (64, _dot(16, 256, 1, 4, 4)),
+    ),
+    (11264, 2048): ((1, _fma(16, 256, 1, 4)), (8, None), (16, _dot(32, 128, 1, 4, 4)), (64, None)),  # gate_up
+    (2048, 5632): ((1, _fma(8, 512, 2, 4)), (16, _dot(32, 128, 4, 4, 4)), (32, None), (64, _dot(32, 128, 4, 4, 4))),
+}
+
+
+def config_for(N: int, K: int, M: int) -> LinearConfig | None:
+    """The measured config for a weight [N, K] at M rows, or None (cuBLAS). ``OURO_LINEAR``: ``cublas`` turns
+    the kernel off (the A/B switch of the benchmarks); ``kernel`` also runs unmeasured shapes with a small
+    default tile (how the GPU oracle tests put the toy model's projections through it)."""
+    mode = os.environ.get("OURO_LINEAR", "")
+    if M > MAX_M or mode == "cublas":
+        return None
+    for max_m, cfg in DECODE_TABLE.get((N, K), ()):
+        if max_m >= M:
+            return cfg
+    if mode == "kernel" and (N, K) not in DECODE_TABLE:
+        return _fma(16, 64, 1, 4) if M <= MAX_FMA_M else _dot(16, 64, 1, 4, 2)
+    return None
+
+
+_COUNTERS: dict[tuple, list[torch.Tensor]] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 split-K arrival counters of this device and stream (the kernels leave them at 0). Old
+    buffers are kept alive: a captured CUDA graph may still point at them."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    bufs = _COUNTERS.setdefault(key, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
+def linear(
+    x: torch.Tensor, w: torch.Tensor, *, silu_x: bool = False, config: LinearConfig | None = None
+) -> torch.Tensor:
+    """``x @ w.T`` in x's dtype (``silu_mul(x) @ w.T`` with ``silu_x``): x [M, K] (or [M, 2K]), w [N, K]
+    row-major, one dtype. Runs the kernel with ``config`` or the measured `config_for`; cuBLAS otherwise."""
+    assert x.dim() == 2 and w.dim() == 2 and x.dtype == w.dtype, (x.shape, w.shape, x.dtype, w.dtype)
+    M = x.shape[0]
+    N, K = w.shape
+    assert x.shape[1] == (2 * K if silu_x else K), (x.shape, w.shape, silu_x)
+    if not use_triton(_linear_kernel, x, w):
+        return linear_ref(x, w, silu_x)
+    cfg = config or config_for(N, K, M)
+    if cfg is None:  # cuBLAS (and the activation kernel for silu_x)
+        if silu_x:
+            from .activation import silu_mul
+
+            x = silu_mul(x)
+        return x @ w.t()
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = w if w.stride(1) == 1 else w.contiguous()
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y
+    dot = cfg.dot or M > MAX_FMA_M
+    if silu_x and dot:  # the activation per x tile costs more than its own kernel on the tensor-core path
+        from .activation import silu_mul
+
+        x, silu_x = silu_mul(x), False
+    chunks = triton.cdiv(K, cfg.block_k)
+    assert triton.cdiv(chunks, cfg.split_k) * (cfg.split_k - 1) < chunks, f"{cfg.name}: a split of K={K} is empty"
+    assert not dot or (cfg.block_n >= 16 and cfg.block_k >= 16), f"{cfg.name}: tl.dot needs BLOCK_N, BLOCK_K >= 16"
+    block_m = min(MAX_M, max(16 if dot else 1, next_pow2(M)))
+    grid = (triton.cdiv(N, cfg.block_n), cfg.split_k, triton.cdiv(M, block_m))
+    if cfg.split_k > 1:
+        part = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
+        count = _counters(x.device, grid[0] * grid[2])
+    else:
+        part = count = y  # unused
+    interp = kernel_is_interpreted(_linear_kernel)
+    pdl = pdl_launch(_linear_kernel, x.device)
+    _linear_kernel[grid](
+        x,
+        w,
+        y,
+        part,
+        count,
+        M,
+        N,
+        K,
+        x.stride(0),
+        w.stride(0),
+        y.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k,
+        EVEN_K=K % cfg.block_k == 0,
+        USE_DOT=dot,
+        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        SILU_X=silu_x,
+        PREFETCH=cfg.prefetch and not dot and K % cfg.block_k == 0,
+        INTERP=interp,
+        LIBDEVICE=_HAS_LIBDEVICE and not interp,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl,
+    )
+    return y
