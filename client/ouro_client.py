@@ -44,6 +44,7 @@ SCALAR_TYPES = {  # client-facing optional inputs: numpy dtype, Triton dtype
     "max_tokens": (np.int64, "INT64"),
     "min_tokens": (np.int64, "INT64"),
     "stream": (np.bool_, "BOOL"),
+    "stream_interval": (np.int64, "INT64"),
     "temperature": (np.float32, "FP32"),
     "top_p": (np.float32, "FP32"),
     "top_k": (np.int64, "INT64"),
@@ -342,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="ouro", help="ouro (cancellable front) or ouro_ensemble")
     p.add_argument("--no-stream", action="store_true", help="one response with the whole text")
     p.add_argument("--echo", action="store_true", help="non-streaming: include the prompt in the text")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        help="tokens per streamed response (1: one token each; default: the server's, which coalesces)",
+    )
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--min-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -360,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     options = request_options(
         max_tokens=args.max_tokens,
         stream=not args.no_stream,
+        stream_interval=args.stream_interval,
         min_tokens=args.min_tokens,
         temperature=args.temperature,
         top_p=args.top_p,

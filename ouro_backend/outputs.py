@@ -5,6 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+# `prefix_token_ids` holds up to this many ids: the detokenization context of `new_token_ids`.
+PREFIX_WINDOW = 5  # >= 4: an incomplete UTF-8 tail is at most 3 bytes, so at most 3 tokens
+
 
 class FinishReason(str, enum.Enum):
     """Why a request ended. `RequestOutput.finish_reason` carries the value (a plain string)."""

@@ -48,7 +48,8 @@ def _idle(server):
     wait_for(lambda: metrics(server).get("ouro_num_requests_running", 1) == 0, timeout=30)
 
 
-def test_cancel_grpc_stop_stream(server):
+@pytest.mark.parametrize("interval", [None, 4])  # 4: cancelled while tokens short of an interval wait
+def test_cancel_grpc_stop_stream(server, interval):
     import tritonclient.grpc as grpcclient
 
     _idle(server)
@@ -56,7 +57,7 @@ def test_cancel_grpc_stop_stream(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     q: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)))
-    opts = request_options(max_tokens=1500, ignore_eos=True, temperature=0.0)
+    opts = request_options(max_tokens=1500, ignore_eos=True, temperature=0.0, stream_interval=interval)
     client.async_stream_infer("ouro", build_inputs(grpcclient, PROMPT, opts), enable_empty_final_response=True)
     for _ in range(3):
         result, error = q.get(timeout=60)

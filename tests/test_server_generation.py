@@ -39,6 +39,29 @@ def test_grpc_streaming_matches_offline(server, llm, model):
 
 
 @pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+@pytest.mark.parametrize("interval", [1, 3])
+def test_stream_interval_gives_fixed_size_responses_and_the_same_result(server, llm, model, interval):
+    """stream_interval N: every response but the last carries exactly N tokens (1: one token per response),
+    and the stream's text, token count and exit depths equal the offline engine's, as the default
+    (coalescing) stream's do."""
+    ref = offline(llm, PROMPT, max_tokens=23, temperature=0.0, exit_threshold=0.7)
+    opts = all_flags(max_tokens=23, temperature=0.0, exit_threshold=0.7, stream_interval=interval)
+    r = generate(server.grpc_url, model, PROMPT, opts)
+    assert r.error is None
+    sizes = [c.num_output_tokens for c in r.chunks]
+    assert sizes[:-1] == [interval] * (len(sizes) - 1) and 1 <= sizes[-1] <= interval, sizes
+    assert all(c.num_output_tokens == len(c.exit_depths) for c in r.chunks)
+    assert r.text == ref.text and r.exit_depths == ref.exit_depths and r.num_tokens == len(ref.token_ids)
+
+
+def test_bad_stream_interval_is_refused_and_the_server_serves_on(server, llm):
+    r = generate(server.grpc_url, "ouro", PROMPT, all_flags(max_tokens=4, stream_interval=-1))
+    assert r.error is not None and "stream_interval" in r.error
+    ok = generate(server.grpc_url, "ouro", PROMPT, all_flags(max_tokens=4, temperature=0.0))
+    assert ok.error is None and ok.num_tokens == 4
+
+
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
 def test_http_sse_streaming_matches_offline(server, llm, model):
     prompt = "héllo wörld: naïve café 🙂"
     ref = offline(llm, prompt, max_tokens=20, temperature=0.0)

@@ -86,6 +86,17 @@ def test_parse_full_request():
     assert req.return_num_input_tokens and not req.return_num_output_tokens and req.return_finish_reason
 
 
+def test_parse_stream_interval():
+    s = lambda v: np.array([[v.encode()]], dtype=object)  # noqa: E731
+    i64 = lambda v: np.array([[v]], dtype=np.int64)  # noqa: E731
+    assert protocol.parse_request({"text_input": s("x")}).stream_interval is None  # the server's default
+    assert protocol.parse_request({"text_input": s("x"), "stream_interval": i64(1)}).stream_interval == 1
+    assert protocol.parse_request({"text_input": s("x"), "stream_interval": i64(0)}).stream_interval == 0
+    for bad in (-1, protocol.MAX_STREAM_INTERVAL + 1):
+        with pytest.raises(RequestError, match="stream_interval"):
+            protocol.parse_request({"text_input": s("x"), "stream_interval": i64(bad)})
+
+
 def test_parse_defaults_and_unbatched_shapes():
     req = parse_request({"text_input": np.array([b"hi"], dtype=np.object_), "max_tokens": np.array([3], np.int32)})
     assert req.prompt == "hi" and req.params.max_tokens == 3

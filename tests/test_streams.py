@@ -89,27 +89,31 @@ class Client:
 class Model(StreamingModel):
     model_name = "test"
 
-    def __init__(self, threads=2, cancel_interval=0.01):
+    def __init__(self, threads=2, cancel_interval=0.01, stream_interval=0):
         self.client = Client()
         self.router = EngineRouter(1)
         self.router.set_client(0, self.client)
-        self.setup_streams(fake_pb(), ServingOptions(cancel_check_interval_s=cancel_interval, response_threads=threads))
+        options = ServingOptions(
+            cancel_check_interval_s=cancel_interval, response_threads=threads, stream_interval=stream_interval
+        )
+        self.setup_streams(fake_pb(), options)
 
     def parse(self, request):
-        stream, rid = request.payload
+        stream, rid, interval = request.payload
         parsed = protocol.ParsedRequest(
             [1, 2, 3],
             SamplingParams(max_tokens=8),
             stream=stream,
             exclude_input_in_output=True,
             return_finish_reason=True,
+            stream_interval=interval,
         )
         return parsed, [1, 2, 3], rid
 
 
 class Request:
-    def __init__(self, sender, stream=True, rid="r", timeout_us=0):
-        self.sender, self.payload, self.timeout_us = sender, (stream, rid), timeout_us
+    def __init__(self, sender, stream=True, rid="r", timeout_us=0, interval=None):
+        self.sender, self.payload, self.timeout_us = sender, (stream, rid, interval), timeout_us
 
     def get_response_sender(self):
         return self.sender
@@ -159,6 +163,82 @@ def test_streaming_coalesces_while_a_send_waits_and_keeps_order(model):
     assert list(last["exit_depths"].reshape(-1)) == [4] * 4
     assert last["finish_reason"][0][0] == b"length"
     assert "r" not in model._streams
+
+
+def _pieces(sender):
+    """(output ids, prefix ids, exit depths, final) of each response."""
+    out = []
+    for r, flags in sender.sent:
+        o = r["outputs"]
+        ids = [int(t) for t in o["output_ids"].reshape(-1)]
+        prefix = [int(t) for t in o["prefix_ids"].reshape(-1)]
+        out.append((ids, prefix, [int(d) for d in o["exit_depths"].reshape(-1)], bool(flags & FINAL)))
+    return out
+
+
+def test_stream_interval_one_sends_every_token_alone_even_when_behind(model):
+    """A request's stream_interval 1: what piles up during a send goes out as one response per token, each
+    with its own exit depth and the ids before it as detokenization context."""
+    gate = threading.Event()
+    sender = Sender(gate)
+    model.execute([Request(sender, interval=1)])
+    model.on_engine_message(0, Outputs([delta("r", [10])], IDLE))
+    wait(lambda: sender.gate is gate and model._streams["r"].queued is False)
+    # a speculative step's two tokens, with the engine's context (the ids before them)
+    model.on_engine_message(0, Outputs([Delta("r", [11, 12], [4, 4], [9, 10], 0, None)], IDLE))
+    model.on_engine_message(0, Outputs([delta("r", [13])], IDLE))
+    model.on_engine_message(0, Outputs([delta("r", [14], "length")], IDLE))
+    gate.set()
+    assert sender.finished.wait(5)
+    got = _pieces(sender)
+    assert [ids for ids, *_ in got] == [[10], [11], [12], [13], [14]]
+    assert [d for _, _, d, _ in got] == [[4]] * 5
+    assert [f for *_, f in got] == [False] * 4 + [True]
+    # the engine's context for 11 was [9, 10]; each later piece's is the ids just before it
+    assert [p for _, p, _, _ in got[1:]] == [[9, 10], [9, 10, 11], [9, 10, 11, 12], [9, 10, 11, 12, 13]]
+
+
+def test_stream_interval_n_waits_for_n_tokens_and_ends_with_the_rest():
+    """The server's stream_interval 3 (no request value): responses of exactly 3 tokens; a shorter
+    remainder waits for more tokens and goes out with the final response."""
+    model = Model(stream_interval=3)
+    try:
+        sender = Sender()
+        model.execute([Request(sender)])
+        for t in (10, 11):
+            model.on_engine_message(0, Outputs([delta("r", [t])], IDLE))
+        time.sleep(0.05)
+        assert sender.sent == [], "two tokens are short of the interval"
+        for t in (12, 13, 14, 15):
+            model.on_engine_message(0, Outputs([delta("r", [t])], IDLE))
+        wait(lambda: len(sender.sent) == 2)
+        model.on_engine_message(0, Outputs([delta("r", [16], "stop")], IDLE))
+        assert sender.finished.wait(5)
+        assert [ids for ids, *_ in _pieces(sender)] == [[10, 11, 12], [13, 14, 15], [16]]
+        # a request's own value wins over the server's: 0 sends whatever is waiting
+        other = Sender()
+        model.execute([Request(other, rid="o", interval=0)])
+        model.on_engine_message(0, Outputs([delta("o", [20])], IDLE))
+        wait(lambda: len(other.sent) == 1)
+        model.on_engine_message(0, Outputs([delta("o", [21], "length")], IDLE))
+        assert other.finished.wait(5) and other.tokens() == [20, 21]
+    finally:
+        model.close_streams("closed")
+
+
+def test_stream_interval_keeps_a_stop_strings_trim_in_one_final_response(model):
+    gate = threading.Event()
+    sender = Sender(gate)
+    model.execute([Request(sender, interval=1)])
+    model.on_engine_message(0, Outputs([delta("r", [10])], IDLE))
+    wait(lambda: sender.gate is gate and model._streams["r"].queued is False)
+    model.on_engine_message(0, Outputs([delta("r", [11, 12])], IDLE))
+    model.on_engine_message(0, Outputs([Delta("r", [13], [4], [9], 2, "stop")], IDLE))
+    gate.set()
+    assert sender.finished.wait(5)
+    got = _pieces(sender)
+    assert [ids for ids, *_ in got] == [[10], [11, 12, 13]]
+    assert int(sender.sent[-1][0]["outputs"]["trim_chars"].reshape(-1)[0]) == 2
 
 
 def test_send_queue_takes_first_responses_first_each_lane_in_order():

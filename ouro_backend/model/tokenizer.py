@@ -14,10 +14,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ..outputs import PREFIX_WINDOW
 from .checkpoint import CheckpointError
 
 REPLACEMENT = "\ufffd"  # what lossy UTF-8 decoding gives for an incomplete (or invalid) byte sequence
-PREFIX_WINDOW = 5  # >= 4: an incomplete UTF-8 tail is at most 3 bytes, so at most 3 tokens
 
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in Ouro

@@ -37,10 +37,20 @@ class StreamOptions:
 
     cancel_check_interval_s: float = _option(0.05, "how often open requests are checked for client cancellation")
     response_threads: int = _option(8, "threads sending responses; a request always uses the same one")
+    stream_interval: int = _option(
+        0,
+        "streaming: tokens per response (1: one token per response; 0: a response carries every token "
+        "waiting when its sender gets to it, so a busy server coalesces); a request's stream_interval input "
+        "overrides it",
+    )
 
     def validate(self):
+        if self.stream_interval < 0:
+            raise ConfigError(f"stream_interval={self.stream_interval!r} must be >= 0")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "stream_interval":
+                continue
             if (isinstance(value, str) and not value) or (not isinstance(value, str) and value <= 0):
                 raise ConfigError(f"{f.name}={value!r} must be " + ("set" if isinstance(value, str) else "> 0"))
         return self

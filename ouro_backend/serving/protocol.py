@@ -48,6 +48,13 @@ SAMPLING_INPUTS = _spec(
     InputSpec("max_tokens", "INT64", "int", doc="tokens to generate (default 16)"),
     InputSpec("min_tokens", "INT64", "int", doc="generate at least this many tokens before EOS / stop words"),
     InputSpec("stream", "BOOL", "bool", doc="one response per new piece of text (default false: one response)"),
+    InputSpec(
+        "stream_interval",
+        "INT64",
+        "int",
+        doc="streaming: tokens per response, 1 = exactly one token per response, 0 = every token waiting "
+        "when the sender gets to the stream (default: the model's stream_interval parameter)",
+    ),
     InputSpec("temperature", "FP32", "float", doc="0: greedy (default 1.0)"),
     InputSpec("top_p", "FP32", "float"),
     InputSpec("top_k", "INT64", "int", doc="0 or -1: off"),
@@ -157,6 +164,7 @@ CLIENT_OUTPUTS = {
     "num_spec_accepted_tokens": "INT32",
     "num_cached_tokens": "INT32",
 }
+MAX_STREAM_INTERVAL = 1 << 20
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "cancelled": "cancelled"}
 
 # Request parameters Triton or its clients set themselves; anything else in `request.parameters()` is a
@@ -192,6 +200,7 @@ class ParsedRequest:
         "request_id",
         "abort_request_id",
         "prompt_text",
+        "stream_interval",
     )
 
     def __init__(
@@ -208,6 +217,7 @@ class ParsedRequest:
         request_id=None,
         abort_request_id=None,
         prompt_text=None,
+        stream_interval=None,
     ):
         self.prompt: str | list[int] | None = prompt
         self.params: SamplingParams | None = params
@@ -222,6 +232,7 @@ class ParsedRequest:
         self.abort_request_id: str | None = abort_request_id
         # The prompt as text (client models; the engine when given text_input): what echo_text repeats.
         self.prompt_text: str | None = prompt if isinstance(prompt, str) else prompt_text
+        self.stream_interval: int | None = stream_interval  # None: the server's default
 
     @property
     def echo_prompt(self) -> bool:
@@ -420,6 +431,9 @@ def parse_request(
     if request_id is not None and not request_id:
         raise RequestError("request_id is empty")
     prompt_text = scalar("text_input") if prompt_input != "text_input" else None
+    interval = scalar("stream_interval")
+    if interval is not None and not 0 <= interval <= MAX_STREAM_INTERVAL:
+        raise RequestError(f"stream_interval must be in [0, {MAX_STREAM_INTERVAL}], got {interval}")
     return ParsedRequest(
         prompt,
         params,
@@ -432,6 +446,7 @@ def parse_request(
         return_spec_counts=bool(scalar("return_spec_counts", False)),
         return_num_cached_tokens=bool(scalar("return_num_cached_tokens", False)),
         request_id=request_id,
+        stream_interval=interval,
     )
 
 

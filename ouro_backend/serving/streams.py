@@ -26,6 +26,7 @@ import time
 import zlib
 from typing import Any
 
+from ..outputs import PREFIX_WINDOW
 from ..sampling_params import RequestError
 from . import protocol
 from .cancellation import CancelWatcher
@@ -67,6 +68,7 @@ class Stream:
         "responded",
         "timeout_s",
         "deadline",
+        "interval",
     )
 
     def __init__(
@@ -104,6 +106,8 @@ class Stream:
         self.timeout_s = timeout_s
         # time.monotonic() after which it ends with a timeout error; None: never
         self.deadline = None if timeout_s is None else received + timeout_s
+        # streaming: tokens per response (0: every token waiting when the sender gets to it)
+        self.interval = 0
 
 
 class SendQueue:
@@ -149,6 +153,7 @@ class StreamingModel(abc.ABC):
         ]
         for t in self._senders:
             t.start()
+        self._stream_interval = serving.stream_interval
         self._watcher = CancelWatcher(serving.cancel_check_interval_s, self._open_streams, self._cancel, self._expire)
         self._trace = RequestTrace.from_env("front")  # None unless $OURO_REQUEST_TRACE asks for the hops
 
@@ -225,6 +230,7 @@ class StreamingModel(abc.ABC):
             received,
             min(limits) if limits else None,
         )
+        stream.interval = self._stream_interval if parsed.stream_interval is None else parsed.stream_interval
         with self._lock:
             if rid in self._streams:
                 self.router.release(index)
@@ -288,7 +294,7 @@ class StreamingModel(abc.ABC):
             s.spec_counts, s.num_cached = d.spec_counts, d.num_cached
             if d.finish_reason is not None:
                 s.reason, s.trim = d.finish_reason, d.trim
-            ready = d.finish_reason is not None or (s.parsed.stream and s.ids)
+            ready = d.finish_reason is not None or (s.parsed.stream and len(s.ids) >= max(1, s.interval))
             if not ready or s.queued:
                 return
             s.queued = True
@@ -320,19 +326,58 @@ class StreamingModel(abc.ABC):
                 log.exception("sending a response for %s failed", s.rid)
 
     def _send_pending(self, s: Stream) -> None:
-        """One response with everything the stream got since its previous one."""
+        """What the stream got since its previous response: one response, or with a stream interval N,
+        responses of N tokens each (a remainder short of N waits for more tokens unless the request ended)."""
         with s.data_lock:
             s.queued = False
             error, error_code, reason, trim = s.error, s.error_code, s.reason, s.trim
-            ids, depths, prefix, spec_counts = s.ids, s.depths, s.prefix or [], s.spec_counts
-            s.ids, s.depths, s.prefix = [], [], None
-        pb = self.pb
+            prefix, spec_counts = s.prefix or [], s.spec_counts
+            n = s.interval if s.parsed.stream else 0
+            take = len(s.ids) if not n or reason is not None else len(s.ids) // n * n
+            ids, depths = s.ids[:take], s.depths[:take]
+            s.ids, s.depths = s.ids[take:], s.depths[take:]
+            # NOTE the tokens left behind keep their detokenization context: the ids just before them
+            s.prefix = (prefix + ids)[-PREFIX_WINDOW:] if s.ids else None
         if error is not None:
             with s.send_lock:
                 if not s.done:
                     s.done = True
                     self.send_error(s.sender, error, error_code)
             return
+        final = reason is not None
+        if not ids and not final:
+            return
+        # A stop string's trim applies to the final response's text, so that response keeps what it needs.
+        pieces = [ids[i : i + n] for i in range(0, len(ids), n)] if n and len(ids) > n and not trim else [ids]
+        start = 0
+        for k, piece in enumerate(pieces):
+            last = k == len(pieces) - 1
+            context = (prefix + ids[:start])[-PREFIX_WINDOW:] if start else prefix
+            ok = self._send_response(
+                s,
+                piece,
+                depths[start : start + len(piece)],
+                context,
+                reason if last else None,
+                trim if last else 0,
+                spec_counts,
+            )
+            start += len(piece)
+            if not ok:
+                return
+
+    def _send_response(
+        self,
+        s: Stream,
+        ids: list[int],
+        depths: list[int],
+        prefix: list[int],
+        reason: str | None,
+        trim: int,
+        spec_counts: tuple[int, int],
+    ) -> bool:
+        """One response (FINAL with `reason`); False when the request ended instead (an error response)."""
+        pb = self.pb
         final = reason is not None
         p = s.parsed
         fields = dict(
@@ -366,10 +411,10 @@ class StreamingModel(abc.ABC):
                 if not s.done:
                     s.done = True
                     self.send_error(s.sender, f"{self.model_name}: {message}")
-            return
+            return False
         with s.send_lock:
             if s.done:
-                return
+                return False
             try:
                 s.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
             except Exception as e:  # the client is gone; the watcher aborts the request
@@ -378,6 +423,7 @@ class StreamingModel(abc.ABC):
         s.responded = True
         if self._trace is not None and ids:
             self._trace.mark(s.rid, "responded")
+        return True
 
     def send_error(self, sender: Any, message: str, code: str | None = None) -> None:
         """A FINAL error response; `code` names a pb_utils.TritonError code (UNAVAILABLE: HTTP 503)."""
