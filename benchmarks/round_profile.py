@@ -14,12 +14,12 @@ a function of its rows (with the capture's attention lengths, not a run's), whic
 
 import argparse
 import json
-import statistics
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.graph_timing import replay_ms
 from ouro_backend import EngineConfig, LLMEngine
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.model.sampler import SamplerMode
@@ -42,18 +42,6 @@ def kind_of(name: str) -> str:
         if any(k in low for k in keys):
             return kind
     return "other"
-
-
-def timed(graph, n: int = 50) -> float:
-    ts = []
-    for _ in range(n + 5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts[5:])
 
 
 def kernels(graph, n: int = 5) -> dict:
@@ -96,10 +84,10 @@ def main() -> None:
     picks = [(f"decode {b} rows", r.graphs.decode[(b, 1, SamplerMode.GREEDY)]) for b in (1, 64)]
     picks.append(("prompt 128 tokens", r.graphs.mixed[(128, SamplerMode.GREEDY)]))
     ones = {b: g for (b, rounds, mode), g in r.graphs.decode.items() if rounds == 1 and mode == SamplerMode.GREEDY}
-    report["round_ms_by_rows"] = {b: round(timed(ones[b].graph), 4) for b in sorted(ones)}
+    report["round_ms_by_rows"] = {b: round(replay_ms(ones[b].graph, 50, 5), 4) for b in sorted(ones)}
     print("round ms by rows", report["round_ms_by_rows"])
     for name, g in picks:
-        report["graphs"][name] = dict(replay_ms=timed(g.graph), **kernels(g.graph))
+        report["graphs"][name] = dict(replay_ms=replay_ms(g.graph, 50, 5), **kernels(g.graph))
         print(name, json.dumps(report["graphs"][name], indent=1))
     print(
         f"floor: one loop's weights {loop_bytes / 1e9:.2f} GB -> {report['floor_loop_ms']:.3f} ms; "

@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 
 import torch
 import triton
 
+from benchmarks.graph_timing import graph_ms
 from ouro_backend.kernels.activation import silu_mul
 from ouro_backend.kernels.projections import MAX_FMA_M, LinearConfig, linear
 
@@ -35,28 +35,6 @@ T0 = time.time()
 
 def log(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def graph_ms(fn, replays: int) -> float:
-    """Median ms of one replay of a CUDA graph of ``fn()``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (compiles, workspaces) outside the capture
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ts = []
-    for _ in range(replays + 3):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts[3:])
 
 
 def candidates(M: int, N: int, K: int) -> list[LinearConfig]:
