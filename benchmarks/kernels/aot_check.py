@@ -255,7 +255,8 @@ def configs():
             if cfg is None:
                 continue
             block_m = max(16 if cfg.dot or max_m > projections.MAX_FMA_M else 1, min(max_m, projections.MAX_M))
-            for silu_x in (False, True):
+            dot = cfg.dot or max_m > projections.MAX_FMA_M
+            for silu_x in (False, True) if not dot else (False,):  # the wrapper fuses SiLU on the fma path only
                 a = dict(
                     x_ptr="*bf16",
                     w_ptr="*bf16",
@@ -273,10 +274,10 @@ def configs():
                     BLOCK_K=cfg.block_k,
                     SPLIT_K=cfg.split_k,
                     EVEN_K=K % cfg.block_k == 0,
-                    USE_DOT=cfg.dot or max_m > projections.MAX_FMA_M,
+                    USE_DOT=dot,
                     DOT_PREC="tf32",
                     SILU_X=silu_x,
-                    PREFETCH=cfg.prefetch and not (cfg.dot or max_m > projections.MAX_FMA_M) and K % cfg.block_k == 0,
+                    PREFETCH=cfg.prefetch and not dot and K % cfg.block_k == 0,
                     INTERP=False,
                     LIBDEVICE=projections._HAS_LIBDEVICE,
                 )

@@ -8,9 +8,10 @@ in flight, and the tail of its last programs. This kernel attacks those:
 - it is launched with programmatic dependent launch (`_common.pdl_launch`), so it starts while the kernel
   before it finishes; on the CUDA-core path each program reads its first chunk of w before it waits for that
   kernel (`pdl_enter`; w is read-only, the one thing it may touch early) and then stays one chunk ahead;
-- ``silu_x``: x is the gate/up projection's output [M, 2K] and the kernel computes ``silu_mul(x) @ w.T``
-  with the activation applied as x is loaded (bitwise the same x as `activation.silu_mul`), which removes a
-  kernel and a round trip of the activation per layer.
+- ``silu_x``: x is the gate/up projection's output [M, 2K] and the result is ``silu_mul(x) @ w.T``. On the
+  CUDA-core path the activation is applied as x is loaded (bitwise the same x as `activation.silu_mul`),
+  which removes a kernel and a round trip of the activation per layer; the tensor-core path runs
+  `activation.silu_mul` first (per x tile, every program would recompute it).
 
 Layout: a program owns BLOCK_N rows of w (output columns) and one of SPLIT_K slices of K, walked in BLOCK_K
 chunks, fp32 accumulation. All M rows share that pass (BLOCK_M covers M), so w is read once. Inner product:
@@ -202,9 +203,9 @@ def _dot(bn: int, bk: int, split: int = 1, warps: int = 4, stages: int = 4) -> L
     return LinearConfig(bn, bk, split, warps, stages, dot=True)
 
 
-# Decode configs by weight shape (N, K): (largest M, config or None for cuBLAS), ascending M: the fastest of
-# benchmarks/kernels/linear_bench.py's candidates where it beat cuBLAS, on an H200 (Ouro-1.4B/2.6B shapes:
-# hidden 2048, MLP 5632; the last row is down, SiLU-mul fused on the CUDA-core path).
+# Decode configs by weight shape (N, K): (largest M, config or None for cuBLAS), ascending M, as
+# benchmarks/kernels/linear_bench.py picks them (the fastest candidate where it beats cuBLAS). Shapes of
+# Ouro-1.4B/2.6B: hidden 2048, MLP 5632; the last row is down (SiLU-mul fused on the CUDA-core path).
 DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]] = {
     (6144, 2048): ((1, _fma(32, 256, 1, 8)), (8, None), (16, _dot(32, 128, 1, 4, 4)), (64, None)),  # qkv
     (2048, 2048): (  # o
