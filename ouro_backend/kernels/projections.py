@@ -127,7 +127,7 @@ def _linear_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             k_mask = (k + offs_k) < k_hi
-            x = _load_x(x_ptrs, k_mask[None, :], K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
+            x = _load_x(x_ptrs, k_mask[None, :], K, EVEN_K, False, INTERP, LIBDEVICE)  # silu_x: the wrapper ran it
             w = _load_w(w_ptrs, k_mask[None, :], EVEN_K)
             if INTERP:  # the interpreter's bf16 dot reads raw bits (see _common): dot fp32 copies
                 w = w.to(tl.float32)
