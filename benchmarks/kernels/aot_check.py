@@ -49,6 +49,8 @@ def _strides(prefix: str, dims: str, unit_last=True) -> dict:
 
 def configs():
     """(label, kernel, args, launch options) for every kernel at the configs the wrappers pick."""
+    import torch
+
     from ouro_backend.kernels import activation, attention, norm, projections, rope
 
     H = KVH = 16
@@ -254,9 +256,10 @@ def configs():
         for max_m, cfg in rows:
             if cfg is None:
                 continue
-            block_m = max(16 if cfg.dot or max_m > projections.MAX_FMA_M else 1, min(max_m, projections.MAX_M))
-            dot = cfg.dot or max_m > projections.MAX_FMA_M
-            for silu_x in (False, True) if not dot else (False,):  # the wrapper fuses SiLU on the fma path only
+            for silu_x in (False, True):  # the wrapper's constants: on the tensor-core path SILU_X stays False
+                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x)
+                if silu_x and not consts["SILU_X"]:
+                    continue
                 a = dict(
                     x_ptr="*bf16",
                     w_ptr="*bf16",
@@ -269,17 +272,9 @@ def configs():
                     stride_xm="i32",
                     stride_wn="i32",
                     stride_ym="i32",
-                    BLOCK_M=block_m,
-                    BLOCK_N=cfg.block_n,
-                    BLOCK_K=cfg.block_k,
-                    SPLIT_K=cfg.split_k,
-                    EVEN_K=K % cfg.block_k == 0,
-                    USE_DOT=dot,
-                    DOT_PREC="tf32",
-                    SILU_X=silu_x,
-                    PREFETCH=cfg.prefetch and not dot and K % cfg.block_k == 0,
                     INTERP=False,
                     LIBDEVICE=projections._HAS_LIBDEVICE,
+                    **consts,
                 )
                 opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
                 label = f"linear {N}x{K} M<={max_m} {cfg.name}{' silu_x' if silu_x else ''}"

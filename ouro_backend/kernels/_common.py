@@ -11,6 +11,8 @@ and bf16 tensor-core dots are used; the code paths differ only in those two plac
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -99,8 +101,6 @@ _PDL: dict = {}
 def pdl_enabled(device: torch.device) -> bool:
     """PDL on this device: a CUDA device of compute capability 9.0 or newer, a Triton that has grid
     dependency control, and ``OURO_PDL`` not set to ``0`` (the switch for A/B runs)."""
-    import os
-
     if device.type != "cuda" or gdc_wait is None or os.environ.get("OURO_PDL", "1") == "0":
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()

@@ -27,6 +27,17 @@ except Exception:  # pragma: no cover
 
 
 @triton.jit
+def silu_mul_f32(g, u, DT: tl.constexpr, INTERP: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """``silu(g) * u`` of fp32 values as torch rounds it in DT: the silu rounded to DT, the product left in
+    fp32 for the caller to round once (shared by `_silu_mul_kernel` and the down projection's x load)."""
+    if LIBDEVICE:
+        e = _libdevice.exp(-g)
+    else:
+        e = tl.exp(-g)
+    return round_f32(g / (1.0 + e), DT, INTERP) * u
+
+
+@triton.jit
 def _silu_mul_kernel(
     x_ptr,
     y_ptr,
@@ -45,13 +56,8 @@ def _silu_mul_kernel(
     dt: tl.constexpr = x_ptr.dtype.element_ty
     g = tl.load(x_ptr + n * stride_xn + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + n * stride_xn + I + cols, mask=mask, other=0.0).to(tl.float32)
-    if LIBDEVICE:
-        e = _libdevice.exp(-g)
-    else:
-        e = tl.exp(-g)
-    s = round_f32(g / (1.0 + e), dt, INTERP)
     y_dt: tl.constexpr = y_ptr.dtype.element_ty
-    tl.store(y_ptr + n * stride_yn + cols, cast_rne(s * u, y_dt, INTERP), mask=mask)
+    tl.store(y_ptr + n * stride_yn + cols, cast_rne(silu_mul_f32(g, u, dt, INTERP, LIBDEVICE), y_dt, INTERP), mask=mask)
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

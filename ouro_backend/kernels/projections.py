@@ -37,14 +37,7 @@ import triton.language as tl
 
 from ..model.torch_ops import linear_ref  # the torch twin
 from ._common import cast_rne, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, use_triton
-
-try:  # full-precision expf, as `activation.silu_mul`; the interpreter lacks libdevice
-    from triton.language.extra import libdevice as _libdevice
-
-    _HAS_LIBDEVICE = True
-except Exception:  # pragma: no cover
-    _libdevice = None
-    _HAS_LIBDEVICE = False
+from .activation import _HAS_LIBDEVICE, silu_mul, silu_mul_f32
 
 
 @triton.jit
@@ -61,12 +54,7 @@ def _load_x(ptrs, k_mask, K, EVEN_K: tl.constexpr, SILU_X: tl.constexpr, INTERP:
             u = tl.load(ptrs + K).to(tl.float32)
         else:
             u = tl.load(ptrs + K, mask=k_mask, other=0.0).to(tl.float32)
-        if LIBDEVICE:
-            e = _libdevice.exp(-v)
-        else:
-            e = tl.exp(-v)
-        s = round_f32(v / (1.0 + e), dt, INTERP)
-        v = round_f32(s * u, dt, INTERP)
+        v = round_f32(silu_mul_f32(v, u, dt, INTERP, LIBDEVICE), dt, INTERP)
     return v
 
 
@@ -127,7 +115,7 @@ def _linear_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             k_mask = (k + offs_k) < k_hi
-            x = _load_x(x_ptrs, k_mask[None, :], K, EVEN_K, False, INTERP, LIBDEVICE)  # silu_x: the wrapper ran it
+            x = _load_x(x_ptrs, k_mask[None, :], K, EVEN_K, False, INTERP, LIBDEVICE)  # SILU_X is False here
             w = _load_w(w_ptrs, k_mask[None, :], EVEN_K)
             if INTERP:  # the interpreter's bf16 dot reads raw bits (see _common): dot fp32 copies
                 w = w.to(tl.float32)
@@ -248,6 +236,28 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return bufs[-1]
 
 
+def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu_x: bool) -> dict:
+    """The kernel's shape constexprs for `cfg` at M rows (what `linear` launches and
+    benchmarks/kernels/aot_check.py compiles). Beyond MAX_FMA_M rows the tensor-core path runs whatever
+    `cfg.dot` says, and it never fuses SiLU (per x tile, every program would recompute it): SILU_X is then
+    False and `linear` runs the activation kernel first."""
+    dot = cfg.dot or M > MAX_FMA_M
+    chunks = triton.cdiv(K, cfg.block_k)
+    assert triton.cdiv(chunks, cfg.split_k) * (cfg.split_k - 1) < chunks, f"{cfg.name}: a split of K={K} is empty"
+    assert not dot or (cfg.block_n >= 16 and cfg.block_k >= 16), f"{cfg.name}: tl.dot needs BLOCK_N, BLOCK_K >= 16"
+    return dict(
+        BLOCK_M=min(MAX_M, max(16 if dot else 1, next_pow2(M))),
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k,
+        EVEN_K=K % cfg.block_k == 0,
+        USE_DOT=dot,
+        DOT_PREC="ieee" if dtype == torch.float32 else "tf32",
+        SILU_X=silu_x and not dot,
+        PREFETCH=cfg.prefetch and not dot and K % cfg.block_k == 0,
+    )
+
+
 def linear(
     x: torch.Tensor, w: torch.Tensor, *, silu_x: bool = False, config: LinearConfig | None = None
 ) -> torch.Tensor:
@@ -261,33 +271,22 @@ def linear(
         return linear_ref(x, w, silu_x)
     cfg = config or config_for(N, K, M)
     if cfg is None:  # cuBLAS (and the activation kernel for silu_x)
-        if silu_x:
-            from .activation import silu_mul
-
-            x = silu_mul(x)
-        return x @ w.t()
+        return (silu_mul(x) if silu_x else x) @ w.t()
+    consts = launch_constants(cfg, M, K, x.dtype, silu_x)
+    if silu_x and not consts["SILU_X"]:
+        x = silu_mul(x)
     x = x if x.stride(1) == 1 else x.contiguous()
     w = w if w.stride(1) == 1 else w.contiguous()
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
-    dot = cfg.dot or M > MAX_FMA_M
-    if silu_x and dot:  # the activation per x tile costs more than its own kernel on the tensor-core path
-        from .activation import silu_mul
-
-        x, silu_x = silu_mul(x), False
-    chunks = triton.cdiv(K, cfg.block_k)
-    assert triton.cdiv(chunks, cfg.split_k) * (cfg.split_k - 1) < chunks, f"{cfg.name}: a split of K={K} is empty"
-    assert not dot or (cfg.block_n >= 16 and cfg.block_k >= 16), f"{cfg.name}: tl.dot needs BLOCK_N, BLOCK_K >= 16"
-    block_m = min(MAX_M, max(16 if dot else 1, next_pow2(M)))
-    grid = (triton.cdiv(N, cfg.block_n), cfg.split_k, triton.cdiv(M, block_m))
+    grid = (triton.cdiv(N, cfg.block_n), cfg.split_k, triton.cdiv(M, consts["BLOCK_M"]))
     if cfg.split_k > 1:
         part = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
         count = _counters(x.device, grid[0] * grid[2])
     else:
         part = count = y  # unused
     interp = kernel_is_interpreted(_linear_kernel)
-    pdl = pdl_launch(_linear_kernel, x.device)
     _linear_kernel[grid](
         x,
         w,
@@ -300,19 +299,11 @@ def linear(
         x.stride(0),
         w.stride(0),
         y.stride(0),
-        BLOCK_M=block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k,
-        EVEN_K=K % cfg.block_k == 0,
-        USE_DOT=dot,
-        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-        SILU_X=silu_x,
-        PREFETCH=cfg.prefetch and not dot and K % cfg.block_k == 0,
         INTERP=interp,
         LIBDEVICE=_HAS_LIBDEVICE and not interp,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **pdl,
+        **consts,
+        **pdl_launch(_linear_kernel, x.device),
     )
     return y
