@@ -110,6 +110,11 @@ class Stream:
         self.interval = 0
 
 
+def _context(prefix: list[int], ids: list[int], start: int) -> list[int]:
+    """The detokenization context of ``ids[start:]``: the last PREFIX_WINDOW ids before it."""
+    return (prefix + ids[:start])[-PREFIX_WINDOW:] if start else prefix
+
+
 class SendQueue:
     """One sender thread's streams with a response due, oldest first; streams whose first response is due
     go before the others. On a busy server a sender is always behind (that is how responses coalesce), and
@@ -333,11 +338,13 @@ class StreamingModel(abc.ABC):
             error, error_code, reason, trim = s.error, s.error_code, s.reason, s.trim
             prefix, spec_counts = s.prefix or [], s.spec_counts
             n = s.interval if s.parsed.stream else 0
-            take = len(s.ids) if not n or reason is not None else len(s.ids) // n * n
-            ids, depths = s.ids[:take], s.depths[:take]
-            s.ids, s.depths = s.ids[take:], s.depths[take:]
-            # NOTE the tokens left behind keep their detokenization context: the ids just before them
-            s.prefix = (prefix + ids)[-PREFIX_WINDOW:] if s.ids else None
+            if not n or reason is not None:  # everything waiting
+                ids, depths, s.ids, s.depths, s.prefix = s.ids, s.depths, [], [], None
+            else:  # whole intervals; NOTE the tokens left behind keep their detokenization context
+                take = len(s.ids) // n * n
+                ids, depths = s.ids[:take], s.depths[:take]
+                s.ids, s.depths = s.ids[take:], s.depths[take:]
+                s.prefix = _context(prefix, ids, take) if s.ids else None
         if error is not None:
             with s.send_lock:
                 if not s.done:
@@ -352,12 +359,11 @@ class StreamingModel(abc.ABC):
         start = 0
         for k, piece in enumerate(pieces):
             last = k == len(pieces) - 1
-            context = (prefix + ids[:start])[-PREFIX_WINDOW:] if start else prefix
             ok = self._send_response(
                 s,
                 piece,
                 depths[start : start + len(piece)],
-                context,
+                _context(prefix, ids, start),
                 reason if last else None,
                 trim if last else 0,
                 spec_counts,
