@@ -13,7 +13,8 @@ The second line is the same code with the decode-projection kernel and programma
   ``flops`` its arithmetic; ``pct_of_peak`` is the larger of bytes/s over ``--hbm-tb-s`` and FLOP/s over
   ``--bf16-tflops``. ``sum_us`` per row count vs ``decode_loop`` shows what the ops lose between them.
 - ``decode_loop``: one decode round's graph (one loop for every row, gate, LM head, sampling) replayed
-  alone, by rows (the engine's capture lengths), and its floor (loop weights + LM head + KV at capture).
+  alone, by rows (the engine's capture lengths); ``floor_loop_ms`` is the loop's weights alone over
+  ``--hbm-tb-s`` (the LM head's bytes are ``lm_head_bytes``; KV reads are not counted).
 - ``prompt_chunk_2048_ms``: one engine step of a fresh 2,048-token prompt (all four loops, max_tokens 1),
   median of 3, with its TFLOP/s.
 """
