@@ -66,7 +66,6 @@ def op_rows(eng: LLMEngine, M: int, ctx: int, hbm: float, peak: float) -> list[d
         return q, k, v
 
     q, k, v = q_k_v()
-    qa = torch.randn(M, nh, hd, device=dev, dtype=dt)
     from ouro_backend.model.attention import AttentionMetadata
 
     meta = AttentionMetadata(cu, lens, tables, slots, 1, ctx, decode_rows=0)
@@ -81,14 +80,9 @@ def op_rows(eng: LLMEngine, M: int, ctx: int, hbm: float, peak: float) -> list[d
         "o_proj": proj("o"),
         "gate_up_proj": proj("gate_up"),
         "down_proj (silu_mul fused when the kernel runs)": proj("down", silu=True),
-        "rope_and_write_kv": (
-            lambda: [ops.rope_and_write_kv(q, k, v, pos, m.cos_sin, c[0], c[1], slots) for c in caches],
-            act_in(cfg.q_size + 2 * cfg.kv_size) * 2,
-            0,
-        ),
-        f"attention (context {ctx})": (
-            lambda: [ops.attention(qa, c[0], c[1], meta, m.scale) for c in caches],
-            M * ctx * 2 * kvh * hd * e + act_in(2 * cfg.q_size),
+        f"rope + KV write + attention (context {ctx})": (
+            lambda: [ops.rope_kv_attention(q, k, v, pos, m.cos_sin, c[0], c[1], meta, m.scale) for c in caches],
+            M * ctx * 2 * kvh * hd * e + act_in(cfg.q_size + 2 * cfg.kv_size) + act_in(cfg.q_size),
             4 * M * ctx * nh * hd,
         ),
         "sandwich_norm": (

@@ -96,6 +96,7 @@ def test_kernels_really_run_triton():
         return
     for fn in (
         K.paged_attention,
+        K.rope_kv_attention,
         K.write_kv,
         K.copy_kv_slots,
         K.rms_norm,
@@ -243,6 +244,45 @@ def test_paged_attention_matches_dense_causal_sdpa():
     ).transpose(0, 1)
     out = K.paged_attention(q, kc, vc, cu, sl, bt, hd**-0.5, L)
     torch.testing.assert_close(out.cpu(), dense, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "H,kvh,dtype,splits",
+    [(4, 2, torch.float32, 1), (4, 2, torch.float32, 3), (2, 2, torch.bfloat16, 2), (4, 1, torch.bfloat16, 5)],
+)
+def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits):
+    """The decode fusion gives bitwise what `rope_and_write_kv` then `paged_attention` give (the same
+    kernel's split path), leaves q as it was, and writes the same caches; a pad row (slot -1, seq_len 0)
+    writes nothing and yields zeros. The new position starts as NaN in the cache: read before its write, it
+    would poison the output."""
+    gen = torch.Generator().manual_seed(97 + H + kvh + splits)
+    hd, bs = 16, 4
+    seq_lens = [9, 1, 20, 0]  # rows: context 8, a first token, context 19 (5 blocks), a pad row
+    q, kc, vc, cu, sl, bt = _make_batch([1, 1, 1, 1], seq_lens, H, kvh, hd, bs, dtype, gen)
+    positions = torch.tensor([max(L - 1, 0) for L in seq_lens], dtype=torch.int64, device=DEV)
+    slots = torch.tensor(
+        [int(bt[r, (L - 1) // bs]) * bs + (L - 1) % bs if L else -1 for r, L in enumerate(seq_lens)],
+        dtype=torch.int64,
+        device=DEV,
+    )
+    kc.view(-1, kvh, hd)[slots[:3]] = float("nan")  # the new positions: not written yet
+    vc.view(-1, kvh, hd)[slots[:3]] = float("nan")
+    k = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
+    v = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
+    cache = K.build_cos_sin_cache(64, hd, 10000.0, device=DEV)
+    q0 = q.clone()
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = K.rope_kv_attention(q, k, v, positions, cache, kc, vc, slots, cu, sl, bt, 0.3, num_splits=splits)
+    assert torch.equal(q, q0), "q must not be rotated in place"
+    q2 = q.clone()
+    K.rope_and_write_kv(q2, k, v, positions, cache, kc2, vc2, slots)
+    want = K.paged_attention(q2, kc2, vc2, cu, sl, bt, 0.3, 1, num_splits=splits)
+    assert torch.isfinite(got).all() and (got[3] == 0).all()
+    assert torch.equal(got, want)
+    assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))
+    ref = K.rope_kv_attention_ref(q, k, v, positions, cache, kc2.clone(), vc2.clone(), slots, cu, sl, bt, 0.3)
+    tol = dict(rtol=1e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got.float(), ref.float(), **tol)
 
 
 # ---------------------------------------------------------------------------------------------------

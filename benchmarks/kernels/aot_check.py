@@ -51,13 +51,13 @@ def configs():
     """(label, kernel, args, launch options) for every kernel at the configs the wrappers pick."""
     import torch
 
-    from ouro_backend.kernels import activation, attention, norm, projections, rope
+    from ouro_backend.kernels import activation, attention, norm, prefetch, projections, rope
 
     H = KVH = 16
     HD, D, BS = 128, 2048, 16
     out = []
     for dt, fp32 in (("bf16", False), ("fp32", True)):
-        for max_q, splits in ((1, 1), (1, 4), (1024, 1)):
+        for max_q, splits, rope_in in ((1, 1, False), (1, 4, False), (1, 1, True), (1, 4, True), (1024, 1, False)):
             g_pad, hd_pad, bq, bm, bn, nw, ns = attention._attn_config(max_q, 1, HD, fp32, None, None, None, None)
             a = dict(
                 q_ptr=f"*{dt}",
@@ -69,9 +69,16 @@ def configs():
                 cu_q_ptr="*i32",
                 seq_lens_ptr="*i32",
                 bt_ptr="*i32",
+                count_ptr="*i32",
+                pos_ptr="*i64",
+                cs_ptr="*fp32",
+                kn_ptr=f"*{dt}",
+                vn_ptr=f"*{dt}",
+                slot_ptr="*i64",
                 qk_scale="fp32",
                 num_tokens="i32",
                 stride_bt="i32",
+                stride_cs="i32",
                 NUM_HEADS=H,
                 QUERIES_PER_KV=1,
                 G_PAD=g_pad,
@@ -82,35 +89,23 @@ def configs():
                 BLOCK_M=bm,
                 BLOCK_N=bn,
                 NUM_SPLITS=splits,
+                ROPE=rope_in,
                 DOT_PREC="ieee" if fp32 else "tf32",
                 INTERP=False,
             )
-            for p in "qo":
+            for p in ("q", "o", "kn", "vn"):
                 a.update(_strides(p, "nhd"))
             for p in "kv":
                 a.update(_strides(p, "bshd"))
             out.append(
                 (
-                    f"paged_attn {dt} max_q={max_q} splits={splits} BM={bm} BN={bn} w={nw} s={ns}",
+                    f"paged_attn {dt} max_q={max_q} splits={splits}{' rope' if rope_in else ''} BM={bm} BN={bn} "
+                    f"w={nw} s={ns}",
                     attention._paged_attn_kernel,
                     a,
-                    dict(num_warps=nw, num_stages=ns),
+                    dict(num_warps=nw, num_stages=ns, enable_fp_fusion=False),
                 )
             )
-        a = dict(
-            o_part_ptr="*fp32",
-            lse_part_ptr="*fp32",
-            out_ptr=f"*{dt}",
-            num_tokens="i32",
-            NUM_HEADS=H,
-            HEAD_DIM=HD,
-            HD_PAD=HD,
-            NUM_SPLITS=4,
-            S_PAD=4,
-            INTERP=False,
-            **_strides("o", "nhd"),
-        )
-        out.append((f"combine_splits {dt}", attention._combine_splits_kernel, a, dict(num_warps=2)))
     # GQA (G=3 padded to 4), head_dim 96 padded to 128, prefill tile
     g_pad, hd_pad, bq, bm, bn, nw, ns = attention._attn_config(512, 3, 96, False, None, None, None, None)
     a = dict(
@@ -123,9 +118,16 @@ def configs():
         cu_q_ptr="*i32",
         seq_lens_ptr="*i32",
         bt_ptr="*i32",
+        count_ptr="*i32",
+        pos_ptr="*i64",
+        cs_ptr="*fp32",
+        kn_ptr="*bf16",
+        vn_ptr="*bf16",
+        slot_ptr="*i64",
         qk_scale="fp32",
         num_tokens="i32",
         stride_bt="i32",
+        stride_cs="i32",
         NUM_HEADS=12,
         QUERIES_PER_KV=3,
         G_PAD=g_pad,
@@ -136,14 +138,16 @@ def configs():
         BLOCK_M=bm,
         BLOCK_N=bn,
         NUM_SPLITS=1,
+        ROPE=False,
         DOT_PREC="tf32",
         INTERP=False,
     )
-    for p in "qo":
+    for p in ("q", "o", "kn", "vn"):
         a.update(_strides(p, "nhd"))
     for p in "kv":
         a.update(_strides(p, "bshd"))
-    out.append(("paged_attn bf16 GQA G=3 hd=96", attention._paged_attn_kernel, a, dict(num_warps=nw, num_stages=ns)))
+    opts = dict(num_warps=nw, num_stages=ns, enable_fp_fusion=False)
+    out.append(("paged_attn bf16 GQA G=3 hd=96", attention._paged_attn_kernel, a, opts))
 
     dt = "bf16"
     kv_tile = dict(BLOCK_SIZE=BS, NUM_KV_HEADS=KVH, HEAD_DIM=HD, BLOCK_H=16, BLOCK_D=HD)
@@ -274,11 +278,15 @@ def configs():
                     stride_ym="i32",
                     INTERP=False,
                     LIBDEVICE=projections._HAS_LIBDEVICE,
+                    W_EVICT=projections.W_EVICTION,
                     **consts,
                 )
                 opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
                 label = f"linear {N}x{K} M<={max_m} {cfg.name}{' silu_x' if silu_x else ''}"
                 out.append((label, projections._linear_kernel, a, opts))
+    a = dict(addr0="i64", bytes0="i32", addr1="i64", bytes1="i32", rec_ptr="*bf16", rec_stride="i32")
+    a.update(PIECE=prefetch.PIECE, RECORD=False)
+    out.append(("prefetch_l2", prefetch._prefetch_l2_kernel, a, dict(num_warps=1, launch_pdl=True)))
     return out
 
 

@@ -5,7 +5,7 @@ On CUDA tensors the Triton kernels run; under ``TRITON_INTERPRET=1`` (set before
 they run in Triton's CPU interpreter; on CPU tensors otherwise the torch references are used.
 """
 
-from ..model.torch_ops import build_cos_sin_cache
+from ..model.torch_ops import build_cos_sin_cache, rope_kv_attention_ref
 from . import decode_step
 from .activation import silu_mul, silu_mul_ref
 from .attention import (
@@ -14,10 +14,12 @@ from .attention import (
     copy_kv_slots_ref,
     paged_attention,
     paged_attention_ref,
+    rope_kv_attention,
     write_kv,
     write_kv_ref,
 )
 from .norm import rms_norm, rms_norm_ref, sandwich_norm, sandwich_norm_ref
+from .prefetch import prefetch_l2
 from .projections import LinearConfig, config_for, linear, linear_ref
 from .rope import rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref
 
@@ -33,11 +35,14 @@ __all__ = [
     "LinearConfig",
     "paged_attention",
     "paged_attention_ref",
+    "prefetch_l2",
     "rms_norm",
     "rms_norm_ref",
     "rope_",
     "rope_and_write_kv",
     "rope_and_write_kv_ref",
+    "rope_kv_attention",
+    "rope_kv_attention_ref",
     "rope_ref",
     "sandwich_norm",
     "sandwich_norm_ref",

@@ -53,6 +53,23 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+_COUNTERS: dict[tuple, list[torch.Tensor]] = {}
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` zeroed int32 arrival counters of this device and stream, for kernels whose last
+    program to finish a tile does the tile's final step (split-K sums, split-KV combines). NOTE the
+    contract: such a kernel touches them only after `pdl_enter` and leaves every counter it used at 0, so
+    the kernels of a stream share one buffer. Old buffers are kept alive: a captured CUDA graph may still
+    point at them."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    bufs = _COUNTERS.setdefault(key, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
 @triton.jit
 def round_f32(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """fp32 ``x`` -> fp32 tensor holding ``x`` rounded (RNE) to DTYPE (identity for fp32)."""

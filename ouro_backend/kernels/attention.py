@@ -13,7 +13,8 @@ Layout contract (docs/model.md, "KV cache layouts"):
 * GQA: head h reads kv head ``h // (num_heads // num_kv_heads)``.
 * All address arithmetic is int64.
 
-Functions: ``write_kv``, ``paged_attention``, ``copy_kv_slots`` (+ ``*_ref`` torch references).
+Functions: ``write_kv``, ``paged_attention``, ``rope_kv_attention`` (decode: RoPE and the KV write inside
+attention), ``copy_kv_slots`` (+ ``*_ref`` torch references).
 On CPU tensors without ``TRITON_INTERPRET=1`` the public functions fall back to their references.
 """
 
@@ -23,8 +24,23 @@ import torch
 import triton
 import triton.language as tl
 
-from ..model.torch_ops import copy_kv_slots_ref, paged_attention_ref, write_kv_ref  # the torch twins
-from ._common import cast_rne, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, sm_count, use_triton
+from ..model.torch_ops import (  # the torch twins
+    copy_kv_slots_ref,
+    paged_attention_ref,
+    rope_kv_attention_ref,
+    write_kv_ref,
+)
+from ._common import (
+    arrival_counters,
+    cast_rne,
+    kernel_is_interpreted,
+    next_pow2,
+    pdl_enter,
+    pdl_launch,
+    round_f32,
+    sm_count,
+    use_triton,
+)
 
 _LOG2E = 1.4426950408889634
 
@@ -205,6 +221,12 @@ def _paged_attn_kernel(
     cu_q_ptr,
     seq_lens_ptr,
     bt_ptr,
+    count_ptr,  # COMBINE: split arrival counters per tile (`_common.arrival_counters`)
+    pos_ptr,  # ROPE: positions, cos/sin cache, the new tokens' raw k and v, their KV slots
+    cs_ptr,
+    kn_ptr,
+    vn_ptr,
+    slot_ptr,
     qk_scale,  # softmax scale * log2(e)
     num_tokens,
     stride_qn,
@@ -222,6 +244,13 @@ def _paged_attn_kernel(
     stride_oh,
     stride_od,
     stride_bt,
+    stride_cs,
+    stride_knn,
+    stride_knh,
+    stride_knd,
+    stride_vnn,
+    stride_vnh,
+    stride_vnd,
     NUM_HEADS: tl.constexpr,
     QUERIES_PER_KV: tl.constexpr,
     G_PAD: tl.constexpr,
@@ -232,6 +261,7 @@ def _paged_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    ROPE: tl.constexpr,
     DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr,
     PDL: tl.constexpr,
@@ -269,15 +299,21 @@ def _paged_attn_kernel(
         mask=row_valid[:, None] & d_mask[None, :],
         other=0.0,
     )
-    if INTERP:
-        q = q.to(tl.float32)
-
     # keys this tile needs: [0, kv_end); this split takes [kv_lo, kv_hi)
     last_q = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, n_q) - 1
     kv_end = ctx + last_q + 1
     chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     kv_lo = split * chunk
     kv_hi = tl.minimum(kv_lo + chunk, kv_end)
+    if ROPE:  # decode (one query a row): RoPE on q here, and the row's new K/V into the cache
+        q = _rope_q_and_write_kv(
+            q, q_ptr, tok, head, row_valid, offs_d64, d_mask, q_start, kvh, (kv_lo <= ctx) & (ctx < kv_hi),
+            pos_ptr, cs_ptr, kn_ptr, vn_ptr, slot_ptr, kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs,
+            stride_knn, stride_knh, stride_knd, stride_vnn, stride_vnh, stride_vnd, stride_kb, stride_ks,
+            stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, HEAD_DIM, BLOCK_SIZE, INTERP,
+        )  # fmt: skip
+    if INTERP:
+        q = q.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows stay NaN-free
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -331,49 +367,121 @@ def _paged_attn_kernel(
             o_part_ptr + base[:, None] * HEAD_DIM + offs_d64[None, :], o, mask=row_valid[:, None] & d_mask[None, :]
         )
         tl.store(lse_part_ptr + base, lse, mask=row_valid)
+        # The last split of this tile to arrive merges the splits (flash-decoding's second pass) in split
+        # order, so the result does not depend on which split came last.
+        tl.debug_barrier()  # every thread's partial stores happen before the release below
+        tile = (row * tl.num_programs(1) + kvh) * (tl.num_programs(0) // NUM_SPLITS) + q_tile
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == NUM_SPLITS - 1:  # the other splits' partials are visible (acquire)
+            _combine_splits(
+                o_part_ptr,
+                lse_part_ptr,
+                out_ptr,
+                num_tokens,
+                tok,
+                head,
+                row_valid,
+                offs_d64,
+                d_mask,
+                stride_on,
+                stride_oh,
+                stride_od,
+                NUM_HEADS,
+                HEAD_DIM,
+                NUM_SPLITS,
+                INTERP,
+            )
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")  # re-arm
 
 
 @triton.jit
-def _combine_splits_kernel(
-    o_part_ptr,
-    lse_part_ptr,
-    out_ptr,
-    num_tokens,
-    stride_on,
-    stride_oh,
-    stride_od,
-    NUM_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HD_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    S_PAD: tl.constexpr,
+def _combine_splits(
+    o_part_ptr, lse_part_ptr, out_ptr, num_tokens, tok, head, row_valid, offs_d64, d_mask,
+    stride_on, stride_oh, stride_od, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     INTERP: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_enter(PDL)
-    n = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    offs_s = tl.arange(0, S_PAD)
-    s_mask = offs_s < NUM_SPLITS
-    offs_d = tl.arange(0, HD_PAD)
-    d_mask = offs_d < HEAD_DIM
-    base = (offs_s.to(tl.int64) * num_tokens + n) * NUM_HEADS + h
-    lse = tl.load(lse_part_ptr + base, mask=s_mask, other=float("-inf"))
+):  # fmt: skip
+    """Merge the splits' partials of one tile's (token, head) rows by their LSE and store the output."""
+    mask = row_valid[:, None] & d_mask[None, :]
+    m = tl.full(row_valid.shape, -1.0e30, tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        base = (s * num_tokens + tok) * NUM_HEADS + head
+        m = tl.maximum(m, tl.load(lse_part_ptr + base, mask=row_valid, other=float("-inf"), cache_modifier=".cg"))
     # split 0 always holds key 0, which every query sees, so m is finite - except for a pad row with
     # seq_len 0 (no keys at all): then every weight is 0 and the output is 0, as without splits
-    m = tl.maximum(tl.max(lse, 0), -1.0e30)
-    w = tl.exp2(lse - m)
-    o = tl.load(
-        o_part_ptr + base[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0
-    )
-    den = tl.sum(w, 0)
-    res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
+    den = tl.zeros(row_valid.shape, tl.float32)
+    acc = tl.zeros(mask.shape, tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        base = (s * num_tokens + tok) * NUM_HEADS + head
+        w = tl.exp2(tl.load(lse_part_ptr + base, mask=row_valid, other=float("-inf"), cache_modifier=".cg") - m)
+        den += w
+        o = tl.load(
+            o_part_ptr + base[:, None] * HEAD_DIM + offs_d64[None, :], mask=mask, other=0.0, cache_modifier=".cg"
+        )
+        acc += w[:, None] * o
+    res = acc / tl.where(den > 0, den, 1.0)[:, None]
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
     tl.store(
-        out_ptr + n * stride_on + h * stride_oh + offs_d.to(tl.int64) * stride_od,
+        out_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d64[None, :] * stride_od,
         cast_rne(res, out_dtype, INTERP),
-        mask=d_mask,
+        mask=mask,
     )
+
+
+@triton.jit
+def _rope_q_and_write_kv(
+    q, q_ptr, tok, head, row_valid, offs_d64, d_mask, n, kvh, writes_kv,
+    pos_ptr, cs_ptr, kn_ptr, vn_ptr, slot_ptr, kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs,
+    stride_knn, stride_knh, stride_knd, stride_vnn, stride_vnh, stride_vnd, stride_kb, stride_ks,
+    stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    """`rope.rope_and_write_kv` for decode token n inside attention, bitwise the same values: returns q
+    rotated (the tile's G heads); the split that holds position ``pos`` (``writes_kv``) writes the token's
+    rotated k and raw v of kv head ``kvh`` into the cache at its slot, then the program synchronises so its
+    own KV loop reads them. The kernel is compiled without FP contraction, as the rope kernels are."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    pos = tl.load(pos_ptr + n).to(tl.int64)
+    lo = offs_d64 < HALF
+    i = tl.where(lo, offs_d64, offs_d64 - HALF)  # rotate_half: d pairs with d +- HALF
+    partner = tl.where(lo, offs_d64 + HALF, offs_d64 - HALF)
+    cos = tl.load(cs_ptr + pos * stride_cs + i, mask=d_mask, other=0.0)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=d_mask, other=0.0)
+    sin = tl.where(lo, -sin, sin)  # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
+    q_dt: tl.constexpr = q_ptr.dtype.element_ty
+    qmask = row_valid[:, None] & d_mask[None, :]
+    xp = tl.load(
+        q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + partner[None, :] * stride_qd,
+        mask=qmask,
+        other=0.0,
+    ).to(tl.float32)
+    qc = round_f32(cos, q_dt, INTERP)[None, :]
+    qs = round_f32(sin, q_dt, INTERP)[None, :]
+    q_rot = cast_rne(round_f32(q.to(tl.float32) * qc, q_dt, INTERP) + round_f32(xp * qs, q_dt, INTERP), q_dt, INTERP)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    if writes_kv and slot >= 0:
+        k_dt: tl.constexpr = kn_ptr.dtype.element_ty
+        kc_dt: tl.constexpr = kc_ptr.dtype.element_ty
+        vc_dt: tl.constexpr = vc_ptr.dtype.element_ty
+        kv64 = kvh.to(tl.int64)
+        k_src = kn_ptr + n * stride_knn + kv64 * stride_knh
+        kx = tl.load(k_src + offs_d64 * stride_knd, mask=d_mask, other=0.0).to(tl.float32)
+        kp = tl.load(k_src + partner * stride_knd, mask=d_mask, other=0.0).to(tl.float32)
+        kcos = round_f32(cos, k_dt, INTERP)
+        ksin = round_f32(sin, k_dt, INTERP)
+        k_rot = cast_rne(round_f32(kx * kcos, k_dt, INTERP) + round_f32(kp * ksin, k_dt, INTERP), k_dt, INTERP)
+        v = tl.load(vn_ptr + n * stride_vnn + kv64 * stride_vnh + offs_d64 * stride_vnd, mask=d_mask)
+        if k_dt != kc_dt:
+            k_rot = cast_rne(k_rot.to(tl.float32), kc_dt, INTERP)
+        if v.dtype != vc_dt:
+            v = cast_rne(v.to(tl.float32), vc_dt, INTERP)
+        blk = slot // BLOCK_SIZE
+        off = slot % BLOCK_SIZE
+        tl.store(
+            kc_ptr + blk * stride_kb + off * stride_ks + kv64 * stride_kh + offs_d64 * stride_kd, k_rot, mask=d_mask
+        )
+        tl.store(vc_ptr + blk * stride_vb + off * stride_vs + kv64 * stride_vh + offs_d64 * stride_vd, v, mask=d_mask)
+    tl.debug_barrier()  # the KV written above is visible to the whole program
+    return q_rot
 
 
 def _attn_config(max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages):
@@ -435,14 +543,68 @@ def paged_attention(
     ``max_seqlen_q`` (host int) must be >= every row's query count; the grid is
     ``(cdiv(max_seqlen_q, BLOCK_Q) * num_splits, num_kv_heads, R)`` and tiles past a row's end exit at
     once, so nothing depends on device data (CUDA-graph capturable). ``num_splits > 1`` is split-K
-    (flash-decoding): each split handles a slice of the KV range, a second kernel merges them by LSE.
-    Default: chosen from the shapes (only for ``max_seqlen_q == 1`` on CUDA). fp32 accumulation; for
-    fp32 inputs the dots are IEEE fp32 (no TF32); for bf16/fp16 the softmax probabilities are rounded to
-    the KV dtype before the P@V dot (as FlashAttention does).
+    (flash-decoding): each split handles a slice of the KV range and the last split of a tile to finish
+    merges them by LSE. Default: chosen from the shapes (only for ``max_seqlen_q == 1`` on CUDA). fp32
+    accumulation; for fp32 inputs the dots are IEEE fp32 (no TF32); for bf16/fp16 the softmax probabilities
+    are rounded to the KV dtype before the P@V dot (as FlashAttention does).
 
     Pad rows: a row with ``seq_len == 0`` reads no KV and outputs zeros (NaN-free even if its block
     table row is garbage); a row with ``n_r == 0`` writes nothing.
     """
+    out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
+    if q.shape[0] == 0 or seq_lens.shape[0] == 0 or max_seqlen_q <= 0:
+        return out
+    if not use_triton(_paged_attn_kernel, q, k_cache):
+        return paged_attention_ref(
+            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, out=out
+        )
+    _launch(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, out, None,
+        num_splits, block_m, block_n, num_warps, num_stages,
+    )  # fmt: skip
+    return out
+
+
+def rope_kv_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """`rope.rope_and_write_kv` then `paged_attention`, for decode (one query token a row) in one launch:
+    each program rotates its q heads, and the split holding a row's new position writes the row's rotated k
+    and raw v (``k``, ``v``: ``[N, kvh, hd]``) to the caches at ``slot_mapping`` before it reads them. The
+    values are bitwise those of the two calls; q itself is not rotated in place (nothing reads it after)."""
+    out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
+    N, H, hd = q.shape
+    assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
+    assert k.shape == v.shape == (N, k_cache.shape[2], hd) and positions.shape == slot_mapping.shape == (N,)
+    assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.shape[1] == hd and cos_sin_cache.stride(1) == 1
+    assert hd % 2 == 0 and hd == next_pow2(hd), f"head_dim {hd}: the fused RoPE wants a power of two"
+    if N == 0:
+        return out
+    if not use_triton(_paged_attn_kernel, q, k_cache):
+        return rope_kv_attention_ref(
+            q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, cu_seqlens_q, seq_lens, block_tables,
+            scale, out=out,
+        )  # fmt: skip
+    rope = (positions, cos_sin_cache, k, v, slot_mapping)
+    _launch(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, 1, out, rope, num_splits)
+    return out
+
+
+def _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out) -> torch.Tensor:
     N, H, hd = q.shape
     assert k_cache.dim() == 4 and v_cache.shape == k_cache.shape, (k_cache.shape, v_cache.shape)
     nb, bs, kvh, hd_k = k_cache.shape
@@ -450,15 +612,18 @@ def paged_attention(
     R = seq_lens.shape[0]
     assert cu_seqlens_q.shape == (R + 1,) and block_tables.dim() == 2 and block_tables.shape[0] == R
     if out is None:
-        out = torch.empty(N, H, hd, dtype=q.dtype, device=q.device)
-    else:
-        assert out.shape == (N, H, hd), (out.shape, q.shape)
-    if N == 0 or R == 0 or max_seqlen_q <= 0:
-        return out
-    if not use_triton(_paged_attn_kernel, q, k_cache):
-        return paged_attention_ref(
-            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, out=out
-        )
+        return torch.empty(N, H, hd, dtype=q.dtype, device=q.device)
+    assert out.shape == (N, H, hd), (out.shape, q.shape)
+    return out
+
+
+def _launch(
+    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, out, rope,
+    num_splits=None, block_m=None, block_n=None, num_warps=None, num_stages=None,
+) -> None:  # fmt: skip
+    N, H, hd = q.shape
+    nb, bs, kvh, _ = k_cache.shape
+    R = seq_lens.shape[0]
     G = H // kvh
     fp32 = q.dtype == torch.float32 or k_cache.dtype == torch.float32
     g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(
@@ -467,14 +632,20 @@ def paged_attention(
     if num_splits is None:
         num_splits = auto_num_splits(R, kvh, max_seqlen_q, q.device)
     num_splits = max(1, int(num_splits))
-    interp = kernel_is_interpreted(_paged_attn_kernel)
+    q_tiles = triton.cdiv(max_seqlen_q, block_q)
     if num_splits > 1:
         o_part = torch.empty(num_splits, N, H, hd, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(num_splits, N, H, dtype=torch.float32, device=q.device)
+        count = arrival_counters(q.device, q_tiles * kvh * R)
     else:
-        o_part = lse_part = out  # unused
+        o_part = lse_part = count = out  # unused
+    if rope is None:
+        pos = cs = kn = vn = slot = q  # unused
+        rope_strides = (0,) * 7
+    else:
+        pos, cs, kn, vn, slot = rope
+        rope_strides = (cs.stride(0), *kn.stride(), *vn.stride())
     dot_prec = "ieee" if fp32 else "tf32"  # "tf32" is ignored for 16-bit operands
-    q_tiles = triton.cdiv(max_seqlen_q, block_q)
     _paged_attn_kernel[(q_tiles * num_splits, kvh, R)](
         q,
         k_cache,
@@ -485,6 +656,12 @@ def paged_attention(
         cu_seqlens_q,
         seq_lens,
         block_tables,
+        count,
+        pos,
+        cs,
+        kn,
+        vn,
+        slot,
         float(scale) * _LOG2E,
         N,
         *q.stride(),
@@ -492,6 +669,7 @@ def paged_attention(
         *v_cache.stride(),
         *out.stride(),
         block_tables.stride(0),
+        *rope_strides,
         NUM_HEADS=H,
         QUERIES_PER_KV=G,
         G_PAD=g_pad,
@@ -502,26 +680,11 @@ def paged_attention(
         BLOCK_M=bm,
         BLOCK_N=bn,
         NUM_SPLITS=num_splits,
+        ROPE=rope is not None,
         DOT_PREC=dot_prec,
-        INTERP=interp,
+        INTERP=kernel_is_interpreted(_paged_attn_kernel),
         num_warps=nw,
         num_stages=ns,
+        enable_fp_fusion=False,  # the fused RoPE rounds as the rope kernels; both variants round alike
         **pdl_launch(_paged_attn_kernel, q.device),
     )
-    if num_splits > 1:
-        _combine_splits_kernel[(N, H)](
-            o_part,
-            lse_part,
-            out,
-            N,
-            *out.stride(),
-            NUM_HEADS=H,
-            HEAD_DIM=hd,
-            HD_PAD=next_pow2(hd),
-            NUM_SPLITS=num_splits,
-            S_PAD=next_pow2(num_splits),
-            INTERP=interp,
-            num_warps=1 if hd <= 64 else 2,
-            **pdl_launch(_combine_splits_kernel, q.device),
-        )
-    return out

@@ -9,9 +9,11 @@ from . import (
     copy_kv_slots,
     linear,
     paged_attention,
+    prefetch_l2,
     rms_norm,
     rope_,
     rope_and_write_kv,
+    rope_kv_attention,
     sandwich_norm,
     silu_mul,
     write_kv,
@@ -28,8 +30,30 @@ class TritonBackend:
     rope_and_write_kv = staticmethod(rope_and_write_kv)
     silu_mul = staticmethod(silu_mul)
     linear = staticmethod(linear)
+    prefetch_l2 = staticmethod(prefetch_l2)
     write_kv = staticmethod(write_kv)
     copy_kv_slots = staticmethod(copy_kv_slots)
+
+    @staticmethod
+    def rope_kv_attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """RoPE, the KV write and attention; decode rounds (one query a row) in one kernel."""
+        if meta.max_seqlen_q == 1 and q.shape[0] == meta.seq_lens.shape[0]:
+            return rope_kv_attention(
+                q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q,
+                meta.seq_lens, meta.block_tables, scale,
+            )  # fmt: skip
+        rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping)
+        return TritonBackend.attention(q, k_cache, v_cache, meta, scale)
 
     @staticmethod
     def attention(

@@ -36,7 +36,16 @@ import triton
 import triton.language as tl
 
 from ..model.torch_ops import linear_ref  # the torch twin
-from ._common import cast_rne, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, use_triton
+from ._common import (
+    arrival_counters,
+    cast_rne,
+    kernel_is_interpreted,
+    next_pow2,
+    pdl_enter,
+    pdl_launch,
+    round_f32,
+    use_triton,
+)
 from .activation import _HAS_LIBDEVICE, silu_mul, silu_mul_f32
 
 
@@ -59,11 +68,11 @@ def _load_x(ptrs, k_mask, K, EVEN_K: tl.constexpr, SILU_X: tl.constexpr, INTERP:
 
 
 @triton.jit
-def _load_w(ptrs, k_mask, EVEN_K: tl.constexpr):
+def _load_w(ptrs, k_mask, EVEN_K: tl.constexpr, W_EVICT: tl.constexpr):
     if EVEN_K:  # unmasked: plain 16-byte vector loads
-        w = tl.load(ptrs)
+        w = tl.load(ptrs, eviction_policy=W_EVICT)
     else:
-        w = tl.load(ptrs, mask=k_mask, other=0.0)
+        w = tl.load(ptrs, mask=k_mask, other=0.0, eviction_policy=W_EVICT)
     return w
 
 
@@ -89,6 +98,7 @@ def _linear_kernel(
     DOT_PREC: tl.constexpr,
     SILU_X: tl.constexpr,
     PREFETCH: tl.constexpr,
+    W_EVICT: tl.constexpr,
     PDL: tl.constexpr,
     INTERP: tl.constexpr,
     LIBDEVICE: tl.constexpr,
@@ -107,7 +117,7 @@ def _linear_kernel(
     k_hi = tl.minimum(k_lo + k_chunk, K)
     w_ptrs = w_ptr + rows_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if PREFETCH:  # (CUDA-core path, whole chunks) the first chunk of w in flight before the wait
-        w_next = tl.load(w_ptrs)
+        w_next = tl.load(w_ptrs, eviction_policy=W_EVICT)
     pdl_enter(PDL)
     if USE_DOT:  # tensor cores; the compiler pipelines these loads (cp.async, num_stages deep)
         rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
@@ -116,7 +126,7 @@ def _linear_kernel(
         for k in range(k_lo, k_hi, BLOCK_K):
             k_mask = (k + offs_k) < k_hi
             x = _load_x(x_ptrs, k_mask[None, :], K, EVEN_K, False, INTERP, LIBDEVICE)  # SILU_X is False here
-            w = _load_w(w_ptrs, k_mask[None, :], EVEN_K)
+            w = _load_w(w_ptrs, k_mask[None, :], EVEN_K, W_EVICT)
             if INTERP:  # the interpreter's bf16 dot reads raw bits (see _common): dot fp32 copies
                 w = w.to(tl.float32)
             else:
@@ -131,9 +141,9 @@ def _linear_kernel(
             k_mask = (k + offs_k) < k_hi
             if PREFETCH:  # one chunk ahead; the last chunk reloads itself (a clamp, not a mask)
                 w = w_next.to(tl.float32)
-                w_next = tl.load(w_ptrs + (tl.minimum(k + BLOCK_K, k_hi - BLOCK_K) - k))
+                w_next = tl.load(w_ptrs + (tl.minimum(k + BLOCK_K, k_hi - BLOCK_K) - k), eviction_policy=W_EVICT)
             else:
-                w = _load_w(w_ptrs, k_mask[None, :], EVEN_K).to(tl.float32)
+                w = _load_w(w_ptrs, k_mask[None, :], EVEN_K, W_EVICT).to(tl.float32)
             for i in tl.static_range(BLOCK_M):
                 row = tl.minimum(pid_m * BLOCK_M + i, M - 1).to(tl.int64)
                 xi = _load_x(x_ptr + row * stride_xm + k + offs_k, k_mask, K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
@@ -179,6 +189,7 @@ class LinearConfig:
         )
 
 
+W_EVICTION = ""  # the cache eviction policy of w's loads ("" or "evict_first")
 MAX_FMA_M = 8  # the fma path does a warp reduction per x row and chunk: beyond this, dot wins
 MAX_M = 64  # decode rows; beyond this cuBLAS
 
@@ -220,20 +231,6 @@ def config_for(N: int, K: int, M: int) -> LinearConfig | None:
     if mode == "kernel" and (N, K) not in DECODE_TABLE:
         return _fma(16, 64, 1, 4) if M <= MAX_FMA_M else _dot(16, 64, 1, 4, 2)
     return None
-
-
-_COUNTERS: dict[tuple, list[torch.Tensor]] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 split-K arrival counters of this device and stream (the kernels leave them at 0). Old
-    buffers are kept alive: a captured CUDA graph may still point at them."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    bufs = _COUNTERS.setdefault(key, [])
-    if not bufs or bufs[-1].numel() < n:
-        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
-    return bufs[-1]
 
 
 def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu_x: bool) -> dict:
@@ -283,7 +280,7 @@ def linear(
     grid = (triton.cdiv(N, cfg.block_n), cfg.split_k, triton.cdiv(M, consts["BLOCK_M"]))
     if cfg.split_k > 1:
         part = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
-        count = _counters(x.device, grid[0] * grid[2])
+        count = arrival_counters(x.device, grid[0] * grid[2])
     else:
         part = count = y  # unused
     interp = kernel_is_interpreted(_linear_kernel)
@@ -301,6 +298,7 @@ def linear(
         y.stride(0),
         INTERP=interp,
         LIBDEVICE=_HAS_LIBDEVICE and not interp,
+        W_EVICT=W_EVICTION,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **consts,

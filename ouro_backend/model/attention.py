@@ -54,8 +54,25 @@ class TorchBackend:
     rope_and_write_kv = staticmethod(torch_ops.rope_and_write_kv_ref)
     silu_mul = staticmethod(torch_ops.silu_mul_ref)
     linear = staticmethod(torch_ops.linear_ref)
+    prefetch_l2 = staticmethod(torch_ops.prefetch_l2_ref)
     write_kv = staticmethod(torch_ops.write_kv_ref)
     copy_kv_slots = staticmethod(torch_ops.copy_kv_slots_ref)
+
+    @staticmethod
+    def rope_kv_attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """RoPE on q (in place) and k, the KV write at ``meta.slot_mapping``, then attention."""
+        torch_ops.rope_and_write_kv_ref(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping)
+        return TorchBackend.attention(q, k_cache, v_cache, meta, scale)
 
     @staticmethod
     def attention(

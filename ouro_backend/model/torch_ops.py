@@ -29,6 +29,10 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :I]) * gate_up[..., I:]
 
 
+def prefetch_l2_ref(*tensors: torch.Tensor) -> None:
+    """The twin of `kernels.prefetch.prefetch_l2`: a cache hint changes no data, so nothing."""
+
+
 def linear_ref(x: torch.Tensor, w: torch.Tensor, silu_x: bool = False) -> torch.Tensor:
     """``x @ w.T``; with ``silu_x``, x is a gate/up output and the product is ``silu_mul(x) @ w.T``: twin of
     `kernels.linear`."""
@@ -82,6 +86,19 @@ def rope_and_write_kv_ref(q, k, v, positions, cos_sin_cache, k_cache, v_cache, s
     q.copy_(_rope_one_ref(q, positions, cos_sin_cache))
     k_rot = _rope_one_ref(k, positions, cos_sin_cache)
     write_kv_ref(k_rot, v, k_cache, v_cache, slot_mapping)
+
+
+def rope_kv_attention_ref(
+    q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, cu_seqlens_q, seq_lens, block_tables, scale,
+    out=None, cu_host: list[int] | None = None, lens_host: list[int] | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """`rope_and_write_kv_ref` on a copy of q, then `paged_attention_ref`: twin of
+    `kernels.rope_kv_attention` (decode rows; q itself is not modified)."""
+    q_rot = q.clone()
+    rope_and_write_kv_ref(q_rot, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    return paged_attention_ref(
+        q_rot, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, 1, out, cu_host, lens_host
+    )
 
 
 def copy_kv_slots_ref(kv_all_layers, src_slots, dst_slots) -> None:

@@ -1,0 +1,202 @@
+"""One decode loop of the Ouro-1.4B shape (random bf16 weights, 24 layers over M rows at a context of
+``--context`` tokens), captured as a CUDA graph and replayed alone, under variants of the kernels:
+
+- ``plans``: L2 prefetch plans (`ouro_backend.model.ouro.PrefetchPlan`) against none, each with w's loads at
+  the default eviction policy and at ``evict_first``, and no plan with cuBLAS projections. Every variant's
+  loop output is checked bitwise against no plan (a prefetch changes no data).
+- ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
+  and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
+  the loop with the other shapes as chosen so far (one pass of coordinate descent from the table); prints
+  the resulting table.
+
+    PYTHONPATH=$PWD python3 benchmarks/kernels/loop_bench.py plans --out loop_plans.json
+    PYTHONPATH=$PWD python3 benchmarks/kernels/loop_bench.py tune --sweep linear_sweep.json --out loop_tune.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from benchmarks.graph_timing import replay_ms
+from ouro_backend import EngineConfig, LLMEngine
+from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
+from ouro_backend.kernels import projections
+from ouro_backend.kernels.projections import LinearConfig
+from ouro_backend.model.attention import AttentionMetadata
+from ouro_backend.model.ouro import NO_PREFETCH, PrefetchPlan
+
+PLANS = {
+    "none": NO_PREFETCH,
+    # a prefetch kernel of one 4 KB row: what the extra kernel costs by itself
+    "empty_kernel": PrefetchPlan(64, {"attention": (("o", 0, 1 / 2048, 0),)}),
+    "o_during_attention": PrefetchPlan(64, {"attention": (("o", 0, 1, 0),)}),
+    "latency_windows": PrefetchPlan(
+        64,
+        {
+            "attention": (("o", 0, 1, 0), ("gate_up", 0, 0.3, 0)),
+            "o": (("gate_up", 0.3, 0.5, 0),),
+            "down": (("qkv", 0, 0.3, 1),),
+        },
+    ),
+    "one_ahead": PrefetchPlan(
+        64,
+        {
+            "qkv": (("o", 0, 1, 0),),
+            "attention": (("gate_up", 0, 0.5, 0),),
+            "o": (("gate_up", 0.5, 1, 0),),
+            "gate_up": (("down", 0, 1, 0),),
+            "down": (("qkv", 0, 1, 1),),
+        },
+    ),
+}
+SHAPE_NAMES = {(6144, 2048): "qkv", (2048, 2048): "o", (11264, 2048): "gate_up", (2048, 5632): "down"}
+
+
+class Loop:
+    """The model's loop at M rows over a real paged KV cache, timed as a CUDA graph."""
+
+    def __init__(self, context: int, max_rows: int):
+        opts = {"model": ensure_shape_checkpoint("ouro-1.4b"), "cuda_graphs": "0"}
+        self.eng = LLMEngine(EngineConfig.from_strings(opts))
+        m = self.m = self.eng.runner.model
+        cfg = m.cfg
+        self.bs, self.ctx = 16, context
+        self.per_row = (context + self.bs - 1) // self.bs
+        self.kv = torch.randn(
+            cfg.num_hidden_layers, 2, max_rows * self.per_row, self.bs, cfg.num_key_value_heads, cfg.head_dim,
+            device=m.device, dtype=m.dtype,
+        )  # fmt: skip
+        self.weight_bytes = sum(t.numel() * t.element_size() for ly in m.layers for t in vars(ly).values())
+
+    def inputs(self, M: int):
+        dev, bs, ctx = self.m.device, self.bs, self.ctx
+        tables = torch.arange(M * self.per_row, device=dev, dtype=torch.int32).view(M, self.per_row)
+        meta = AttentionMetadata(
+            torch.arange(M + 1, device=dev, dtype=torch.int32),
+            torch.full((M,), ctx, device=dev, dtype=torch.int32),
+            tables,
+            tables[:, -1].to(torch.int64) * bs + (ctx - 1) % bs,
+            1,
+            ctx,
+        )
+        pos = torch.full((M,), ctx - 1, device=dev, dtype=torch.int64)
+        h = torch.randn(M, self.m.cfg.hidden_size, device=dev, dtype=self.m.dtype)
+        return h, pos, meta
+
+    @torch.inference_mode()
+    def time(self, inputs, replays: int) -> tuple[float, torch.Tensor]:
+        h, pos, meta = inputs
+        self.m.loop(h.clone(), pos, meta, self.kv)  # compiles
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = self.m.loop(h.clone(), pos, meta, self.kv)
+        ms = replay_ms(g, replays)
+        return ms, out.clone()
+
+
+def run_plans(loop: Loop, rows: list[int], replays: int) -> dict:
+    res: dict = {"loops_ms": {}}
+    for M in rows:
+        inputs, ref = loop.inputs(M), None
+        variants = [("", n, p) for n, p in PLANS.items()] + [("", "cublas", NO_PREFETCH)]
+        variants += [("evict_first", n, p) for n, p in PLANS.items() if p is not NO_PREFETCH]
+        for evict, name, plan in variants:
+            projections.W_EVICTION = evict
+            os.environ["OURO_LINEAR"] = "cublas" if name == "cublas" else ""
+            loop.m.set_prefetch_plan(plan)
+            ms, out = loop.time(inputs, replays)
+            ref = out if ref is None else ref
+            key = f"{name}{'+' + evict if evict else ''}"
+            res["loops_ms"].setdefault(key, {})[str(M)] = round(ms, 4)
+            # cuBLAS rounds differently from the kernel: only the prefetch variants must be bitwise equal
+            tag = "" if name == "cublas" else ("same" if torch.equal(out, ref) else "DIFFERENT")
+            if tag == "DIFFERENT":
+                res.setdefault("different", []).append([key, M])
+            print(f"M={M:3d} {key:32s} {ms:7.4f} ms  {loop.weight_bytes / ms / 1e6:6.0f} GB/s  {tag}", flush=True)
+    loop.m.set_prefetch_plan(NO_PREFETCH)
+    projections.W_EVICTION = ""
+    os.environ.pop("OURO_LINEAR", None)
+    return res
+
+
+def run_tune(loop: Loop, rows: list[int], replays: int, sweep_path: str, top: int) -> dict:
+    sweep = json.load(open(sweep_path))["sweep"]
+    ranked: dict = {}
+    for row in sweep:
+        good = sorted((c for c in row["configs"] if c.get("ok")), key=lambda c: c["us"])
+        ranked[(row["N"], row["K"], row["M"])] = [LinearConfig(**c["config"]) for c in good[:top]]
+    table_for = projections.config_for
+    chosen: dict = {}  # (N, K, M) -> config or None
+
+    def pick(N: int, K: int, M: int):
+        return chosen[(N, K, M)] if (N, K, M) in chosen else table_for(N, K, M)
+
+    projections.config_for = pick  # the bench's override: linear() looks the table up through it
+    res: dict = {"tune": []}
+    try:
+        for M in rows:
+            inputs = loop.inputs(M)
+            for N, K in SHAPE_NAMES:
+                cands: list = [table_for(N, K, M), None]
+                cands += [c for c in ranked.get((N, K, M), []) if c not in cands]
+                times = []
+                for c in cands:
+                    chosen[(N, K, M)] = c
+                    try:
+                        ms, _ = loop.time(inputs, replays)
+                    except Exception as e:  # a config the shape cannot take: recorded, not fatal
+                        print(f"  {c}: {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    times.append((ms, c))
+                best_ms, best = min(times, key=lambda t: t[0])
+                chosen[(N, K, M)] = best
+                entry = dict(
+                    M=M,
+                    shape=SHAPE_NAMES[(N, K)],
+                    times={("cublas" if c is None else c.name): round(ms, 4) for ms, c in times},
+                    table=None if cands[0] is None else cands[0].name,
+                    best=None if best is None else best.name,
+                )
+                res["tune"].append(entry)
+                print(f"M={M:3d} {SHAPE_NAMES[(N, K)]:8s} best {entry['best']} {best_ms:.4f} ms  {entry['times']}")
+            print(f"M={M:3d} loop with the choices: {min(t[0] for t in times):.4f} ms", flush=True)
+    finally:
+        projections.config_for = table_for
+    res["table"] = {name: {} for name in SHAPE_NAMES.values()}
+    for (N, K, M), c in chosen.items():
+        res["table"][SHAPE_NAMES[(N, K)]][str(M)] = None if c is None else vars(c)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=("plans", "tune"))
+    ap.add_argument("--out")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--rows", default="1,2,4,8,16,32,64")
+    ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--sweep", help="tune: a linear_bench.py JSON")
+    ap.add_argument("--top", type=int, default=3, help="tune: the sweep's fastest configs to try")
+    args = ap.parse_args()
+    t0 = time.time()
+    rows = [int(r) for r in args.rows.split(",")]
+    loop = Loop(args.context, max(rows))
+    res = {"context": args.context, "loop_weight_bytes": loop.weight_bytes, "device": torch.cuda.get_device_name()}
+    if args.mode == "plans":
+        res.update(run_plans(loop, rows, args.replays))
+    else:
+        res.update(run_tune(loop, rows, args.replays, args.sweep, args.top))
+    res["elapsed_s"] = round(time.time() - t0, 1)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
