@@ -51,7 +51,7 @@ def configs():
     """(label, kernel, args, launch options) for every kernel at the configs the wrappers pick."""
     import torch
 
-    from ouro_backend.kernels import activation, attention, norm, prefetch, projections, rope
+    from ouro_backend.kernels import activation, attention, norm, projections, rope
 
     H = KVH = 16
     HD, D, BS = 128, 2048, 16
@@ -278,15 +278,11 @@ def configs():
                     stride_ym="i32",
                     INTERP=False,
                     LIBDEVICE=projections._HAS_LIBDEVICE,
-                    W_EVICT=projections.W_EVICTION,
                     **consts,
                 )
                 opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
                 label = f"linear {N}x{K} M<={max_m} {cfg.name}{' silu_x' if silu_x else ''}"
                 out.append((label, projections._linear_kernel, a, opts))
-    a = dict(addr0="i64", bytes0="i32", addr1="i64", bytes1="i32", rec_ptr="*bf16", rec_stride="i32")
-    a.update(PIECE=prefetch.PIECE, RECORD=False)
-    out.append(("prefetch_l2", prefetch._prefetch_l2_kernel, a, dict(num_warps=1, launch_pdl=True)))
     return out
 
 

@@ -1,15 +1,14 @@
 """One decode loop of the Ouro-1.4B shape (random bf16 weights, 24 layers over M rows at a context of
 ``--context`` tokens), captured as a CUDA graph and replayed alone, under variants of the kernels:
 
-- ``plans``: L2 prefetch plans (`ouro_backend.model.ouro.PrefetchPlan`) against none, each with w's loads at
-  the default eviction policy and at ``evict_first``, and no plan with cuBLAS projections. Every variant's
-  loop output is checked bitwise against no plan (a prefetch changes no data).
+- ``variants``: the defaults against RoPE + the KV write as their own kernel before attention
+  (``unfused_attention``, as before `kernels.rope_kv_attention`) and against cuBLAS projections
+  (``cublas``); the unfused variant's output is checked bitwise against the defaults.
 - ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
   and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
-  the loop with the other shapes as chosen so far (one pass of coordinate descent from the table); prints
-  the resulting table.
+  the loop with the other shapes as chosen so far (one pass of coordinate descent from the table).
 
-    PYTHONPATH=$PWD python3 benchmarks/kernels/loop_bench.py plans --out loop_plans.json
+    PYTHONPATH=$PWD python3 benchmarks/kernels/loop_bench.py variants --out loop_variants.json
     PYTHONPATH=$PWD python3 benchmarks/kernels/loop_bench.py tune --sweep linear_sweep.json --out loop_tune.json
 """
 
@@ -26,34 +25,20 @@ from benchmarks.graph_timing import replay_ms
 from ouro_backend import EngineConfig, LLMEngine
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.kernels import projections
+from ouro_backend.kernels.backend import TritonBackend
 from ouro_backend.kernels.projections import LinearConfig
 from ouro_backend.model.attention import AttentionMetadata
-from ouro_backend.model.ouro import NO_PREFETCH, PrefetchPlan
 
-PLANS = {
-    "none": NO_PREFETCH,
-    # a prefetch kernel of one 4 KB row: what the extra kernel costs by itself
-    "empty_kernel": PrefetchPlan(64, {"attention": (("o", 0, 1 / 2048, 0),)}),
-    "o_during_attention": PrefetchPlan(64, {"attention": (("o", 0, 1, 0),)}),
-    "latency_windows": PrefetchPlan(
-        64,
-        {
-            "attention": (("o", 0, 1, 0), ("gate_up", 0, 0.3, 0)),
-            "o": (("gate_up", 0.3, 0.5, 0),),
-            "down": (("qkv", 0, 0.3, 1),),
-        },
-    ),
-    "one_ahead": PrefetchPlan(
-        64,
-        {
-            "qkv": (("o", 0, 1, 0),),
-            "attention": (("gate_up", 0, 0.5, 0),),
-            "o": (("gate_up", 0.5, 1, 0),),
-            "gate_up": (("down", 0, 1, 0),),
-            "down": (("qkv", 0, 1, 1),),
-        },
-    ),
-}
+
+class UnfusedAttention(TritonBackend):
+    """RoPE + the KV write in their own kernel, then attention (the path of rounds with prompt chunks)."""
+
+    @staticmethod
+    def rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
+        TritonBackend.rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping)
+        return TritonBackend.attention(q, k_cache, v_cache, meta, scale)
+
+
 SHAPE_NAMES = {(6144, 2048): "qkv", (2048, 2048): "o", (11264, 2048): "gate_up", (2048, 5632): "down"}
 
 
@@ -100,27 +85,23 @@ class Loop:
         return ms, out.clone()
 
 
-def run_plans(loop: Loop, rows: list[int], replays: int) -> dict:
+def run_variants(loop: Loop, rows: list[int], replays: int) -> dict:
     res: dict = {"loops_ms": {}}
+    default = loop.m.backend
     for M in rows:
         inputs, ref = loop.inputs(M), None
-        variants = [("", n, p) for n, p in PLANS.items()] + [("", "cublas", NO_PREFETCH)]
-        variants += [("evict_first", n, p) for n, p in PLANS.items() if p is not NO_PREFETCH]
-        for evict, name, plan in variants:
-            projections.W_EVICTION = evict
+        for name in ("default", "unfused_attention", "cublas"):
+            loop.m.backend = UnfusedAttention if name == "unfused_attention" else default
             os.environ["OURO_LINEAR"] = "cublas" if name == "cublas" else ""
-            loop.m.set_prefetch_plan(plan)
             ms, out = loop.time(inputs, replays)
             ref = out if ref is None else ref
-            key = f"{name}{'+' + evict if evict else ''}"
-            res["loops_ms"].setdefault(key, {})[str(M)] = round(ms, 4)
-            # cuBLAS rounds differently from the kernel: only the prefetch variants must be bitwise equal
+            res["loops_ms"].setdefault(name, {})[str(M)] = round(ms, 4)
+            # cuBLAS rounds differently from the kernel: only the attention variants must be bitwise equal
             tag = "" if name == "cublas" else ("same" if torch.equal(out, ref) else "DIFFERENT")
             if tag == "DIFFERENT":
-                res.setdefault("different", []).append([key, M])
-            print(f"M={M:3d} {key:32s} {ms:7.4f} ms  {loop.weight_bytes / ms / 1e6:6.0f} GB/s  {tag}", flush=True)
-    loop.m.set_prefetch_plan(NO_PREFETCH)
-    projections.W_EVICTION = ""
+                res.setdefault("different", []).append([name, M])
+            print(f"M={M:3d} {name:20s} {ms:7.4f} ms  {loop.weight_bytes / ms / 1e6:6.0f} GB/s  {tag}", flush=True)
+    loop.m.backend = default
     os.environ.pop("OURO_LINEAR", None)
     return res
 
@@ -176,7 +157,7 @@ def run_tune(loop: Loop, rows: list[int], replays: int, sweep_path: str, top: in
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("plans", "tune"))
+    ap.add_argument("mode", choices=("variants", "tune"))
     ap.add_argument("--out")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
@@ -188,8 +169,8 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     loop = Loop(args.context, max(rows))
     res = {"context": args.context, "loop_weight_bytes": loop.weight_bytes, "device": torch.cuda.get_device_name()}
-    if args.mode == "plans":
-        res.update(run_plans(loop, rows, args.replays))
+    if args.mode == "variants":
+        res.update(run_variants(loop, rows, args.replays))
     else:
         res.update(run_tune(loop, rows, args.replays, args.sweep, args.top))
     res["elapsed_s"] = round(time.time() - t0, 1)

@@ -19,7 +19,6 @@ from .attention import (
     write_kv_ref,
 )
 from .norm import rms_norm, rms_norm_ref, sandwich_norm, sandwich_norm_ref
-from .prefetch import prefetch_l2
 from .projections import LinearConfig, config_for, linear, linear_ref
 from .rope import rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref
 
@@ -35,7 +34,6 @@ __all__ = [
     "LinearConfig",
     "paged_attention",
     "paged_attention_ref",
-    "prefetch_l2",
     "rms_norm",
     "rms_norm_ref",
     "rope_",

@@ -305,12 +305,11 @@ def _paged_attn_kernel(
     chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     kv_lo = split * chunk
     kv_hi = tl.minimum(kv_lo + chunk, kv_end)
-    if ROPE:  # decode (one query a row): RoPE on q here, and the row's new K/V into the cache
-        q = _rope_q_and_write_kv(
-            q, q_ptr, tok, head, row_valid, offs_d64, d_mask, q_start, kvh, (kv_lo <= ctx) & (ctx < kv_hi),
-            pos_ptr, cs_ptr, kn_ptr, vn_ptr, slot_ptr, kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs,
-            stride_knn, stride_knh, stride_knd, stride_vnn, stride_vnh, stride_vnd, stride_kb, stride_ks,
-            stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, HEAD_DIM, BLOCK_SIZE, INTERP,
+    if ROPE:  # decode (one query a row): RoPE on q here, and the row's new K/V (position ctx) from registers
+        q, k_new, v_new = _rope_decode(
+            q, q_ptr, tok, head, row_valid, offs_d64, d_mask, q_start, kvh, pos_ptr, cs_ptr, kn_ptr, vn_ptr,
+            kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs, stride_knn, stride_knh, stride_knd,
+            stride_vnn, stride_vnh, stride_vnd, HEAD_DIM, INTERP,
         )  # fmt: skip
     if INTERP:
         q = q.to(tl.float32)
@@ -334,6 +333,10 @@ def _paged_attn_kernel(
         v = tl.load(
             vc_ptr + v_off[:, None] + offs_d64[None, :] * stride_vd, mask=n_mask[:, None] & d_mask[None, :], other=0.0
         )
+        if ROPE:  # the cache does not hold the new position yet (written below): use the registers
+            is_new = offs_n == ctx
+            k = tl.where(is_new[None, :], k_new[:, None], k)
+            v = tl.where(is_new[:, None], v_new[None, :], v)
         if INTERP:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
@@ -350,6 +353,13 @@ def _paged_attn_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
+    if ROPE:  # the split that holds position ctx stores the new K/V (no program of this launch reads them)
+        slot = tl.load(slot_ptr + q_start).to(tl.int64)
+        if (kv_lo <= ctx) & (ctx < kv_hi) & (slot >= 0):
+            c_off = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kvh64 * stride_kh
+            tl.store(kc_ptr + c_off + offs_d64 * stride_kd, k_new, mask=d_mask)
+            c_off = (slot // BLOCK_SIZE) * stride_vb + (slot % BLOCK_SIZE) * stride_vs + kvh64 * stride_vh
+            tl.store(vc_ptr + c_off + offs_d64 * stride_vd, v_new, mask=d_mask)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if NUM_SPLITS == 1:
@@ -428,17 +438,15 @@ def _combine_splits(
 
 
 @triton.jit
-def _rope_q_and_write_kv(
-    q, q_ptr, tok, head, row_valid, offs_d64, d_mask, n, kvh, writes_kv,
-    pos_ptr, cs_ptr, kn_ptr, vn_ptr, slot_ptr, kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs,
-    stride_knn, stride_knh, stride_knd, stride_vnn, stride_vnh, stride_vnd, stride_kb, stride_ks,
-    stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, INTERP: tl.constexpr,
+def _rope_decode(
+    q, q_ptr, tok, head, row_valid, offs_d64, d_mask, n, kvh,
+    pos_ptr, cs_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs,
+    stride_knn, stride_knh, stride_knd, stride_vnn, stride_vnh, stride_vnd,
+    HEAD_DIM: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
-    """`rope.rope_and_write_kv` for decode token n inside attention, bitwise the same values: returns q
-    rotated (the tile's G heads); the split that holds position ``pos`` (``writes_kv``) writes the token's
-    rotated k and raw v of kv head ``kvh`` into the cache at its slot, then the program synchronises so its
-    own KV loop reads them. The kernel is compiled without FP contraction, as the rope kernels are."""
+    """`rope.rope_and_write_kv`'s values for decode token n, bitwise: returns q rotated (the tile's G heads)
+    and the token's rotated k and raw v of kv head ``kvh`` as the cache stores them. Needs no FP contraction
+    in fp32, as the rope kernels are compiled."""
     HALF: tl.constexpr = HEAD_DIM // 2
     pos = tl.load(pos_ptr + n).to(tl.int64)
     lo = offs_d64 < HALF
@@ -449,39 +457,27 @@ def _rope_q_and_write_kv(
     sin = tl.where(lo, -sin, sin)  # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
     q_dt: tl.constexpr = q_ptr.dtype.element_ty
     qmask = row_valid[:, None] & d_mask[None, :]
-    xp = tl.load(
-        q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + partner[None, :] * stride_qd,
-        mask=qmask,
-        other=0.0,
-    ).to(tl.float32)
+    xp_ptrs = q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + partner[None, :] * stride_qd
+    xp = tl.load(xp_ptrs, mask=qmask, other=0.0).to(tl.float32)
     qc = round_f32(cos, q_dt, INTERP)[None, :]
     qs = round_f32(sin, q_dt, INTERP)[None, :]
     q_rot = cast_rne(round_f32(q.to(tl.float32) * qc, q_dt, INTERP) + round_f32(xp * qs, q_dt, INTERP), q_dt, INTERP)
-    slot = tl.load(slot_ptr + n).to(tl.int64)
-    if writes_kv and slot >= 0:
-        k_dt: tl.constexpr = kn_ptr.dtype.element_ty
-        kc_dt: tl.constexpr = kc_ptr.dtype.element_ty
-        vc_dt: tl.constexpr = vc_ptr.dtype.element_ty
-        kv64 = kvh.to(tl.int64)
-        k_src = kn_ptr + n * stride_knn + kv64 * stride_knh
-        kx = tl.load(k_src + offs_d64 * stride_knd, mask=d_mask, other=0.0).to(tl.float32)
-        kp = tl.load(k_src + partner * stride_knd, mask=d_mask, other=0.0).to(tl.float32)
-        kcos = round_f32(cos, k_dt, INTERP)
-        ksin = round_f32(sin, k_dt, INTERP)
-        k_rot = cast_rne(round_f32(kx * kcos, k_dt, INTERP) + round_f32(kp * ksin, k_dt, INTERP), k_dt, INTERP)
-        v = tl.load(vn_ptr + n * stride_vnn + kv64 * stride_vnh + offs_d64 * stride_vnd, mask=d_mask)
-        if k_dt != kc_dt:
-            k_rot = cast_rne(k_rot.to(tl.float32), kc_dt, INTERP)
-        if v.dtype != vc_dt:
-            v = cast_rne(v.to(tl.float32), vc_dt, INTERP)
-        blk = slot // BLOCK_SIZE
-        off = slot % BLOCK_SIZE
-        tl.store(
-            kc_ptr + blk * stride_kb + off * stride_ks + kv64 * stride_kh + offs_d64 * stride_kd, k_rot, mask=d_mask
-        )
-        tl.store(vc_ptr + blk * stride_vb + off * stride_vs + kv64 * stride_vh + offs_d64 * stride_vd, v, mask=d_mask)
-    tl.debug_barrier()  # the KV written above is visible to the whole program
-    return q_rot
+    k_dt: tl.constexpr = kn_ptr.dtype.element_ty
+    kv64 = kvh.to(tl.int64)
+    k_src = kn_ptr + n * stride_knn + kv64 * stride_knh
+    kx = tl.load(k_src + offs_d64 * stride_knd, mask=d_mask, other=0.0).to(tl.float32)
+    kp = tl.load(k_src + partner * stride_knd, mask=d_mask, other=0.0).to(tl.float32)
+    kcos = round_f32(cos, k_dt, INTERP)
+    ksin = round_f32(sin, k_dt, INTERP)
+    k_rot = cast_rne(round_f32(kx * kcos, k_dt, INTERP) + round_f32(kp * ksin, k_dt, INTERP), k_dt, INTERP)
+    v = tl.load(vn_ptr + n * stride_vnn + kv64 * stride_vnh + offs_d64 * stride_vnd, mask=d_mask, other=0.0)
+    kc_dt: tl.constexpr = kc_ptr.dtype.element_ty
+    vc_dt: tl.constexpr = vc_ptr.dtype.element_ty
+    if k_dt != kc_dt:
+        k_rot = cast_rne(k_rot.to(tl.float32), kc_dt, INTERP)
+    if v.dtype != vc_dt:
+        v = cast_rne(v.to(tl.float32), vc_dt, INTERP)
+    return q_rot, k_rot, v
 
 
 def _attn_config(max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages):
@@ -583,9 +579,10 @@ def rope_kv_attention(
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """`rope.rope_and_write_kv` then `paged_attention`, for decode (one query token a row) in one launch:
-    each program rotates its q heads, and the split holding a row's new position writes the row's rotated k
-    and raw v (``k``, ``v``: ``[N, kvh, hd]``) to the caches at ``slot_mapping`` before it reads them. The
-    values are bitwise those of the two calls; q itself is not rotated in place (nothing reads it after)."""
+    each program rotates its q heads and the row's new k (``k``, ``v``: ``[N, kvh, hd]``), attends to the new
+    position from registers, and the split holding it writes the rotated k and raw v to the caches at
+    ``slot_mapping``. The values are bitwise those of the two calls; q itself is not rotated in place
+    (nothing reads it after)."""
     out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
     N, H, hd = q.shape
     assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
@@ -685,6 +682,6 @@ def _launch(
         INTERP=kernel_is_interpreted(_paged_attn_kernel),
         num_warps=nw,
         num_stages=ns,
-        enable_fp_fusion=False,  # the fused RoPE rounds as the rope kernels; both variants round alike
+        enable_fp_fusion=not fp32,  # fp32: RoPE rounds as the rope kernels (in bf16 the roundings separate)
         **pdl_launch(_paged_attn_kernel, q.device),
     )

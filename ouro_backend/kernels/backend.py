@@ -9,7 +9,6 @@ from . import (
     copy_kv_slots,
     linear,
     paged_attention,
-    prefetch_l2,
     rms_norm,
     rope_,
     rope_and_write_kv,
@@ -30,7 +29,6 @@ class TritonBackend:
     rope_and_write_kv = staticmethod(rope_and_write_kv)
     silu_mul = staticmethod(silu_mul)
     linear = staticmethod(linear)
-    prefetch_l2 = staticmethod(prefetch_l2)
     write_kv = staticmethod(write_kv)
     copy_kv_slots = staticmethod(copy_kv_slots)
 

@@ -68,11 +68,11 @@ def _load_x(ptrs, k_mask, K, EVEN_K: tl.constexpr, SILU_X: tl.constexpr, INTERP:
 
 
 @triton.jit
-def _load_w(ptrs, k_mask, EVEN_K: tl.constexpr, W_EVICT: tl.constexpr):
+def _load_w(ptrs, k_mask, EVEN_K: tl.constexpr):
     if EVEN_K:  # unmasked: plain 16-byte vector loads
-        w = tl.load(ptrs, eviction_policy=W_EVICT)
+        w = tl.load(ptrs)
     else:
-        w = tl.load(ptrs, mask=k_mask, other=0.0, eviction_policy=W_EVICT)
+        w = tl.load(ptrs, mask=k_mask, other=0.0)
     return w
 
 
@@ -98,7 +98,6 @@ def _linear_kernel(
     DOT_PREC: tl.constexpr,
     SILU_X: tl.constexpr,
     PREFETCH: tl.constexpr,
-    W_EVICT: tl.constexpr,
     PDL: tl.constexpr,
     INTERP: tl.constexpr,
     LIBDEVICE: tl.constexpr,
@@ -117,7 +116,7 @@ def _linear_kernel(
     k_hi = tl.minimum(k_lo + k_chunk, K)
     w_ptrs = w_ptr + rows_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if PREFETCH:  # (CUDA-core path, whole chunks) the first chunk of w in flight before the wait
-        w_next = tl.load(w_ptrs, eviction_policy=W_EVICT)
+        w_next = tl.load(w_ptrs)
     pdl_enter(PDL)
     if USE_DOT:  # tensor cores; the compiler pipelines these loads (cp.async, num_stages deep)
         rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
@@ -126,7 +125,7 @@ def _linear_kernel(
         for k in range(k_lo, k_hi, BLOCK_K):
             k_mask = (k + offs_k) < k_hi
             x = _load_x(x_ptrs, k_mask[None, :], K, EVEN_K, False, INTERP, LIBDEVICE)  # SILU_X is False here
-            w = _load_w(w_ptrs, k_mask[None, :], EVEN_K, W_EVICT)
+            w = _load_w(w_ptrs, k_mask[None, :], EVEN_K)
             if INTERP:  # the interpreter's bf16 dot reads raw bits (see _common): dot fp32 copies
                 w = w.to(tl.float32)
             else:
@@ -141,9 +140,9 @@ def _linear_kernel(
             k_mask = (k + offs_k) < k_hi
             if PREFETCH:  # one chunk ahead; the last chunk reloads itself (a clamp, not a mask)
                 w = w_next.to(tl.float32)
-                w_next = tl.load(w_ptrs + (tl.minimum(k + BLOCK_K, k_hi - BLOCK_K) - k), eviction_policy=W_EVICT)
+                w_next = tl.load(w_ptrs + (tl.minimum(k + BLOCK_K, k_hi - BLOCK_K) - k))
             else:
-                w = _load_w(w_ptrs, k_mask[None, :], EVEN_K, W_EVICT).to(tl.float32)
+                w = _load_w(w_ptrs, k_mask[None, :], EVEN_K).to(tl.float32)
             for i in tl.static_range(BLOCK_M):
                 row = tl.minimum(pid_m * BLOCK_M + i, M - 1).to(tl.int64)
                 xi = _load_x(x_ptr + row * stride_xm + k + offs_k, k_mask, K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
@@ -189,7 +188,6 @@ class LinearConfig:
         )
 
 
-W_EVICTION = ""  # the cache eviction policy of w's loads ("" or "evict_first")
 MAX_FMA_M = 8  # the fma path does a warp reduction per x row and chunk: beyond this, dot wins
 MAX_M = 64  # decode rows; beyond this cuBLAS
 
@@ -202,19 +200,37 @@ def _dot(bn: int, bk: int, split: int = 1, warps: int = 4, stages: int = 4) -> L
     return LinearConfig(bn, bk, split, warps, stages, dot=True)
 
 
-# Decode configs by weight shape (N, K): (largest M, config or None for cuBLAS), ascending M, as
-# benchmarks/kernels/linear_bench.py picks them (the fastest candidate where it beats cuBLAS). Shapes of
-# Ouro-1.4B/2.6B: hidden 2048, MLP 5632; the last row is down (SiLU-mul fused on the CUDA-core path).
+# Decode configs by weight shape (N, K): (largest M, config or None for cuBLAS), ascending M. Candidates come
+# from benchmarks/kernels/linear_bench.py (each projection timed alone); the choice among them, cuBLAS
+# included, is made in the decode loop itself by benchmarks/kernels/loop_bench.py ``tune`` (a config that wins
+# alone can lose between the other kernels). Shapes of Ouro-1.4B/2.6B: hidden 2048, MLP 5632; the last row is
+# down (SiLU-mul fused on the CUDA-core path).
 DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]] = {
-    (6144, 2048): ((1, _fma(32, 256, 1, 8)), (8, None), (16, _dot(32, 128, 1, 4, 4)), (64, None)),  # qkv
+    (6144, 2048): (  # qkv
+        (1, _fma(16, 256, 1, 4)),
+        (2, None),
+        (8, _dot(64, 128, 2, 4, 3)),
+        (16, _dot(32, 128, 1, 4, 4)),
+        (64, None),
+    ),
     (2048, 2048): (  # o
-        (1, _fma(8, 512, 2, 4)),
+        (1, _fma(8, 512, 1, 4)),
         (2, _fma(16, 512, 2, 8)),
-        (8, _dot(32, 128, 4, 4, 4)),
+        (8, _dot(64, 128, 4, 4, 3)),
+        (16, _dot(32, 128, 4, 4, 4)),
+        (48, None),
         (64, _dot(16, 256, 1, 4, 4)),
     ),
     (11264, 2048): ((1, _fma(16, 256, 1, 4)), (8, None), (16, _dot(32, 128, 1, 4, 4)), (64, None)),  # gate_up
-    (2048, 5632): ((1, _fma(8, 512, 2, 4)), (16, _dot(32, 128, 4, 4, 4)), (32, None), (64, _dot(32, 128, 4, 4, 4))),
+    (2048, 5632): (  # down
+        (1, _fma(8, 512, 2, 4)),
+        (2, None),
+        (4, _dot(32, 128, 4, 4, 4)),
+        (8, _dot(64, 128, 4, 4, 3)),
+        (16, _dot(32, 128, 4, 4, 4)),
+        (48, None),
+        (64, _dot(32, 128, 4, 4, 4)),
+    ),
 }
 
 
@@ -298,7 +314,6 @@ def linear(
         y.stride(0),
         INTERP=interp,
         LIBDEVICE=_HAS_LIBDEVICE and not interp,
-        W_EVICT=W_EVICTION,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **consts,

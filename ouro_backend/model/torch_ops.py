@@ -29,10 +29,6 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :I]) * gate_up[..., I:]
 
 
-def prefetch_l2_ref(*tensors: torch.Tensor) -> None:
-    """The twin of `kernels.prefetch.prefetch_l2`: a cache hint changes no data, so nothing."""
-
-
 def linear_ref(x: torch.Tensor, w: torch.Tensor, silu_x: bool = False) -> torch.Tensor:
     """``x @ w.T``; with ``silu_x``, x is a gate/up output and the product is ``silu_mul(x) @ w.T``: twin of
     `kernels.linear`."""
