@@ -251,10 +251,10 @@ def test_paged_attention_matches_dense_causal_sdpa():
     [(4, 2, torch.float32, 1), (4, 2, torch.float32, 3), (2, 2, torch.bfloat16, 2), (4, 1, torch.bfloat16, 5)],
 )
 def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits):
-    """The decode fusion gives bitwise what `rope_and_write_kv` then `paged_attention` give (the same
-    kernel's split path), leaves q as it was, and writes the same caches; a pad row (slot -1, seq_len 0)
-    writes nothing and yields zeros. The new position starts as NaN in the cache: read before its write, it
-    would poison the output."""
+    """The decode fusion writes bitwise the caches `rope_and_write_kv` writes, leaves q as it was, and gives
+    `paged_attention`'s output up to the order of the softmax sums (it adds the new position after the
+    tiles); a pad row (slot -1, seq_len 0) writes nothing and yields zeros. The new position starts as NaN in
+    the cache: read from there, it would poison the output."""
     gen = torch.Generator().manual_seed(97 + H + kvh + splits)
     hd, bs = 16, 4
     seq_lens = [9, 1, 20, 0]  # rows: context 8, a first token, context 19 (5 blocks), a pad row
@@ -278,8 +278,11 @@ def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits):
     K.rope_and_write_kv(q2, k, v, positions, cache, kc2, vc2, slots)
     want = K.paged_attention(q2, kc2, vc2, cu, sl, bt, 0.3, 1, num_splits=splits)
     assert torch.isfinite(got).all() and (got[3] == 0).all()
-    assert torch.equal(got, want)
     assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:  # bf16: P is rounded to bf16 against a different running max
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=1e-2)
     ref = K.rope_kv_attention_ref(q, k, v, positions, cache, kc2.clone(), vc2.clone(), slots, cu, sl, bt, 0.3)
     tol = dict(rtol=1e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got.float(), ref.float(), **tol)

@@ -305,7 +305,7 @@ def _paged_attn_kernel(
     chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     kv_lo = split * chunk
     kv_hi = tl.minimum(kv_lo + chunk, kv_end)
-    if ROPE:  # decode (one query a row): RoPE on q here, and the row's new K/V (position ctx) from registers
+    if ROPE:  # decode (one query a row): RoPE on q here; the row's new K/V (position ctx) stay in registers
         q, k_new, v_new = _rope_decode(
             q, q_ptr, tok, head, row_valid, offs_d64, d_mask, q_start, kvh, pos_ptr, cs_ptr, kn_ptr, vn_ptr,
             kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs, stride_knn, stride_knh, stride_knd,
@@ -324,6 +324,8 @@ def _paged_attn_kernel(
     for start in range(kv_lo, kv_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_hi
+        if ROPE:  # the cache does not hold the new position yet: it is added after the loop
+            n_mask = n_mask & (offs_n != ctx)
         blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         in_blk = (offs_n % BLOCK_SIZE).to(tl.int64)
         k_off = blk * stride_kb + in_blk * stride_ks + kvh64 * stride_kh
@@ -333,10 +335,6 @@ def _paged_attn_kernel(
         v = tl.load(
             vc_ptr + v_off[:, None] + offs_d64[None, :] * stride_vd, mask=n_mask[:, None] & d_mask[None, :], other=0.0
         )
-        if ROPE:  # the cache does not hold the new position yet (written below): use the registers
-            is_new = offs_n == ctx
-            k = tl.where(is_new[None, :], k_new[:, None], k)
-            v = tl.where(is_new[:, None], v_new[None, :], v)
         if INTERP:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
@@ -353,13 +351,22 @@ def _paged_attn_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    if ROPE:  # the split that holds position ctx stores the new K/V (no program of this launch reads them)
-        slot = tl.load(slot_ptr + q_start).to(tl.int64)
-        if (kv_lo <= ctx) & (ctx < kv_hi) & (slot >= 0):
-            c_off = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kvh64 * stride_kh
-            tl.store(kc_ptr + c_off + offs_d64 * stride_kd, k_new, mask=d_mask)
-            c_off = (slot // BLOCK_SIZE) * stride_vb + (slot % BLOCK_SIZE) * stride_vs + kvh64 * stride_vh
-            tl.store(vc_ptr + c_off + offs_d64 * stride_vd, v_new, mask=d_mask)
+    if ROPE:  # noqa: SIM102 (a constexpr branch around a runtime one)
+        if (kv_lo <= ctx) & (ctx < kv_hi):  # this split holds the new position: one more online-softmax step
+            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * qk_scale
+            m_new = tl.maximum(m_i, s_new)
+            alpha = tl.exp2(m_i - m_new)
+            p_new = tl.exp2(s_new - m_new)
+            l_i = l_i * alpha + p_new
+            p_new = round_f32(p_new, v_dtype, INTERP)  # P is rounded to the KV dtype, as before P@V
+            acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+            m_i = m_new
+            slot = tl.load(slot_ptr + q_start).to(tl.int64)
+            if slot >= 0:  # and stores it (no program of this launch reads it from the cache)
+                c_off = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kvh64 * stride_kh
+                tl.store(kc_ptr + c_off + offs_d64 * stride_kd, k_new, mask=d_mask)
+                c_off = (slot // BLOCK_SIZE) * stride_vb + (slot % BLOCK_SIZE) * stride_vs + kvh64 * stride_vh
+                tl.store(vc_ptr + c_off + offs_d64 * stride_vd, v_new, mask=d_mask)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if NUM_SPLITS == 1:
@@ -579,10 +586,11 @@ def rope_kv_attention(
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """`rope.rope_and_write_kv` then `paged_attention`, for decode (one query token a row) in one launch:
-    each program rotates its q heads and the row's new k (``k``, ``v``: ``[N, kvh, hd]``), attends to the new
-    position from registers, and the split holding it writes the rotated k and raw v to the caches at
-    ``slot_mapping``. The values are bitwise those of the two calls; q itself is not rotated in place
-    (nothing reads it after)."""
+    each program rotates its q heads and the row's new k (``k``, ``v``: ``[N, kvh, hd]``) bitwise as the rope
+    kernel does; the split holding the new position adds it to its softmax from registers (one more online
+    step after the tiles, which skip it) and writes the rotated k and raw v to the caches at ``slot_mapping``.
+    The caches are bitwise those of the two calls, the output equal up to the order of the softmax sums;
+    q itself is not rotated in place (nothing reads it after)."""
     out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
     N, H, hd = q.shape
     assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
@@ -682,6 +690,6 @@ def _launch(
         INTERP=kernel_is_interpreted(_paged_attn_kernel),
         num_warps=nw,
         num_stages=ns,
-        enable_fp_fusion=not fp32,  # fp32: RoPE rounds as the rope kernels (in bf16 the roundings separate)
+        enable_fp_fusion=not (fp32 or rope is not None),  # RoPE rounds as the rope kernels (compiled without)
         **pdl_launch(_paged_attn_kernel, q.device),
     )

@@ -18,6 +18,11 @@ from . import (
     write_kv,
 )
 
+# Beyond this many decode rows the fused kernel is slower than RoPE + KV write then attention: its split that
+# holds the new position adds it after its tiles, with more registers live through the KV loop
+# (docs/engine.md, "Measurements behind the design").
+FUSED_ROPE_MAX_ROWS = 16
+
 
 class TritonBackend:
     name = "triton"
@@ -44,8 +49,9 @@ class TritonBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """RoPE, the KV write and attention; decode rounds (one query a row) in one kernel."""
-        if meta.max_seqlen_q == 1 and q.shape[0] == meta.seq_lens.shape[0]:
+        """RoPE, the KV write and attention; decode rounds (one query a row) of up to FUSED_ROPE_MAX_ROWS rows
+        in one kernel (`rope_kv_attention`), others as two."""
+        if meta.max_seqlen_q == 1 and q.shape[0] == meta.seq_lens.shape[0] <= FUSED_ROPE_MAX_ROWS:
             return rope_kv_attention(
                 q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q,
                 meta.seq_lens, meta.block_tables, scale,
