@@ -7,7 +7,9 @@
     python client/ouro_client.py "Hello" --model ouro_ensemble --exit-threshold 0.7 --json
 
 gRPC uses tritonclient's `start_stream` / `async_stream_infer` (ModelStreamInfer); HTTP uses only the
-standard library. After the text, a summary: tokens, time to first token, tokens/s, mean exit depth.
+standard library. After the text, a summary: tokens, total time, overall tokens/s and mean exit depth, and
+when streaming also the time to first token and the decode rate (tokens after the first response / time
+from the first to the last response); `--no-stream` gets one response at the end, so it has neither.
 The functions here (`build_inputs`, `GrpcStream`, `stream_grpc`, `stream_http`, `generate`) are what the tests and the
 load generator use.
 """
@@ -84,6 +86,9 @@ class Result:
     start: float = 0.0
     end: float = 0.0
     error: str | None = None
+    # Whether the request streamed (stream: true). Without streaming the one response comes when the request
+    # is done, so there is no time to first token and no decode rate: only the total time.
+    streamed: bool = True
 
     @property
     def text(self) -> str:
@@ -93,39 +98,80 @@ class Result:
     def exit_depths(self) -> list[int]:
         return [d for c in self.chunks for d in c.exit_depths]
 
-    @property
-    def num_tokens(self) -> int:
-        counted = [c.num_output_tokens for c in self.chunks]
+    @staticmethod
+    def _tokens_of(chunks: list[Chunk]) -> int:
+        counted = [c.num_output_tokens for c in chunks]
         if counted and all(n is not None for n in counted):
             return int(sum(counted))
-        return len(self.exit_depths)
+        return sum(len(c.exit_depths) for c in chunks)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._tokens_of(self.chunks)
 
     @property
     def finish_reason(self) -> str | None:
         reasons = [c.finish_reason for c in self.chunks if c.finish_reason]
         return reasons[-1] if reasons else None
 
+    def _token_chunks(self) -> list[Chunk]:
+        return [c for c in self.chunks if c.exit_depths or c.text]
+
     @property
     def ttft(self) -> float | None:
-        first = next((c for c in self.chunks if c.exit_depths or c.text), None)
+        """Time to the first response with a token; None without streaming."""
+        if not self.streamed:
+            return None
+        first = next(iter(self._token_chunks()), None)
         return first.time - self.start if first else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first response / time from the first to the last response with tokens. None
+        without streaming, or when fewer than two responses carried tokens (nothing to time)."""
+        chunks = self._token_chunks()
+        if not self.streamed or len(chunks) < 2:
+            return None
+        later = self._tokens_of(chunks[1:])
+        span = chunks[-1].time - chunks[0].time
+        return later / span if later > 0 and span > 0 else None
 
     def summary(self) -> dict[str, Any]:
         depths = self.exit_depths
         dur = self.end - self.start
-        ttft = self.ttft
         n = self.num_tokens
         return {
             "tokens": n,
             "responses": len(self.chunks),
+            "streamed": self.streamed,
             "finish_reason": self.finish_reason,
-            "ttft_s": ttft,
+            "ttft_s": self.ttft,
             "total_s": dur,
             "tokens_per_s": n / dur if dur > 0 else None,
-            "decode_tokens_per_s": (n - 1) / (dur - ttft) if ttft is not None and n > 1 and dur > ttft else None,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
             "mean_exit_depth": sum(depths) / len(depths) if depths else None,
             "error": self.error,
         }
+
+    def summary_line(self) -> str:
+        """The one-line summary the command prints: only what this request's responses can measure."""
+        s = self.summary()
+
+        def fmt(v, f):
+            return "-" if v is None else format(v, f)
+
+        parts = [f"{s['tokens']} tokens", f"finish_reason={s['finish_reason']}"]
+        if self.streamed:
+            parts.append(f"TTFT {fmt(s['ttft_s'], '.3f')} s")
+        parts.append(f"total {s['total_s']:.3f} s")
+        rate = f"{fmt(s['tokens_per_s'], '.1f')} tok/s overall"
+        if self.streamed:
+            rate += f" (decode {fmt(s['decode_tokens_per_s'], '.1f')} tok/s)"
+        parts.append(rate)
+        parts.append(f"mean exit depth {fmt(s['mean_exit_depth'], '.2f')}")
+        if not self.streamed:
+            parts.append("not streamed: no TTFT or decode rate")
+        return "--- " + ", ".join(parts)
 
 
 def request_options(max_tokens: int = 64, stream: bool = True, **kwargs) -> dict[str, Any]:
@@ -317,7 +363,7 @@ def generate(
 ) -> Result:
     """Run one request to completion; errors end up in Result.error. `grpc_stream`: an open stream to
     reuse (a load generator's worker keeps one, as perf_analyzer does)."""
-    result = Result(start=time.monotonic())
+    result = Result(start=time.monotonic(), streamed=bool(options.get("stream")))
     if grpc_stream is not None:
         stream = grpc_stream.request(model, prompt, options, timeout)
     elif protocol == "grpc":
@@ -392,17 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     if result.error:
         print(f"error: {result.error}", file=sys.stderr)
-    s = result.summary()
     if args.json:
-        print(json.dumps(s, indent=2))
+        print(json.dumps(result.summary(), indent=2))
     else:
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        print(
-            f"--- {s['tokens']} tokens, finish_reason={s['finish_reason']}, TTFT {fmt(s['ttft_s'], '.3f')} s, "
-            f"{fmt(s['tokens_per_s'], '.1f')} tok/s (decode {fmt(s['decode_tokens_per_s'], '.1f')}), "
-            f"mean exit depth {fmt(s['mean_exit_depth'], '.2f')}",
-            file=sys.stderr,
-        )
+        print(result.summary_line(), file=sys.stderr)
     return 1 if result.error else 0
 
 

@@ -1,6 +1,8 @@
 """genai-perf against a REAL tritonserver: the recipe client/genai_perf/run_genai_perf.py, run as users run it
-(`genai-perf profile -m ouro --endpoint-type kserve --backend tensorrtllm --streaming`), against the toy
-checkpoint on free ports, with the toy's own tokenizer and no network (HF_HUB_OFFLINE=1).
+(`genai-perf profile -m ouro --endpoint-type kserve --backend tensorrtllm --streaming`), on free ports with no
+network (HF_HUB_OFFLINE=1): against the toy checkpoint with its tokenizer given (--tokenizer), and against
+the demo model, the default model, with the tokenizer the recipe picks by default (the served model's), where
+genai-perf's token counts must be the server's.
 
 genai-perf comes from the `test` extra; a missing genai-perf fails these tests. They skip only when
 perf_analyzer cannot be located or fetched (client/perf_analyzer/locate.py, the rule of tests/test_server_metrics.py's
@@ -18,6 +20,13 @@ from client.genai_perf import run_genai_perf as recipe
 from client.perf_analyzer.locate import PerfAnalyzerUnavailable
 
 REQUESTS, CONCURRENCY, INPUT_TOKENS, OUTPUT_TOKENS = 6, 2, 16, 8
+
+
+def run_or_skip(**kwargs) -> dict:
+    try:
+        return recipe.run(**kwargs)
+    except PerfAnalyzerUnavailable as e:
+        pytest.skip(f"perf_analyzer cannot run here: {e}")
 
 
 @pytest.mark.timeout(480)  # server start (shared by the module) + genai-perf's start (transformers) + the run
@@ -106,3 +115,69 @@ def test_prepared_tokenizer_matches_the_servers(toy_path, tmp_path):
     # A Hub name is passed through as it is (genai-perf would download it); nothing is prepared.
     assert recipe.prepare_tokenizer("gpt2", str(tmp_path / "x")) == ("gpt2", False)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.timeout(480)
+def test_genai_perf_token_counts_are_the_served_models(demo_server, tmp_path, monkeypatch):
+    """`ouro-serve` serves the demo model (vocab 4,096) without --model; the recipe without --tokenizer must
+    count with its tokenizer. With the toy's (vocab 621), which it used to pick, genai-perf reported 113
+    output tokens for max_tokens 64. Now its counts are the server's num_output_tokens, but for one thing
+    re-tokenizing text cannot see: EOS, which the demo model emits between its texts and which ignore_eos
+    lets through, decodes to no text. So the expected count of a request is the server's minus its special
+    tokens, found by the offline engine's greedy run of the same prompt (whose text is the served text)."""
+    from server_common import ENGINE_ARGS
+
+    from ouro_backend import LLM, SamplingParams
+    from ouro_backend.model.tokenizer import load_tokenizer
+    from ouro_backend.models import DEMO_MODEL
+
+    for name in ("OURO_MODEL_PATH", "OURO_ENGINE_ARGS", "OURO_MODEL_REPOSITORY"):
+        monkeypatch.delenv(name, raising=False)
+    requests, output_tokens = 6, 16  # on the demo model two of these six requests emit an EOS
+    report = run_or_skip(
+        url=demo_server.grpc_url,
+        concurrency=CONCURRENCY,
+        request_count=requests,
+        input_tokens=INPUT_TOKENS,
+        output_tokens=output_tokens,
+        artifact_dir=str(tmp_path),
+        timeout=300,
+        # The recipe asks for these itself; given here too, so that the counts below are there in any case.
+        extra=["--extra-inputs", "return_num_output_tokens:true", "--extra-inputs", "return_num_input_tokens:true"],
+    )
+    shown = {k: v for k, v in report.items() if k != "log_tail"}
+    assert report["ok"], f"{json.dumps(shown, indent=1)}\n{report.get('log_tail', '')}"
+
+    with open(report["profile_export"]) as f:
+        served = json.load(f)["experiments"][0]["requests"]
+    assert len(served) == requests
+    tok = load_tokenizer(str(DEMO_MODEL))
+    special = {tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")}
+    llm = LLM(**ENGINE_ARGS)  # the default model, on the server's device and dtype
+    greedy = SamplingParams(max_tokens=output_tokens, temperature=0.0, ignore_eos=True)
+    refs = llm.generate([r["request_inputs"]["text_input"] for r in served], greedy)
+    expected_osl, expected_isl = [], []
+    for r, ref in zip(served, refs):
+        outs = r["response_outputs"]
+        server_count = sum(o["num_output_tokens"] for o in outs)
+        assert server_count == output_tokens  # EOS ignored, by the server's own count
+        text = "".join(o["text_output"] for o in outs)
+        assert ref.text == text and len(ref.token_ids) == server_count
+        expected_osl.append(server_count - sum(t in special for t in ref.token_ids))
+        expected_isl.append(outs[0]["num_input_tokens"])
+    assert any(n == output_tokens for n in expected_osl), expected_osl  # requests without EOS: exactly the server's
+
+    # genai-perf's own numbers, from its export: per-request output lengths (avg / min / max) and prompt lengths.
+    with open(report["export_json"]) as f:
+        export = json.load(f)
+    osl, isl = export["output_sequence_length"], export["input_sequence_length"]
+    assert (osl["min"], osl["max"]) == (min(expected_osl), max(expected_osl)), (osl, expected_osl)
+    assert osl["avg"] == pytest.approx(sum(expected_osl) / requests), (osl, expected_osl)
+    assert isl["min"] == isl["max"] == INPUT_TOKENS and expected_isl == [INPUT_TOKENS] * requests
+
+    # The recipe's report: which tokenizer, and the server's counts next to genai-perf's.
+    assert report["tokenizer_source"] == str(DEMO_MODEL)
+    assert (tmp_path / "tokenizer" / "tokenizer.json").read_bytes() == (DEMO_MODEL / "tokenizer.json").read_bytes()
+    assert "tokenizer_warning" not in report
+    assert report["server_output_sequence_length"] == output_tokens
+    assert report["server_input_sequence_length"] == INPUT_TOKENS

@@ -16,11 +16,15 @@ generates exactly --output-tokens tokens, greedily (--temperature changes that).
 * perf_analyzer comes from client/perf_analyzer/locate.py ($PERF_ANALYZER, PATH, its cache, else the
   tritonclient 2.50.0 wheel): genai-perf runs the `perf_analyzer` on PATH, so a directory with a link to it
   goes first on genai-perf's PATH, with the LD_LIBRARY_PATH locate.py gives.
-* genai-perf counts tokens with a Hugging Face tokenizer (transformers AutoTokenizer). --tokenizer takes a
-  checkpoint directory with tokenizer.json (default: the served checkpoint's: $OURO_MODEL_PATH, else the toy
-  checkpoint that `ouro-serve` serves without --model), which is copied into ARTIFACT_DIR/tokenizer next to a
-  minimal tokenizer_config.json (the checkpoint is not modified); genai-perf then runs with HF_HUB_OFFLINE=1
-  and downloads nothing. A directory without tokenizer.json, or a Hub name, is passed through as it is.
+* genai-perf counts tokens with a Hugging Face tokenizer (transformers AutoTokenizer), which must be the
+  served model's. --tokenizer takes a checkpoint directory with tokenizer.json (default: the checkpoint the
+  server serves, by the server's rule: $OURO_MODEL_PATH, else `model` in $OURO_ENGINE_ARGS, else the `model`
+  parameter of ouro_engine in --model-repository, else the demo model that `ouro-serve` serves without
+  --model); its tokenizer.json is copied into ARTIFACT_DIR/tokenizer next to a minimal tokenizer_config.json
+  (the checkpoint is not modified); genai-perf then runs with HF_HUB_OFFLINE=1 and downloads nothing. A
+  directory without tokenizer.json, or a Hub name, is passed through as it is. The server's own counts are
+  requested too (return_num_input_tokens / return_num_output_tokens) and reported next to genai-perf's, with
+  a warning when the prompt lengths disagree (not the served model's tokenizer).
 * genai-perf is run from this Python when it is installed here (`pip install -e '.[test]'` installs it),
   else `genai-perf` on PATH; if neither exists the script exits 2 and says how to install it.
 
@@ -43,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,21 +75,47 @@ def genai_perf_command() -> list[str]:
     )
 
 
-def served_checkpoint() -> str:
-    """The checkpoint `ouro-serve` serves without --model: $OURO_MODEL_PATH, else the toy (built if missing)."""
-    path = os.environ.get("OURO_MODEL_PATH")
-    if path:
-        return path
-    from ouro_backend.model.toy import ensure_toy_checkpoint
-
-    return ensure_toy_checkpoint()
+ENGINE_MODEL = "ouro_engine"  # the repository's model that loads the checkpoint (its tokenizer is the server's)
 
 
-def prepare_tokenizer(spec: str | None, out_dir: str) -> tuple[str, bool]:
-    """(what to pass to genai-perf --tokenizer, whether it is local). A directory with tokenizer.json gets a
-    copy of it under out_dir/tokenizer with a minimal tokenizer_config.json, which AutoTokenizer loads
-    without config.json (a checkpoint's config.json has model_type "ouro", unknown to most transformers)."""
-    src = spec or served_checkpoint()
+class TokenizerUnavailable(RuntimeError):
+    pass
+
+
+def served_checkpoint(model_repository: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The checkpoint a server started from here serves, found by the server's own rule
+    (ouro_backend.serving.options): $OURO_MODEL_PATH (what `ouro-serve --model` sets), else `model` in
+    $OURO_ENGINE_ARGS, else the `model` parameter of MODEL_REPOSITORY/ouro_engine/config.pbtxt (default
+    repository: $OURO_MODEL_REPOSITORY, else the checkout's model_repository/), else the demo model, which
+    `ouro-serve` serves without --model."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from ouro_backend.config import ConfigError
+    from ouro_backend.entrypoints.tritonserver import default_repository
+    from ouro_backend.serving.options import engine_options, resolve_model_path
+
+    model_dir = os.path.join(str(model_repository or default_repository()), ENGINE_MODEL)
+    config_file = os.path.join(model_dir, "config.pbtxt")
+    parameters: dict[str, dict[str, str]] = {}
+    if os.path.isfile(config_file):
+        config = model_config_pb2.ModelConfig()
+        with open(config_file) as f:
+            text_format.Parse(f.read(), config)
+        parameters = {k: {"string_value": v.string_value} for k, v in config.parameters.items()}
+    try:
+        options, _ = engine_options({"parameters": parameters}, model_dir, environ)
+        return resolve_model_path({"model": options.get("model", "")})["model"]
+    except (ConfigError, FileNotFoundError) as e:
+        raise TokenizerUnavailable(f"cannot tell which checkpoint the server serves: {e}; pass --tokenizer") from None
+
+
+def prepare_tokenizer(spec: str | None, out_dir: str, model_repository: str | None = None) -> tuple[str, bool]:
+    """(what to pass to genai-perf --tokenizer, whether it is local). spec None: the served checkpoint's
+    (served_checkpoint). A directory with tokenizer.json gets a copy of it under out_dir/tokenizer with a
+    minimal tokenizer_config.json, which AutoTokenizer loads without config.json (a checkpoint's config.json
+    has model_type "ouro", unknown to most transformers)."""
+    src = spec or served_checkpoint(model_repository)
     if not os.path.isdir(src):
         return src, False  # a Hugging Face Hub name: genai-perf downloads it
     tok_json = os.path.join(src, "tokenizer.json")
@@ -96,6 +127,27 @@ def prepare_tokenizer(spec: str | None, out_dir: str) -> tuple[str, bool]:
     with open(os.path.join(dest, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f)
     return dest, True
+
+
+def server_token_counts(profile_export: str) -> list[tuple[int, int]]:
+    """(num_input_tokens, num_output_tokens) per request, as the server counted them, from perf_analyzer's
+    profile export of a run with return_num_input_tokens / return_num_output_tokens (each response carries
+    the tokens it adds; the input count comes with the first). Requests without the counts are left out."""
+    with open(profile_export) as f:
+        export = json.load(f)
+    counts = []
+    for experiment in export.get("experiments") or []:
+        for r in experiment.get("requests") or []:
+            outs = [o for o in r.get("response_outputs") or [] if isinstance(o, dict)]
+            if not any("num_output_tokens" in o for o in outs):
+                continue
+            counts.append(
+                (
+                    max((int(o.get("num_input_tokens") or 0) for o in outs), default=0),
+                    sum(int(o.get("num_output_tokens") or 0) for o in outs),
+                )
+            )
+    return counts
 
 
 def _number(x: float) -> str:
@@ -129,6 +181,33 @@ def summarize(export: dict) -> dict[str, Any]:
     }
 
 
+def compare_counts(report: dict[str, Any]) -> dict[str, Any]:
+    """The server's token counts next to genai-perf's (which come from re-tokenizing with --tokenizer):
+    server_input/output_sequence_length (averages), server_output_token_throughput_per_s, and a warning when
+    the prompt lengths differ, which means genai-perf's tokenizer is not the served model's."""
+    try:
+        counts = server_token_counts(report["profile_export"])
+    except (OSError, ValueError, TypeError):
+        counts = []
+    if not counts:
+        return {}
+    isl = sum(c[0] for c in counts) / len(counts)
+    osl = sum(c[1] for c in counts) / len(counts)
+    out: dict[str, Any] = {
+        "server_input_sequence_length": isl,
+        "server_output_sequence_length": osl,
+        "server_output_token_throughput_per_s": (report.get("request_throughput_per_s") or 0) * osl or None,
+    }
+    gp_isl = report.get("input_sequence_length")
+    if gp_isl is not None and abs(gp_isl - isl) > 1e-6:
+        out["tokenizer_warning"] = (
+            f"genai-perf's prompts average {gp_isl:.1f} tokens of its tokenizer ({report['tokenizer']}) but "
+            f"{isl:.1f} tokens of the server's: they are not the same tokenizer, so its token counts are wrong; "
+            f"pass --tokenizer with the served checkpoint"
+        )
+    return out
+
+
 def run(
     url: str = "localhost:8001",
     model: str = "ouro",
@@ -143,14 +222,17 @@ def run(
     ignore_eos: bool = True,
     extra: list[str] | None = None,
     timeout: float = 600.0,
+    model_repository: str | None = None,
 ) -> dict[str, Any]:
-    """Run genai-perf once; raises GenAIPerfMissing / PerfAnalyzerUnavailable when a tool is missing."""
+    """Run genai-perf once; raises GenAIPerfMissing / PerfAnalyzerUnavailable when a tool is missing and
+    TokenizerUnavailable when tokenizer is None and the served checkpoint cannot be found."""
     command = genai_perf_command()
     binary, env = locate()
     check(binary, env)
     artifact_dir = os.path.abspath(artifact_dir or tempfile.mkdtemp(prefix="ouro-genai-perf-"))
     os.makedirs(artifact_dir, exist_ok=True)
-    tok, local = prepare_tokenizer(tokenizer, artifact_dir)
+    tok_source = tokenizer or served_checkpoint(model_repository)
+    tok, local = prepare_tokenizer(tok_source, artifact_dir)
     if local:
         env["HF_HUB_OFFLINE"] = "1"
         env["TRANSFORMERS_OFFLINE"] = "1"
@@ -186,7 +268,11 @@ def run(
         cmd += ["--extra-inputs", f"temperature:{_number(temperature)}"]
     if exit_threshold is not None:
         cmd += ["--extra-inputs", f"exit_threshold:{_number(exit_threshold)}"]
-    cmd += list(extra or [])
+    extra = list(extra or [])
+    for flag in ("return_num_input_tokens", "return_num_output_tokens"):  # the server's own counts, to compare
+        if not any(a.startswith(flag + ":") for a in extra):
+            cmd += ["--extra-inputs", f"{flag}:true"]
+    cmd += extra
     log_path = os.path.join(artifact_dir, "genai_perf.log")
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="ouro-pa-bin-") as bin_dir:
@@ -222,6 +308,7 @@ def run(
         "genai_perf": command,
         "perf_analyzer": binary,
         "tokenizer": tok,
+        "tokenizer_source": tok_source,
         "model": model,
         "url": url,
         "concurrency": concurrency,
@@ -236,6 +323,7 @@ def run(
     if export_json:
         with open(export_json) as f:
             report.update(summarize(json.load(f)))
+        report.update(compare_counts(report))
     report["ok"] = (
         code == 0
         and export_json is not None
@@ -253,12 +341,14 @@ def format_table(r: dict[str, Any]) -> str:
         v = (stat or {}).get(key)
         return "        -" if v is None else f"{v:9.1f}"
 
+    server_osl = r.get("server_output_sequence_length")
     lines = [
         f"{r['model']} (genai-perf, kserve gRPC streaming), concurrency {r['concurrency']}: "
         f"{'ok' if r['ok'] else 'FAILED'}, {r.get('request_count') or 0:.0f} requests, "
         f"{r.get('request_throughput_per_s') or 0:.2f} req/s, "
         f"{r.get('output_token_throughput_per_s') or 0:.1f} output tok/s, "
-        f"output length {r.get('output_sequence_length') or 0:.1f} tokens (re-tokenized)",
+        f"output length {r.get('output_sequence_length') or 0:.1f} tokens (re-tokenized; the server's: "
+        f"{'-' if server_osl is None else format(server_osl, '.1f')})",
         f"{'metric (ms)':<16}{'avg':>9} {'p50':>9} {'p90':>9} {'p99':>9} {'max':>9}",
     ]
     for key, name in (
@@ -290,8 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tokenizer",
         default=None,
-        help="checkpoint directory with tokenizer.json (default: $OURO_MODEL_PATH, else the toy "
-        "checkpoint), a tokenizer directory, or a Hugging Face Hub name",
+        help="checkpoint directory with tokenizer.json, a tokenizer directory, or a Hugging Face Hub name "
+        "(default: the served checkpoint's: $OURO_MODEL_PATH, else the `model` of the model repository's "
+        "ouro_engine, else the demo model, as `ouro-serve` and the server decide)",
+    )
+    p.add_argument(
+        "--model-repository",
+        default=None,
+        help="where to look up the served checkpoint when --tokenizer is not given (default: "
+        "$OURO_MODEL_REPOSITORY, else this checkout's model_repository/)",
     )
     p.add_argument("--artifact-dir", default=None, help="where genai-perf writes (default: a new temp dir)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
@@ -319,14 +416,17 @@ def main(argv: list[str] | None = None) -> int:
             args.ignore_eos,
             extra,
             args.timeout,
+            args.model_repository,
         )
-    except GenAIPerfMissing as e:
+    except (GenAIPerfMissing, TokenizerUnavailable) as e:
         print(f"run_genai_perf: {e}", file=sys.stderr)
         return 2
     except PerfAnalyzerUnavailable as e:
         print(f"run_genai_perf: perf_analyzer unavailable: {e}", file=sys.stderr)
         return 2
     print(format_table(report), file=sys.stderr)
+    if report.get("tokenizer_warning"):
+        print(f"run_genai_perf: WARNING: {report['tokenizer_warning']}", file=sys.stderr)
     if not report["ok"]:
         print(
             f"genai-perf failed (exit {report['exit_code']}); log {report['log']}:\n{report.get('log_tail', '')}\n"

@@ -5,10 +5,22 @@
     python client/perf_analyzer/run_perf.py --models ouro --concurrency 1 8 16 --max-tokens 64 --out-dir pa_out
 
 For each model and concurrency: `perf_analyzer -m MODEL -i grpc --streaming --input-data FILE
---concurrency-range C` (decoupled models: latency is to the first response, "Response Throughput" counts
-streamed responses, which may carry several tokens each; output tok/s is requests/s x max_tokens, exact
-because EOS is ignored). perf_analyzer comes from client/perf_analyzer/locate.py (downloaded on first use).
-Writes each run's CSV (`-f`) and stdout log to --out-dir and prints a JSON summary; exits 1 if any run failed.
+--concurrency-range C --measurement-mode count_windows --measurement-request-count N
+--profile-export-file FILE`. A measurement window lasts until N requests (default max(3, 2 x C)) have
+finished, however long a request takes; `--measurement-interval MS` uses fixed time windows instead, which
+fail ("No valid requests recorded within time interval") when no request finishes inside one.
+
+What is measured, per run:
+* request latency: perf_analyzer's latency, from sending a request to its last response (perf_analyzer
+  2.50 prints "using the first response for measuring latency" for a decoupled model, but measures to the
+  last one);
+* first-response latency (TTFT): computed here from perf_analyzer's profile export (each request's send
+  time and response timestamps), over the requests that finished inside its measurement windows;
+* throughput: requests/s, streamed responses/s (a response may carry several tokens), and output tok/s =
+  requests/s x max_tokens, exact because EOS is ignored.
+perf_analyzer comes from client/perf_analyzer/locate.py (downloaded on first use). Writes each run's CSV
+(`-f`), profile export and stdout log to --out-dir and prints a JSON summary; exits 1 if any run failed,
+with a hint on stderr.
 """
 
 from __future__ import annotations
@@ -32,11 +44,73 @@ _FIELDS = {
     "request_count": r"Request count: (\d+)",
     "throughput_infer_per_s": r"\n\s*Throughput: ([\d.]+) infer/sec",
     "response_throughput_per_s": r"Response Throughput: ([\d.]+) infer/sec",
-    "avg_latency_us": r"Avg latency: (\d+) usec",
-    "p50_latency_us": r"p50 latency: (\d+) usec",
-    "p99_latency_us": r"p99 latency: (\d+) usec",
+    # perf_analyzer's latency: send to the LAST response of a request (see the module docstring)
+    "request_latency_avg_us": r"Avg latency: (\d+) usec",
+    "request_latency_p50_us": r"p50 latency: (\d+) usec",
+    "request_latency_p90_us": r"p90 latency: (\d+) usec",
+    "request_latency_p99_us": r"p99 latency: (\d+) usec",
 }
 _ERRORS = re.compile(r"(error|failed|Failed|Thread \[\d+\] had error|unexpected)", re.I)
+NO_VALID_REQUESTS = "No valid requests recorded within time interval"
+
+
+def default_request_count(concurrency: int) -> int:
+    """Requests per count window: enough for each of the C streams to finish about two."""
+    return max(3, 2 * concurrency)
+
+
+def _percentile(sorted_values: list[float], p: float) -> float:
+    """perf_analyzer's rule: the value at rank round(p/100 x (n-1))."""
+    return sorted_values[int(p / 100.0 * (len(sorted_values) - 1) + 0.5)]
+
+
+def first_response_latency(profile_export: str) -> dict[str, float] | None:
+    """TTFT stats in ms (avg, p50, p90, p99, min, max, count) from a perf_analyzer profile export: each
+    request's first response timestamp minus its send timestamp, over the requests whose last response
+    falls inside the measurement windows (the ones perf_analyzer's own numbers count). None if there are
+    no such requests or no export."""
+    try:
+        with open(profile_export) as f:
+            export = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ttft = []
+    for experiment in export.get("experiments") or []:
+        bounds = experiment.get("window_boundaries") or []
+        lo, hi = (bounds[0], bounds[-1]) if len(bounds) >= 2 else (None, None)
+        for r in experiment.get("requests") or []:
+            times = r.get("response_timestamps") or []
+            if not times:
+                continue
+            if lo is not None and not lo <= times[-1] <= hi:
+                continue
+            ttft.append((times[0] - r["timestamp"]) / 1e6)
+    if not ttft:
+        return None
+    ttft.sort()
+    stats = {f"p{p}": _percentile(ttft, p) for p in (50, 90, 99)}
+    return {"avg": sum(ttft) / len(ttft), **stats, "min": ttft[0], "max": ttft[-1], "count": len(ttft)}
+
+
+def failure_hint(res: dict[str, Any], out: str, url: str) -> str:
+    """One line saying what to change when a run failed."""
+    if res["exit_code"] == "timeout":
+        return (
+            f"perf_analyzer did not finish within --timeout {res['timeout_s']:g} s: raise --timeout, or lower "
+            f"--measurement-request-count, --max-trials or --max-tokens"
+        )
+    if NO_VALID_REQUESTS in out:
+        return (
+            f"no request finished inside a {res['measurement_interval_ms']} ms measurement window: a request "
+            f"(max_tokens {res['max_tokens']}) takes longer than that here. Leave out --measurement-interval "
+            f"(count windows: each window waits until --measurement-request-count requests have finished), or "
+            f"make it several times a request's duration"
+        )
+    if re.search(r"failed to connect|connection refused|unavailable|deadline exceeded", out, re.I):
+        return f"cannot reach the server at {url}: is it up (ouro-serve), and is --url its gRPC port?"
+    if "Failed to obtain stable measurement" in out:
+        return "perf_analyzer found no stable measurement: raise --max-trials"
+    return f"see perf_analyzer's output in {res['log']}"
 
 
 def run_one(
@@ -47,12 +121,22 @@ def run_one(
     concurrency: int,
     input_file: str,
     out_dir: str,
-    measurement_ms: int,
+    measurement_ms: int | None,
     max_trials: int,
     timeout: float,
     extra: list[str],
+    measurement_request_count: int | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    csv = os.path.join(out_dir, f"{model}_c{concurrency}.csv")
+    """One perf_analyzer run. measurement_ms: fixed time windows of that length; None: count windows of
+    measurement_request_count requests (default: default_request_count(concurrency))."""
+    stem = os.path.join(out_dir, f"{model}_c{concurrency}")
+    csv, export, log = stem + ".csv", stem + ".profile_export.json", stem + ".log"
+    if measurement_ms:
+        window = ["--measurement-mode", "time_windows", "--measurement-interval", str(measurement_ms)]
+    else:
+        count = measurement_request_count or default_request_count(concurrency)
+        window = ["--measurement-mode", "count_windows", "--measurement-request-count", str(count)]
     cmd = [
         binary,
         "-m",
@@ -66,16 +150,19 @@ def run_one(
         input_file,
         "--concurrency-range",
         str(concurrency),
-        "--measurement-interval",
-        str(measurement_ms),
+        *window,
         "--max-trials",
         str(max_trials),
         "--stability-percentage",
         "999",
         "-f",
         csv,
+        "--profile-export-file",
+        export,
         *extra,
     ]
+    if os.path.exists(export):
+        os.remove(export)  # a failed run must not report an earlier run's export
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -83,25 +170,36 @@ def run_one(
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         code = "timeout"
-    with open(os.path.join(out_dir, f"{model}_c{concurrency}.log"), "w") as f:
+    with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n\n" + out)
     res: dict[str, Any] = {
         "model": model,
         "concurrency": concurrency,
         "exit_code": code,
         "seconds": round(time.monotonic() - t0, 2),
+        "measurement": (
+            {"mode": "time_windows", "interval_ms": measurement_ms}
+            if measurement_ms
+            else {"mode": "count_windows", "requests_per_window": int(window[-1])}
+        ),
+        "log": log,
+        "profile_export": export if os.path.exists(export) else None,
     }
     for key, pattern in _FIELDS.items():
         m = re.search(pattern, out)
         res[key] = float(m.group(1)) if m else None
+    res["first_response_latency_ms"] = first_response_latency(export) if res["profile_export"] else None
     error_lines = [
         ln.strip()
         for ln in out.splitlines()
-        if _ERRORS.search(ln) and "Failed to init NVML" not in ln and "error_" not in ln
+        if (_ERRORS.search(ln) or NO_VALID_REQUESTS in ln) and "Failed to init NVML" not in ln and "error_" not in ln
     ]
     res["errors"] = error_lines[:10]
     res["ok"] = code == 0 and not error_lines and (res["request_count"] or 0) > 0
     if not res["ok"]:
+        res["hint"] = failure_hint(
+            dict(res, timeout_s=timeout, measurement_interval_ms=measurement_ms, max_tokens=max_tokens), out, url
+        )
         res["output_tail"] = out[-2000:]
     return res
 
@@ -112,14 +210,16 @@ def run(
     concurrency: tuple[int, ...] = (1, 4),
     max_tokens: int = 32,
     num_prompts: int = 8,
-    measurement_ms: int = 3000,
+    measurement_ms: int | None = None,
     max_trials: int = 5,
     timeout: float = 300.0,
     out_dir: str | None = None,
     exit_threshold: float | None = None,
     extra: list[str] | None = None,
     prompts: list[str] | None = None,
+    measurement_request_count: int | None = None,
 ) -> dict[str, Any]:
+    """measurement_ms None (default): count windows; a number: time windows of that many ms."""
     binary, env = locate()
     check(binary, env)
     out_dir = out_dir or tempfile.mkdtemp(prefix="ouro-perf-")
@@ -132,13 +232,42 @@ def run(
             ensure_ascii=False,
         )
     runs = [
-        run_one(binary, env, url, m, c, input_file, out_dir, measurement_ms, max_trials, timeout, extra or [])
+        run_one(
+            binary,
+            env,
+            url,
+            m,
+            c,
+            input_file,
+            out_dir,
+            measurement_ms,
+            max_trials,
+            timeout,
+            extra or [],
+            measurement_request_count,
+            max_tokens,
+        )
         for m in models
         for c in concurrency
     ]
     for r in runs:  # EOS is ignored, so every request makes exactly max_tokens tokens
         r["output_tok_s"] = r["throughput_infer_per_s"] * max_tokens if r["throughput_infer_per_s"] else None
     return {"perf_analyzer": binary, "out_dir": out_dir, "ok": all(r["ok"] for r in runs), "runs": runs}
+
+
+def format_run(r: dict[str, Any]) -> str:
+    def ms(us):
+        return "-" if us is None else f"{us / 1e3:.1f}"
+
+    ttft = r.get("first_response_latency_ms") or {}
+    first = "-" if not ttft else f"{ttft['p50']:.1f}"
+    return (
+        f"{r['model']:<14} c={r['concurrency']:<3} {'ok ' if r['ok'] else 'FAIL'} "
+        f"{r['throughput_infer_per_s'] or 0:8.2f} req/s {r['output_tok_s'] or 0:9.1f} output tok/s "
+        f"{r['response_throughput_per_s'] or 0:9.1f} resp/s  "
+        f"request latency (send to last response) avg {ms(r['request_latency_avg_us'])} ms "
+        f"p50 {ms(r['request_latency_p50_us'])} ms  first response (TTFT) p50 {first} ms"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,13 +278,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--exit-threshold", type=float, default=None)
-    p.add_argument("--measurement-interval", type=int, default=3000, help="ms per measurement window")
+    p.add_argument(
+        "--measurement-request-count",
+        type=int,
+        default=None,
+        help="count windows (the default): a window lasts until this many requests have finished "
+        "(default: max(3, 2 x concurrency))",
+    )
+    p.add_argument(
+        "--measurement-interval",
+        type=int,
+        default=None,
+        help="time windows of this many ms instead of count windows; a window in which no request "
+        "finishes fails the run, so make it several times a request's duration",
+    )
     p.add_argument("--max-trials", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per perf_analyzer run")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
     p.add_argument("extra", nargs="*", help="extra perf_analyzer arguments (after --)")
     args = p.parse_args(argv)
+    if args.measurement_interval is not None and args.measurement_request_count is not None:
+        p.error("--measurement-interval (time windows) excludes --measurement-request-count (count windows)")
     try:
         report = run(
             args.url,
@@ -170,18 +314,20 @@ def main(argv: list[str] | None = None) -> int:
             args.exit_threshold,
             args.extra,
             args.prompt,
+            args.measurement_request_count,
         )
     except PerfAnalyzerUnavailable as e:
         print(f"perf_analyzer unavailable: {e}", file=sys.stderr)
         return 2
     for r in report["runs"]:
-        print(
-            f"{r['model']:<14} c={r['concurrency']:<3} {'ok ' if r['ok'] else 'FAIL'} "
-            f"{r['throughput_infer_per_s'] or 0:8.2f} req/s {r['output_tok_s'] or 0:9.1f} output tok/s "
-            f"{r['response_throughput_per_s'] or 0:9.1f} resp/s "
-            f"first-response latency avg {(r['avg_latency_us'] or 0) / 1e3:8.1f} ms",
-            file=sys.stderr,
-        )
+        print(format_run(r), file=sys.stderr)
+    for r in report["runs"]:
+        if not r["ok"]:
+            print(
+                f"run_perf: {r['model']} c={r['concurrency']} failed (exit {r['exit_code']}): {r['hint']}\n"
+                f"  perf_analyzer said: {'; '.join(r['errors'][-2:]) or '-'}\n  log: {r['log']}",
+                file=sys.stderr,
+            )
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
 
