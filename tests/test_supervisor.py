@@ -4,8 +4,11 @@ One supervised server for the first three tests (entrypoints/supervisor.py, in a
 key and `private_shm="off"`: its shared-memory regions are in this host's /dev/shm, chmod 0600 by the
 launcher), in order: a 4.5 MB form POST crashes tritonserver (Triton 2.51's SIGSEGV) and the supervisor
 serves again; a killed `ouro` stub drops its clients and the server is restarted; a second local user can
-neither read the regions nor use the shared-memory API without the key. The last test runs `ouro-serve`
-itself (a private /dev/shm in a mount namespace where it can make one) and stops it with SIGTERM.
+neither read the regions nor use the shared-memory API without the key; a second `ouro-serve` on the same
+ports fails at once with a message naming the port and leaves nothing behind, and a server that loses the
+race for a port (the check skipped) is never taken for ready. Then `ouro-serve` itself (a private /dev/shm
+in a mount namespace where it can make one), stopped with SIGTERM, and killed with SIGKILL (its tritonserver
+goes too, and removes the engine's files).
 
 The 60 s / 10 s / 15 s bounds are the requirements under test, not measurements of speed.
 """
@@ -40,7 +43,9 @@ from ouro_backend.entrypoints.tritonserver import (
     TritonServer,
     find_tritonserver,
     free_port,
+    parent_death_wrapper,
 )
+from ouro_backend.serving.engine_auth import private_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)
@@ -279,13 +284,8 @@ def test_second_local_user_cannot_read_shm_or_use_admin_apis(supervised):
         shm.destroy_shared_memory_region(region)
 
 
-def test_sigterm_stops_ouro_serve_cleanly(toy_path, tmp_path):
-    """`ouro-serve` with defaults (a private /dev/shm where possible, a random admin key in a private file):
-    both models serve; a SIGTERM stops it within 15 s, exit code 0, with no file or process left."""
-    _tritonserver_or_skip()
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k != "OURO_ADMIN_KEY"}
-    cmd = [
+def ouro_serve_cmd(toy_path: str, log: str, http: int, grpc: int, metrics: int, *extra: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "ouro_backend.entrypoints.serve",
@@ -306,8 +306,89 @@ def test_sigterm_stops_ouro_serve_cleanly(toy_path, tmp_path):
         "--engine-arg",
         "dtype=float32",
         "--log-file",
-        str(tmp_path / "log"),
+        log,
+        *extra,
     ]
+
+
+def socket_dir_files() -> set[str]:
+    return set(os.listdir(private_dir()))
+
+
+@pytest.mark.parametrize("busy", ["http", "grpc"])
+def test_second_ouro_serve_on_busy_ports_fails_fast_and_leaves_nothing(supervised, toy_path, tmp_path, busy):
+    """`ouro-serve` on a port the supervised server listens on: exit code 1 within seconds, before any
+    tritonserver starts, with a message naming the port, its option and the server that holds it; never
+    "ready" (the first server's answer is not its own); nothing new in the engine sockets' directory (its
+    admin key file removed) and no log written."""
+    server = supervised.server
+    assert supervised.ready.is_set()
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    ports[busy] = server.http_port if busy == "http" else server.grpc_port
+    before = socket_dir_files()
+    log = tmp_path / "second.log"
+    env = {k: v for k, v in os.environ.items() if k != "OURO_ADMIN_KEY"}  # so it writes an admin key file
+    started = time.monotonic()
+    r = subprocess.run(
+        ouro_serve_cmd(toy_path, str(log), ports["http"], ports["grpc"], ports["metrics"]),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - started
+    out = r.stdout + r.stderr
+    name, option = {"http": ("HTTP", "--http-port"), "grpc": ("gRPC", "--grpc-port")}[busy]
+    assert r.returncode == 1, out
+    assert (
+        f"ouro-serve: {name} port {ports[busy]} ({option}) on 127.0.0.1 is already in use by pid {server.pid} "
+        f"(tritonserver)" in r.stderr
+    ), out
+    assert "ouro-serve: ready" not in out and "exited with" not in out, out
+    assert took < 30, f"{took:.1f} s to refuse a busy port"
+    assert socket_dir_files() <= before, socket_dir_files() - before
+    assert not log.exists(), "a tritonserver was started"
+    assert served(server.grpc_url)  # the first server is untouched
+
+
+def test_a_server_that_loses_a_port_is_never_taken_for_ready(supervised, toy_path, monkeypatch):
+    """The port check skipped, as when another process takes the port between the check and tritonserver's
+    bind: the new server's readiness never counts the running server's answers on that port (is_ready is
+    False even while that one says 200), the Supervisor ends the start at once, naming the port and its
+    holder, and the loser's process group and files are gone."""
+    first = supervised.server
+    second = TritonServer(
+        model=toy_path,
+        engine_args=ENGINE_ARGS,
+        address="127.0.0.1",
+        http_port=first.http_port,  # first's HTTP port answers 200 for /v2/health/ready
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        private_shm="off",
+    )
+    assert first.is_ready() and not second.is_ready(), "another server's answer is not this one's readiness"
+    with pytest.raises(ServerError, match=f"HTTP port {first.http_port} .* already in use by pid {first.pid}"):
+        second.check_ports()
+    monkeypatch.setattr(second, "check_ports", lambda: None)  # lose the race: start anyway
+    said: list[str] = []
+    ready: list = []
+    sup = Supervisor(second, ready_timeout=240, on_ready=ready.append, log=said.append)
+    started = time.monotonic()
+    code = sup.run()
+    took = time.monotonic() - started
+    assert code == 1 and not ready, said
+    assert f"HTTP port {first.http_port} (--http-port) on 127.0.0.1 is already in use by pid {first.pid}" in said[0]
+    assert took < 15, f"{took:.1f} s: the conflict should end the start long before the models are loaded"
+    assert second.proc is None and second.stale_files() == [] and not group_alive(second.pid)
+    assert served(first.grpc_url)
+
+
+def start_ouro_serve(toy_path, tmp_path) -> tuple[subprocess.Popen, list[str], int]:
+    """`ouro-serve` with defaults (a random admin key in a private file) on free ports, once ready: (its
+    process, its output so far, which grows, tritonserver's pid)."""
+    env = {k: v for k, v in os.environ.items() if k != "OURO_ADMIN_KEY"}
+    cmd = ouro_serve_cmd(toy_path, str(tmp_path / "log"), free_port(), free_port(), free_port())
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
     output: list[str] = []
@@ -329,9 +410,34 @@ def test_sigterm_stops_ouro_serve_cleanly(toy_path, tmp_path):
             ready = re.search(r"ouro-serve: ready \(tritonserver pid (\d+)", line)
         assert ready, "".join(output) + (tmp_path / "log").read_text(errors="replace")[-4000:]
         time.sleep(0.5)  # the banner's remaining lines
+    except BaseException:
+        stop_ouro_serve(proc)
+        raise
+    return proc, output, int(ready.group(1))
+
+
+def stop_ouro_serve(proc: subprocess.Popen) -> None:
+    """What a test's cleanup does to an ouro-serve still running: SIGTERM (it stops its server and removes
+    its files), SIGKILL only if that does not end it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_sigterm_stops_ouro_serve_cleanly(toy_path, tmp_path):
+    """`ouro-serve` with defaults (a private /dev/shm where possible, a random admin key in a private file):
+    both models serve; a SIGTERM stops it within 15 s, exit code 0, with no file or process left."""
+    _tritonserver_or_skip()
+    proc, output, server_pid = start_ouro_serve(toy_path, tmp_path)
+    try:
         text = "".join(output)
-        server_pid = int(ready.group(1))
+        grpc = re.search(r"gRPC +(\S+)", text).group(1)
         key_file = re.search(r"the key in (\S+)", text).group(1)
+        assert os.path.dirname(key_file) == private_dir()
         assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
         key = open(key_file).read().strip()
         assert len(key) >= 32 and key not in text
@@ -348,9 +454,9 @@ def test_sigterm_stops_ouro_serve_cleanly(toy_path, tmp_path):
             else:
                 assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o600
         for model in ("ouro", "ouro_ensemble"):
-            r = generate(f"127.0.0.1:{grpc}", model, PROMPT, SHORT, timeout=60)
+            r = generate(grpc, model, PROMPT, SHORT, timeout=60)
             assert r.error is None and r.num_tokens == 8, (model, r.error)
-        engine_files = glob.glob(f"/tmp/ouro-triton-{os.getuid()}/engine-{server_pid}-*")
+        engine_files = glob.glob(os.path.join(private_dir(), f"engine-{server_pid}-*"))
         assert engine_files
 
         stopping = time.monotonic()
@@ -361,14 +467,37 @@ def test_sigterm_stops_ouro_serve_cleanly(toy_path, tmp_path):
         assert code == 0, "".join(output)
         assert took < 15, f"ouro-serve took {took:.1f} s to stop"
         assert [p for p in engine_files if os.path.exists(p)] == []
-        assert glob.glob(f"/tmp/ouro-triton-{os.getuid()}/engine-{server_pid}-*") == []
+        assert glob.glob(os.path.join(private_dir(), f"engine-{server_pid}-*")) == []
         assert [n for n in regions.values() if os.path.exists(f"/dev/shm/{n}")] == []
         assert not os.path.exists(key_file)
         assert not group_alive(server_pid)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        stop_ouro_serve(proc)
+
+
+def test_sigkill_of_ouro_serve_takes_its_server_and_the_engine_files_with_it(toy_path, tmp_path):
+    """`ouro-serve` killed with SIGKILL cannot clean up: its tritonserver (parent-death signal SIGTERM) shuts
+    down gracefully by itself, its engine sockets, keys and manifest are removed, and no process of its
+    group is left. Only ouro-serve's own admin key file stays (nothing is left to remove it)."""
+    _tritonserver_or_skip()
+    if not parent_death_wrapper():
+        pytest.skip("no util-linux setpriv with --pdeathsig")
+    proc, output, server_pid = start_ouro_serve(toy_path, tmp_path)
+    key_file = re.search(r"the key in (\S+)", "".join(output))
+    try:
+        assert key_file, "".join(output)
+        engine_files = glob.glob(os.path.join(private_dir(), f"engine-{server_pid}-*"))
+        assert engine_files
+        proc.kill()
+        proc.wait(10)
+        assert wait_for(lambda: not group_alive(server_pid), timeout=60), "tritonserver outlived ouro-serve"
+        assert glob.glob(os.path.join(private_dir(), f"engine-{server_pid}-*")) == []
+        log = (tmp_path / "log").read_text(errors="replace")
+        assert "successfully unloaded 'ouro_engine'" in log, log[-3000:]  # Triton's graceful shutdown
+    finally:
+        stop_ouro_serve(proc)
+        if key_file and os.path.exists(key_file.group(1)):
+            os.unlink(key_file.group(1))
 
 
 def test_restricted_api_options_and_a_users_own(toy_path):

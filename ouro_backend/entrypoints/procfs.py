@@ -1,10 +1,12 @@
 """What ouro-serve reads about processes from /proc: a process's state and command line, the members of a
-process group, and the Python backend stubs of a tritonserver. Linux only; a process that is gone (or
-not readable) reads as None or is left out."""
+process group, the Python backend stubs of a tritonserver, and who listens on a TCP port. Linux only; a
+process that is gone (or not readable) reads as None or is left out."""
 
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 STUB = "triton_python_backend_stub"  # the Python backend stub's executable name
@@ -55,3 +57,85 @@ def child_stubs(server_pid: int) -> dict[int, tuple[int, str]]:
             parts = Path(argv[1].decode(errors="replace")).parts if len(argv) > 1 else ()
             out[entry] = (st[2], parts[-3] if len(parts) >= 3 else "?")
     return out
+
+
+# ------------------------------------------------------------------------------------------ TCP listeners
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def _address(hex_addr: str) -> str:
+    """An address of /proc/net/tcp{,6} (32-bit words in host order, little-endian here) as text; an IPv4
+    address mapped into IPv6 (::ffff:a.b.c.d) as the IPv4 one."""
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    text = socket.inet_ntop(socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
+    return text[7:] if text.startswith("::ffff:") and "." in text else text
+
+
+def tcp_listeners(ports: Iterable[int]) -> dict[int, list[tuple[str, int]]] | None:
+    """{port: [(local address, socket inode), ...]} of the listening TCP sockets on `ports` in this network
+    namespace (IPv4 and IPv6), from /proc/net/tcp and tcp6; None where neither can be read."""
+    found: dict[int, list[tuple[str, int]]] = {port: [] for port in ports}
+    read = False
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/net/{name}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        read = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
+                continue
+            addr, _, hex_port = fields[1].partition(":")
+            port = int(hex_port, 16)
+            if port in found:
+                found[port].append((_address(addr), int(fields[9])))
+    return found if read else None
+
+
+def addresses_overlap(a: str, b: str) -> bool:
+    """Whether listening on `a` and on `b` (same port) conflict: the same address, or either is a wildcard."""
+    return a == b or a in WILDCARDS or b in WILDCARDS
+
+
+def socket_inodes(pid: int) -> set[int] | None:
+    """The inodes of the sockets process `pid` has open (its /proc/<pid>/fd), or None if they cannot be
+    read (it is gone, or another user's)."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    out = set()
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def socket_owner(inode: int) -> int | None:
+    """A process that holds the socket with `inode` open, among those this user may inspect; None if none is."""
+    for pid in _pids():
+        inodes = socket_inodes(pid)
+        if inodes and inode in inodes:
+            return pid
+    return None
+
+
+def describe_process(pid: int) -> str:
+    """`pid 123 (tritonserver)` or, for a Python program, `pid 123 (python -m ouro_backend...)`: what `ps`
+    would name it by."""
+    argv = process_argv(pid) or []
+    words = [a.decode(errors="replace") for a in argv if a]
+    if not words:
+        return f"pid {pid}"
+    name = os.path.basename(words[0])
+    if name.startswith("python") and len(words) > 1:
+        name = " ".join([name] + words[1:3]).splitlines()[0][:80]
+    return f"pid {pid} ({name})"

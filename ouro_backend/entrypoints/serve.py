@@ -51,9 +51,16 @@ The checkpoint reaches the models through $OURO_MODEL_PATH (`--model`; default: 
 with the package) and extra engine options through $OURO_ENGINE_ARGS (`--engine-arg`), which override
 the `parameters` of ouro_engine/config.pbtxt. Engine args are validated before the server starts.
 
+Ports: a port that another process listens on (say a second ouro-serve on the same ports) fails the start
+at once, exit code 1, with a message naming the port and the process; readiness counts only the answers of
+this ouro-serve's own tritonserver. GPU engines turn on Triton's GPU metrics (nv_gpu_*).
+
 The server's output goes to a log file (printed at start; its tail is printed if the server fails; every
-restart appends to it). Ctrl-C / SIGTERM stop the server: Triton's graceful shutdown, killed after
---stop-grace seconds (10; a second Ctrl-C kills at once); exit code 0.
+restart appends to it). Ctrl-C / SIGTERM / SIGHUP stop the server: Triton's graceful shutdown, killed after
+--stop-grace seconds (10; a second Ctrl-C kills at once); exit code 0. Every exit removes what this
+ouro-serve and its servers left in the engine sockets' directory (engine sockets, keys, manifests, the admin
+key file); if ouro-serve itself is killed (SIGKILL), tritonserver gets SIGTERM (where util-linux's setpriv
+is found) and its graceful shutdown removes the engine's files.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..serving.engine_auth import private_dir
@@ -82,7 +89,25 @@ from .tritonserver import (
 )
 
 ADMIN_KEY_ENV = "OURO_ADMIN_KEY"
+MODEL_ENV = "OURO_MODEL_PATH"
 DEFAULT_REPOSITORY = default_repository()
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: the terminal went away
+
+
+def resolve_model(arg: str | None, environ: Mapping[str, str] = os.environ) -> tuple[str, bool]:
+    """(checkpoint directory to serve, whether it is the demo model): `--model`, else $OURO_MODEL_PATH, else
+    the demo model shipped inside the package. ServerError when the one given is no directory."""
+    model = arg or environ.get(MODEL_ENV) or None
+    if model:
+        if not Path(model).expanduser().is_dir():
+            raise ServerError(f"{'--model' if arg else '$' + MODEL_ENV} {model}: no such directory")
+        return model, False
+    from ..models import default_model
+
+    try:
+        return default_model(), True
+    except FileNotFoundError as e:
+        raise ServerError(str(e)) from None
 
 
 def parse_engine_args(items: Sequence[str]) -> dict[str, str]:
@@ -187,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
 
+    for signum in STOP_SIGNALS:  # until the supervisor takes them over (_serve)
+        signal.signal(signum, _exit_on_signal)
     key_file = None
     try:
         engine_args = parse_engine_args(args.engine_arg)
@@ -210,10 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        model = args.model or os.environ.get("OURO_MODEL_PATH")
-        if model and not Path(model).expanduser().is_dir():
-            print(f"ouro-serve: --model {model}: no such directory", file=sys.stderr)
-            return 2
+        model, demo = resolve_model(args.model)
         admin_key, admin = None, "open to all (--no-restrict-apis)"
         if not args.no_restrict_apis:
             admin_key = args.admin_key or os.environ.get(ADMIN_KEY_ENV) or None
@@ -225,10 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 key_file = write_admin_key(admin_key)
                 admin = f"the key in {key_file}"
             admin = f"need header {ADMIN_HEADER}: {admin}"
-        if not model:
-            from ..models import default_model
-
-            model = default_model()
+        if demo:
             print(f"ouro-serve: no --model given: serving the demo model {model}", flush=True)
         server = TritonServer(
             model=model,
@@ -244,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             devices=args.devices,
             admin_key=admin_key,
             private_shm=args.private_shm,
+            gpu_metrics=any(d != "cpu" for d in devices),
         )
         cmd, _ = server.command()
     except ServerError as e:
@@ -251,6 +273,24 @@ def main(argv: list[str] | None = None) -> int:
         if key_file:
             remove_own(key_file)
         return 2
+    except BaseException:
+        if key_file:
+            remove_own(key_file)
+        raise
+    try:
+        return _serve(args, server, cmd, devices, admin)
+    finally:  # every way out, an exception included (the supervisor has removed the servers' files)
+        if key_file:
+            remove_own(key_file)
+
+
+def _exit_on_signal(signum, frame):
+    """A stop signal before the supervisor runs: leave through main()'s cleanup (exit code 128 + signal)."""
+    raise SystemExit(128 + signum)
+
+
+def _serve(args: argparse.Namespace, server: TritonServer, cmd: list[str], devices: list[str], admin: str) -> int:
+    """Run `server` under a Supervisor until a stop signal; ouro-serve's exit code."""
 
     def on_ready(sup: Supervisor) -> None:
         if sup.restarts:
@@ -294,8 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum, frame):
         supervisor.request_stop(signal.Signals(signum).name)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_signal)
+    try:  # a port in use fails before anything starts (the supervisor's starts check again)
+        server.check_ports()
+    except ServerError as e:
+        print(f"ouro-serve: {e}", file=sys.stderr, flush=True)
+        return 1
     gpus = visible_gpus()
     where = ", ".join(d if d == "cpu" else f"{d} (GPU {gpus[int(d[5:])]})" for d in devices)
     print(
@@ -304,11 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         + (" (every visible GPU; --devices to choose)" if args.devices == "auto" and devices != ["cpu"] else ""),
         flush=True,
     )
-    try:
-        code = supervisor.run()
-    finally:
-        if key_file:
-            remove_own(key_file)
+    code = supervisor.run()
     if code == 0:
         print(f"ouro-serve: stopped; log {server.log_file}", flush=True)
     return code

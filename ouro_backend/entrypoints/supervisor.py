@@ -11,6 +11,11 @@ within `stable_s` (60 s) of being ready. A start that does not reach readiness c
 configuration is the problem. Each server gets the restart count
 in $OURO_SERVER_RESTARTS (published as `ouro_server_restarts_total`). Stubs are watched only without
 model control (`--model-control-mode` none), where a stub that goes away was not unloaded.
+
+Readiness is this server's only: a port that another process listens on fails the start at once
+(TritonServer.check_ports before it, port_conflict while it loads), and /v2/health/ready counts only when
+this tritonserver holds the HTTP port (TritonServer.is_ready), so a second ouro-serve started on ports in
+use says so and exits 1 instead of taking the first server's answers for its own.
 """
 
 from __future__ import annotations
@@ -91,6 +96,9 @@ class Supervisor:
         while not self._stop.is_set():
             if proc.poll() is not None:
                 return f"tritonserver exited with {_describe_exit(proc.returncode)} before it was ready"
+            conflict = self.server.port_conflict()
+            if conflict is not None:  # it cannot open that port: it would load its models, then exit
+                return conflict
             if self.server.is_ready():
                 self.server.mark_ready()
                 return None

@@ -6,10 +6,18 @@ gets the checkpoint in $OURO_MODEL_PATH, the engine options in $OURO_ENGINE_ARGS
 $OURO_ENGINE_DEVICES; with an admin key, Triton's shared-memory, repository, logging and trace APIs need
 the header `ouro-admin-key`. It runs in a process group of its own with umask 077, and its shared-memory
 regions are kept private (private_shm). Keeping it serving: supervisor.Supervisor.
+
+Its ports: start() refuses a port that another process listens on (a second server on the same ports),
+naming the port and, where /proc tells, the process; and readiness counts only when the answer comes from
+this server's own tritonserver (alive, holding the HTTP port), never from another server on its port. Where
+util-linux's `setpriv` is found, tritonserver gets SIGTERM (Triton's graceful shutdown, which removes the
+engine sockets, keys and manifest) when the process that started it dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import glob
 import json
 import os
@@ -31,7 +39,15 @@ from pathlib import Path
 
 from ..serving.options import DEVICES_ENV
 from .private_shm import PRIVATE_SHM_MODES, SHM_DIR, ShmGuard, private_shm_wrapper
-from .procfs import child_stubs, group_members
+from .procfs import (
+    addresses_overlap,
+    child_stubs,
+    describe_process,
+    group_members,
+    socket_inodes,
+    socket_owner,
+    tcp_listeners,
+)
 
 ROOT = Path(__file__).resolve().parents[2]  # the source checkout (or site-packages) holding ouro_backend/
 REPOSITORY_ENV = "OURO_MODEL_REPOSITORY"
@@ -123,6 +139,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def bind_error(host: str, port: int) -> OSError | None:
+    """What binding a listening socket to `host`:`port` fails with (SO_REUSEADDR set, as tritonserver's
+    endpoints bind theirs: a port that only has connections in TIME_WAIT is free), or None if it is free."""
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError):
+        return None  # tritonserver says what is wrong with the address
+    family, kind, proto, _, address = info
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as e:
+            return e
+    return None
+
+
+def numeric_address(host: str) -> str:
+    """`host` as the address a socket bound to it reports (localhost -> 127.0.0.1); itself if it does not
+    resolve."""
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][4][0]
+    except (socket.gaierror, UnicodeError):
+        return host
+
+
+@functools.cache
+def parent_death_wrapper() -> tuple[str, ...]:
+    """argv prefix that gives the command SIGTERM when the thread that started it dies, even by SIGKILL
+    (util-linux setpriv --pdeathsig; it survives the execs of the private-shm wrapper); () without setpriv."""
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        return ()
+    try:
+        probe = subprocess.run([setpriv, "--pdeathsig", "TERM", "--", "true"], capture_output=True, timeout=10)
+        ok = probe.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return (setpriv, "--pdeathsig", "TERM", "--") if ok else ()
+
+
 def check_admin_key(key: str) -> str:
     """The key goes into tritonserver's `<apis>:<header>=<key>` option: letters, digits and `._~+/-` only."""
     if not re.fullmatch(r"[A-Za-z0-9._~+/-]+", key or ""):
@@ -158,7 +215,13 @@ class TritonServer:
     group (the stubs and engine processes too) and clean up. `admin_key`: keep Triton's shared-memory,
     repository, logging and trace APIs behind the header `ouro-admin-key` (None: open, tritonserver's
     default). `private_shm`: auto, on or off (entrypoints/private_shm.py); `shm_private` says what the last start got
-    ("namespace" or "chmod") and `shm_why` why not the namespace."""
+    ("namespace" or "chmod") and `shm_why` why not the namespace. `gpu_metrics`: Triton's nv_gpu_* metrics
+    (utilization, memory, power; off for a CPU server, which has none).
+
+    start() fails at once (ServerError) on a port that another process listens on; wait_ready() and is_ready()
+    count only answers of this server's own tritonserver (see port_conflict). The server gets SIGTERM when the
+    thread that called start() dies (parent_death_wrapper): call it from a thread that lives as long as the
+    server (ouro-serve: its main thread; a Supervisor: the thread that runs it)."""
 
     def __init__(
         self,
@@ -176,6 +239,7 @@ class TritonServer:
         devices: str | None = None,
         admin_key: str | None = None,
         private_shm: str = "auto",
+        gpu_metrics: bool = False,
     ):
         if private_shm not in PRIVATE_SHM_MODES:
             raise ServerError(f"private_shm={private_shm!r}: expected one of {', '.join(PRIVATE_SHM_MODES)}")
@@ -195,6 +259,7 @@ class TritonServer:
         self.log_verbose = log_verbose
         self.admin_key = check_admin_key(admin_key) if admin_key is not None else None
         self.private_shm = private_shm
+        self.gpu_metrics = gpu_metrics
         self.shm_private: str | None = None
         self.shm_why = ""
         self.shm_prefix, self._own_shm_prefix = self._new_shm_prefix()
@@ -246,7 +311,7 @@ class TritonServer:
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
-            "--allow-gpu-metrics=false",
+            f"--allow-gpu-metrics={'true' if self.gpu_metrics else 'false'}",
         ]
         if self.address:
             cmd += [
@@ -282,7 +347,97 @@ class TritonServer:
         env.update(self.extra_env)
         return cmd, env
 
+    # ------------------------------------------------------------------------------------------ ports
+    def endpoints(self) -> list[tuple[str, str, int]]:
+        """(name, option, port) of each endpoint tritonserver will listen on and alone (not turned off by an
+        extra --allow-http/grpc/metrics=false, nor shared on purpose through --reuse-http/grpc-port)."""
+        out = []
+        for name, key, port in [
+            ("HTTP", "http", self.http_port),
+            ("gRPC", "grpc", self.grpc_port),
+            ("metrics", "metrics", self.metrics_port),
+        ]:
+            if (self.user_arg(f"--allow-{key}") or "true").lower() in ("false", "0", "off", "no"):
+                continue
+            if (self.user_arg(f"--reuse-{key}-port") or "false").lower() in ("true", "1", "on", "yes"):
+                continue
+            out.append((name, f"--{key}-port", port))
+        return out
+
+    @property
+    def bind_address(self) -> str:
+        return self.address or "0.0.0.0"  # tritonserver's default for all three
+
+    def check_ports(self) -> None:
+        """ServerError, naming the port and (where /proc tells) the process, if tritonserver could not listen
+        on one of its ports: another process listens there (a second server started on ports in use would
+        otherwise load its models and die once it opens its endpoints), or two endpoints share one port."""
+        seen: dict[int, str] = {}
+        for _, option, port in self.endpoints():
+            if port in seen:
+                raise ServerError(f"{option} {port}: the same port as {seen[port]}; give each endpoint its own port")
+            seen[port] = option
+        for name, option, port in self.endpoints():
+            if port == 0:
+                continue
+            error = bind_error(self.bind_address, port)
+            if error is None:
+                continue
+            if error.errno == errno.EADDRINUSE:
+                raise ServerError(self._port_in_use(name, option, port))
+            raise ServerError(f"cannot listen on {name} port {port} ({option}) on {self.bind_address}: {error}")
+
+    def _port_in_use(self, name: str, option: str, port: int, inode: int | None = None) -> str:
+        if inode is None:
+            listeners = (tcp_listeners([port]) or {}).get(port, [])
+            mine = numeric_address(self.bind_address)
+            inode = next((i for addr, i in listeners if addresses_overlap(addr, mine)), None)
+        holder = socket_owner(inode) if inode is not None else None
+        by = f" by {describe_process(holder)}" if holder is not None else " by another process"
+        return (
+            f"{name} port {port} ({option}) on {self.bind_address} is already in use{by}: is another server "
+            f"(a second ouro-serve?) running on these ports? Stop it, or choose free ports"
+        )
+
+    def port_conflict(self) -> str | None:
+        """Why the started server cannot be the one answering on its ports: a process other than its
+        tritonserver listens on one of them (bound there after check_ports, or on the HTTP port a server that
+        is still loading has not opened yet). None when no other one does, or /proc cannot tell."""
+        proc = self.proc
+        if proc is None:
+            return None
+        ports = self.endpoints()
+        listeners = tcp_listeners([port for _, _, port in ports])
+        if not listeners:
+            return None
+        mine = numeric_address(self.bind_address)
+        own: set[int] | None = None
+        for name, option, port in ports:
+            for addr, inode in listeners[port]:
+                if not addresses_overlap(addr, mine):
+                    continue
+                if own is None:
+                    own = socket_inodes(proc.pid)
+                    if own is None:  # gone, or not readable: cannot tell
+                        return None
+                if inode not in own:
+                    return self._port_in_use(name, option, port, inode)
+        return None
+
+    def _holds_http_port(self) -> bool:
+        """Whether this server's tritonserver holds the listening socket of its HTTP port (True where /proc
+        cannot tell)."""
+        proc = self.proc
+        if proc is None:
+            return False
+        listeners = tcp_listeners([self.http_port])
+        if listeners is None:
+            return True
+        own = socket_inodes(proc.pid)
+        return own is None or any(inode in own for _, inode in listeners[self.http_port])
+
     def start(self, wait: bool = True, timeout: float = 300.0) -> TritonServer:
+        self.check_ports()
         self.shm_prefix, self._own_shm_prefix = self._new_shm_prefix()
         cmd, env = self.command()
         wrapper, self.shm_why = (None, "--private-shm off") if self.private_shm == "off" else private_shm_wrapper()
@@ -292,7 +447,7 @@ class TritonServer:
         self._tmpdir = _env_tmpdir(env)
         self._log_handle = open(self.log_file, "ab")
         self.proc = subprocess.Popen(
-            list(wrapper or ()) + cmd,
+            list(parent_death_wrapper()) + list(wrapper or ()) + cmd,
             stdout=self._log_handle,
             stderr=subprocess.STDOUT,
             env=env,
@@ -300,7 +455,7 @@ class TritonServer:
             start_new_session=True,
             umask=0o077,
         )
-        self.pid = self.proc.pid  # tritonserver's own: the wrapper execs it
+        self.pid = self.proc.pid  # tritonserver's own: the wrappers exec it
         if wrapper is None:
             self._guard = ShmGuard(self.shm_prefix)
             self._guard.start()
@@ -314,11 +469,19 @@ class TritonServer:
             self._guard.relax()
 
     def is_ready(self) -> bool:
+        """/v2/health/ready answers 200, and the answer is this server's: its tritonserver is alive and holds
+        the HTTP port (another server on that port, say the first of two started on the same ports, would
+        answer for it otherwise)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return False
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
+                if r.status != 200:
+                    return False
         except (urllib.error.URLError, OSError, ValueError):
             return False
+        return self._holds_http_port() and proc.poll() is None
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -328,6 +491,9 @@ class TritonServer:
                     f"tritonserver exited with code {self.proc.returncode} before it was ready; "
                     f"log {self.log_file}:\n{self.log_tail()}"
                 )
+            conflict = self.port_conflict()
+            if conflict is not None:
+                raise ServerError(conflict)
             if self.is_ready():
                 self.mark_ready()
                 return
