@@ -5,8 +5,10 @@ field fails the test, so that a new one gets implemented here rather than ignore
 and the model-loader pod, is validated against the Kubernetes OpenAPI schema shipped inside the PyPI
 package kubernetes-validate, in strict mode (unknown fields are errors), with sockets blocked. Then the
 facts this project depends on: ouro-serve's arguments (parsed by ouro-serve's own argument parser) and
-ports, probes, the GPU limit, the model volume, the security context, the Prometheus annotations, the HPA
-and the prometheus-adapter rule for ouro_num_requests_waiting.
+ports, probes, the GPU limit, the model volume, the security context, the Prometheus annotations, the HPA,
+the PodDisruptionBudget and the prometheus-adapter rule for ouro_num_requests_waiting. The PodMonitor
+(a Prometheus Operator CRD, which kubernetes-validate has no schema for) is checked against the fields of
+the operator's CRD that it may use, and against the pods and port it must scrape.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 BASE = K8S / "base"
 EXTRA_MANIFESTS = [K8S / "model-loader.yaml"]  # validated, not part of the kustomization
+PODMONITOR = K8S / "podmonitor.yaml"  # a CRD of the Prometheus Operator: not part of the kustomization
 KUBE_VERSION = "1.30"  # a version kubernetes-validate ships (1.25 ... 1.37 in 1.37.0)
 HPA_METRIC = "ouro_num_requests_waiting"
 MODEL_MOUNT = "/models"
@@ -224,7 +227,16 @@ def validate(monkeypatch):
 
 def test_kustomization_renders(rendered):
     kinds = sorted(o["kind"] for o in rendered)
-    assert kinds == sorted(["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim", "Service"])
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "Deployment",
+            "HorizontalPodAutoscaler",
+            "PersistentVolumeClaim",
+            "PodDisruptionBudget",
+            "Service",
+        ]
+    )
     keys = [(o["kind"], o["metadata"]["name"]) for o in rendered]
     assert len(keys) == len(set(keys)), f"duplicate objects: {keys}"
     for o in rendered:  # the namespace is the user's choice (kubectl -n, or an overlay's `namespace:`)
@@ -423,8 +435,95 @@ def test_prometheus_adapter_rules_serve_the_hpa_metric(rendered):
     assert served == [HPA_METRIC]
 
 
+def test_pod_disruption_budget_guards_the_serving_pods_without_blocking_drains(rendered, deployment):
+    """A drain evicts one serving pod at a time, and neither a single replica nor a pod that is not Ready
+    (still loading, crash-looping) can block it for good."""
+    pdb = only(rendered, "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    spec = pdb["spec"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"] == deployment["spec"]["selector"], "the budget must cover exactly the Deployment's pods"
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    assert ("minAvailable" in spec) != ("maxUnavailable" in spec)
+    hpa = only(rendered, "HorizontalPodAutoscaler")
+    min_replicas = hpa["spec"].get("minReplicas", 1)
+    if "maxUnavailable" in spec:
+        assert spec["maxUnavailable"] == 1, "one serving pod at a time"
+    else:  # a minAvailable as large as the smallest replica count never lets a drain through
+        assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] < min_replicas, spec
+    assert spec.get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
+
+
+# The fields of the Prometheus Operator's PodMonitor CRD (monitoring.coreos.com/v1, operator 0.7x-0.9x)
+# that a PodMonitor here may use: what kubernetes-validate cannot check for a custom resource.
+PODMONITOR_SPEC_FIELDS = {
+    "selector",
+    "podMetricsEndpoints",
+    "namespaceSelector",
+    "jobLabel",
+    "podTargetLabels",
+    "sampleLimit",
+    "targetLimit",
+    "labelLimit",
+}
+PODMONITOR_ENDPOINT_FIELDS = {
+    "port",
+    "path",
+    "scheme",
+    "interval",
+    "scrapeTimeout",
+    "honorLabels",
+    "honorTimestamps",
+    "relabelings",
+    "metricRelabelings",
+}
+
+
+def duration_s(text: str) -> float:
+    """Seconds of a Prometheus duration such as `5s`, `1m30s` or `500ms` (the CRD's pattern)."""
+    parts = re.findall(r"(\d+)(ms|s|m|h)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"not a Prometheus duration: {text!r}"
+    return sum(int(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in parts)
+
+
+def test_podmonitor_scrapes_the_metrics_port_of_the_server_pods(deployment, container, serve_args, validate):
+    """The PodMonitor that the README tells kube-prometheus-stack users to apply: the CRD's shape (the
+    fields it may use, their types), the server pods' labels, the named metrics port and path, and the
+    `namespace` / `pod` labels that the adapter rule needs (a PodMonitor target has them)."""
+    [monitor] = load_yaml_files([PODMONITOR])
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    meta = monitor["metadata"]
+    assert meta["name"] == "ouro-triton" and "namespace" not in meta  # applied with -n, as the rest
+    assert all(isinstance(v, str) for v in meta.get("labels", {}).values())
+    spec = monitor["spec"]
+    assert set(spec) <= PODMONITOR_SPEC_FIELDS, (
+        f"fields not in the PodMonitor CRD: {set(spec) - PODMONITOR_SPEC_FIELDS}"
+    )
+    assert {"selector", "podMetricsEndpoints"} <= set(spec)  # required by the CRD
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert set(spec["selector"]) == {"matchLabels"}
+    assert spec["selector"]["matchLabels"].items() <= labels.items(), "selects no server pod"
+    assert "namespaceSelector" not in spec, "the pods are in the PodMonitor's own namespace"
+    [endpoint] = spec["podMetricsEndpoints"]
+    assert set(endpoint) <= PODMONITOR_ENDPOINT_FIELDS, set(endpoint) - PODMONITOR_ENDPOINT_FIELDS
+    assert named_ports(container)[endpoint["port"]] == serve_args.metrics_port  # a named container port
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert endpoint.get("path", "/metrics") == annotations["prometheus.io/path"] == "/metrics"
+    assert endpoint.get("scheme", "http") == "http"
+    seconds = {key: duration_s(endpoint[key]) for key in ("interval", "scrapeTimeout")}
+    assert seconds["scrapeTimeout"] <= seconds["interval"], "Prometheus refuses a timeout above the interval"
+    # Relabelling must not drop the labels the adapter maps to the HPA's pods.
+    for rule in endpoint.get("relabelings", []) + endpoint.get("metricRelabelings", []):
+        assert rule.get("action") not in ("labeldrop", "labelkeep"), rule
+    # Its metadata is a plain ObjectMeta: what the schema says of it on a core object.
+    probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
+    validate(probe)
+
+
 def test_readme_describes_every_file():
     readme = (K8S / "README.md").read_text()
     assert "kubectl apply -k deploy/kubernetes/base" in readme
-    for path in sorted(BASE.iterdir()) + EXTRA_MANIFESTS:
+    assert f"kubectl apply -n ouro -f deploy/kubernetes/{PODMONITOR.name}" in readme
+    for path in sorted(BASE.iterdir()) + EXTRA_MANIFESTS + [PODMONITOR]:
         assert path.name in readme, f"deploy/kubernetes/README.md does not mention {path.name}"

@@ -498,3 +498,26 @@ def test_bad_timeout_parameter(value):
 
     with pytest.raises(RequestError, match="timeout must be a positive number of microseconds"):
         timeout_parameter_us({"timeout": value})
+
+
+def test_engine_counts_travel_as_increments_and_levels_as_values():
+    """The engine process's MetricsBuffer turns the counts of LLMEngine.stats() (STAT_COUNTERS) into what
+    they grew by since the last snapshot, so the server adds them to a Prometheus counter: a restarted engine
+    process (a fresh buffer, counts from 0) keeps the counter growing. Levels are left as values."""
+    from ouro_backend.serving.metrics import STAT_COUNTERS, STAT_GAUGES, MetricsBuffer
+
+    assert {"launches", "rounds", "steps", "host_syncs"} <= STAT_COUNTERS
+    assert not STAT_COUNTERS & STAT_GAUGES
+    base = dict(prompt_tokens=0, generation_tokens=0, num_aborted=0, num_preemptions=0)
+    buf = MetricsBuffer()
+    first = buf.take(dict(base, launches=5, rounds=20, host_syncs=0, kv_blocks_free=90))
+    assert first.stat_counters == {"launches": 5, "rounds": 20}  # 0 growth is not sent
+    second = buf.take(dict(base, launches=8, rounds=20, host_syncs=1, kv_blocks_free=70))
+    assert second.stat_counters == {"launches": 3, "host_syncs": 1}
+    assert second.stats is not None and second.stats["kv_blocks_free"] == 70  # a level: its value
+    owner = MetricsBuffer()  # the ouro_engine side: snapshots merged until the reporter publishes them
+    owner.merge(first)
+    owner.merge(second)
+    restarted = MetricsBuffer().take(dict(base, launches=2, rounds=4))
+    owner.merge(restarted)
+    assert owner.take().stat_counters == {"launches": 10, "rounds": 24, "host_syncs": 1}

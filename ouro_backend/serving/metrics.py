@@ -19,8 +19,12 @@ engine_pool) and `device` (`cuda:<i>` or `cpu`). Names (vLLM-like):
   ouro_prefix_cache_hit_rate               gauge      prompt tokens found in the prefix cache / prompt tokens
   ouro_spec_acceptance_rate                gauge      self-speculation: accepted / drafted tokens
   ouro_spec_mean_accepted_length           gauge      self-speculation: tokens per row and step (1 + accepted)
-  ouro_engine_stat{stat}                   gauge      every other numeric counter of engine.stats()
-                                                      (launches, rounds, host_syncs, steps...)
+  ouro_engine_stat_total{stat}             counter    the counts of engine.stats() (STAT_COUNTERS: launches,
+                                                      rounds, host_syncs, steps...): what each grew by in
+                                                      each engine process, added up (rate() applies; a
+                                                      restarted engine process keeps the count growing)
+  ouro_engine_stat{stat}                   gauge      the other numeric levels of engine.stats()
+                                                      (kv_blocks_free, kv_blocks_total, swap_bytes...)
   ouro_server_restarts_total               counter    times ouro-serve's supervisor restarted tritonserver
                                                       before this one ($OURO_SERVER_RESTARTS; labels model,
                                                       version only)
@@ -93,6 +97,31 @@ GAUGE_KEYS = {
     "prefix_cache_hit_rate": "ouro_prefix_cache_hit_rate",
     "spec_mean_accepted_length": "ouro_spec_mean_accepted_length",
 }
+# The numeric entries of LLMEngine.stats() that only grow while an engine process lives (RunnerStats, the
+# engine's counters, the scheduler's preemption counts): published as the counter ouro_engine_stat_total.
+STAT_COUNTERS = frozenset(
+    {
+        "launches",
+        "rounds",
+        "graph_launches",
+        "eager_launches",
+        "host_syncs",
+        "spec_steps",
+        "spec_drafted",
+        "spec_accepted",
+        "num_finished",
+        "num_aborted",
+        "num_failed",
+        "prompt_tokens",
+        "generation_tokens",
+        "steps",
+        "num_preemptions",
+        "num_recomputes",
+    }
+)
+# Levels (they go up and down) without a family of their own (GAUGE_KEYS): the gauge ouro_engine_stat. A
+# numeric entry in neither set is published there too (tests/test_serving_unit.py keeps the sets complete).
+STAT_GAUGES = frozenset({"kv_blocks_total", "kv_blocks_free", "prefix_cache_blocks", "swap_bytes"})
 RESTARTS_ENV = "OURO_SERVER_RESTARTS"  # set by ouro-serve (entrypoints/supervisor.py) for each server
 
 
@@ -110,6 +139,7 @@ class MetricsSnapshot:
     depths: Counter = field(default_factory=Counter)  # exit depth -> generated tokens
     finished: Counter = field(default_factory=Counter)  # finish reason -> requests
     stats: dict | None = None  # LLMEngine.stats(): gauges and engine counters
+    stat_counters: Counter = field(default_factory=Counter)  # STAT_COUNTERS key -> what it grew by
 
 
 # Counters the engine keeps anyway (LLMEngine.counters, in its stats): the Prometheus counter that each feeds.
@@ -128,6 +158,7 @@ class MetricsBuffer:
         self._lock = threading.Lock()
         self._snap = MetricsSnapshot()
         self._engine_counters = dict.fromkeys(ENGINE_COUNTERS, 0)  # their values at the last take(stats)
+        self._stat_counters: dict[str, float] = {}  # STAT_COUNTERS' values at the last take(stats)
 
     def add(self, key: str, n: int) -> None:
         with self._lock:
@@ -161,12 +192,14 @@ class MetricsBuffer:
             self._snap.observations.extend(snap.observations)
             self._snap.depths.update(snap.depths)
             self._snap.finished.update(snap.finished)
+            self._snap.stat_counters.update(snap.stat_counters)
             if snap.stats is not None:
                 self._snap.stats = snap.stats
 
     def take(self, stats: dict | None = None) -> MetricsSnapshot:
         """The counts since the last take. With `stats` (LLMEngine.stats()), also what the engine's own
-        counters grew by since then."""
+        counters grew by since then (ENGINE_COUNTERS into `counters`, STAT_COUNTERS into `stat_counters`: this
+        engine process's counts start at 0, so the first take carries them all)."""
         with self._lock:
             snap, self._snap = self._snap, MetricsSnapshot()
         if stats is not None:
@@ -176,6 +209,11 @@ class MetricsBuffer:
                 if grown:
                     snap.counters[name] += grown
                 self._engine_counters[key] = stats[key]
+            for key in STAT_COUNTERS.intersection(stats):
+                grown = stats[key] - self._stat_counters.get(key, 0)
+                if grown > 0:
+                    snap.stat_counters[key] += grown
+                self._stat_counters[key] = stats[key]
         return snap
 
 
@@ -263,7 +301,10 @@ class EngineMetrics:
             ]
         }
         success = family("ouro_request_success_total", "Finished requests by finish reason", MF.COUNTER)
-        stat = family("ouro_engine_stat", "Engine counters from LLMEngine.stats()", MF.GAUGE)
+        stat = family("ouro_engine_stat", "Engine levels from LLMEngine.stats() (blocks, bytes)", MF.GAUGE)
+        stat_total = family(
+            "ouro_engine_stat_total", "Engine counts from LLMEngine.stats() (launches, rounds, steps...)", MF.COUNTER
+        )
         # A counter that a new server starts at the count so far: it only grows while ouro-serve runs.
         restarts = family(
             "ouro_server_restarts_total", "tritonserver restarts by ouro-serve before this server", MF.COUNTER
@@ -279,6 +320,7 @@ class EngineMetrics:
                 gauges,
                 success,
                 stat,
+                stat_total,
             )
             for i, device in enumerate(devices)
         ]
@@ -324,14 +366,23 @@ class EngineMetrics:
 class _Series:
     """The metrics of one engine process: one label set in every family."""
 
-    def __init__(self, labels: dict, counters: dict, hists: dict, gauges: dict, success: Any, stat: Any):
+    def __init__(
+        self, labels: dict, counters: dict, hists: dict, gauges: dict, success: Any, stat: Any, stat_total: Any
+    ):
         self.labels = labels
         self.counters = {key: fam.Metric(labels=labels) for key, fam in counters.items()}
         self.hists = {key: fam.Metric(labels=labels, buckets=buckets) for key, (fam, buckets) in hists.items()}
         self.gauges = {key: fam.Metric(labels=labels) for key, fam in gauges.items()}
-        self._success, self._stat = success, stat
+        self._success, self._stat, self._stat_total = success, stat, stat_total
         self._success_metrics: dict[str, Any] = {}
         self._stat_metrics: dict[str, Any] = {}
+        self._stat_total_metrics: dict[str, Any] = {}
+
+    def _stat_counter(self, key: str) -> Any:
+        m = self._stat_total_metrics.get(key)
+        if m is None:
+            m = self._stat_total_metrics[key] = self._stat_total.Metric(labels=dict(self.labels, stat=key))
+        return m
 
     def publish(self, snap: MetricsSnapshot) -> None:
         for key, n in snap.counters.items():
@@ -351,6 +402,8 @@ class _Series:
             if m is None:
                 m = self._success_metrics[reason] = self._success.Metric(labels=dict(self.labels, finish_reason=reason))
             m.increment(n)
+        for key, n in snap.stat_counters.items():
+            self._stat_counter(key).increment(n)
         stats = snap.stats
         if stats:
             for key, gauge in self.gauges.items():
@@ -358,6 +411,9 @@ class _Series:
                     gauge.set(float(stats[key]))
             for key, value in stats.items():
                 if key in self.gauges or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                if key in STAT_COUNTERS:
+                    self._stat_counter(key)  # the series exists from the start, at 0 for a count not yet grown
                     continue
                 m = self._stat_metrics.get(key)
                 if m is None:
