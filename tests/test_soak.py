@@ -32,7 +32,9 @@ from server_common import metrics, server_or_skip
 
 from client.ouro_client import build_inputs, generate, request_options
 
-pytestmark = pytest.mark.timeout(900)
+# Alone on 2 cores it takes about 2-4 minutes; a shared machine has been seen to take 4x that. The limit only
+# ends a hung run: the test checks every request's outcome, not its speed.
+pytestmark = pytest.mark.timeout(2400)
 
 NUM_REQUESTS = int(os.environ.get("OURO_SOAK_REQUESTS", "1000"))
 CLIENTS = 32
@@ -195,8 +197,9 @@ def test_soak_churn_preemption_and_cancellation(soak_model):
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(CLIENTS)]
         for t in threads:
             t.start()
+        deadline = t0 + 2000  # one limit for all clients together (see pytestmark)
         for t in threads:
-            t.join(timeout=900)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         elapsed = time.monotonic() - t0
         assert not any(t.is_alive() for t in threads), "stuck requests: clients still waiting"
         assert not errors, errors[:5]
