@@ -205,6 +205,26 @@ def test_launcher_rejects_bad_engine_arg():
     assert r.returncode == 2 and "bad --engine-arg: max_num_seqs must be a positive integer" in r.stderr, r.stderr
 
 
+def test_launcher_takes_serving_keys_as_engine_args_and_checks_them():
+    """stream_interval is the serving layer's (both decoupled models'), not an engine option: a good value is
+    accepted as an --engine-arg (an engine option after it is then what is refused), and a bad value is
+    refused before anything starts, naming it."""
+    cmd = [sys.executable, "-m", "ouro_backend.entrypoints.serve", "--http-port", "1"]
+    r = subprocess.run(
+        cmd + ["--engine-arg", "stream_interval=-1"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and "bad --engine-arg: stream_interval=-1 must be >= 0" in r.stderr, r.stderr
+    r = subprocess.run(
+        cmd + ["--engine-arg", "stream_interval=1", "--engine-arg", "max_num_seqs=-1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # past stream_interval: the engine option after it is what is refused
+    assert r.returncode == 2 and "bad --engine-arg: max_num_seqs must be a positive integer" in r.stderr, r.stderr
+
+
 def test_launcher_rejects_bad_devices():
     r = subprocess.run(
         [

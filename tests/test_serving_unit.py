@@ -13,7 +13,15 @@ import pytest
 from ouro_backend.config import ConfigError, EngineConfig
 from ouro_backend.sampling_params import RequestError
 from ouro_backend.serving import protocol
-from ouro_backend.serving.options import SERVING_KEYS, engine_options, parse_engine_args, resolve_model_path
+from ouro_backend.serving.options import (
+    SERVING_KEYS,
+    FrontOptions,
+    engine_options,
+    front_parameters,
+    parse_engine_args,
+    resolve_model_path,
+    typed_options,
+)
 from ouro_backend.serving.protocol import (
     CLIENT_INPUTS,
     ENGINE_INPUTS,
@@ -374,6 +382,13 @@ def test_engine_options_precedence(tmp_path):
     opts, _ = engine_options(_cfg(), None, environ={"OURO_ENGINE_ARGS": "max_num_seqs=2, block_size=32"})
     assert opts == {"max_num_seqs": "2", "block_size": "32"}
     assert EngineConfig.from_strings(opts).block_size == 32
+    env = {"OURO_ENGINE_ARGS": "stream_interval=1, metrics_interval_s=0.5, max_num_seqs=2"}
+    opts, serving = engine_options(_cfg(stream_interval="4"), None, environ=env)
+    assert opts == {"max_num_seqs": "2"}  # serving keys from --engine-arg are not engine options
+    assert serving == {"stream_interval": "1", "metrics_interval_s": "0.5"}
+    front = front_parameters(_cfg(stream_interval="4", engine_model="ouro_engine"), environ=env)
+    assert front == {"stream_interval": "1", "engine_model": "ouro_engine"}  # the streaming keys only
+    assert typed_options(FrontOptions, front).stream_interval == 1
     _, serving = engine_options(_cfg(engine_devices="cpu"), None, environ={"OURO_ENGINE_DEVICES": "cuda:0,cuda:1"})
     assert serving == {"engine_devices": "cuda:0,cuda:1"}  # ouro-serve --devices wins over config.pbtxt
 

@@ -218,10 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine_args = parse_engine_args(args.engine_arg)
         from ..config import ConfigError, EngineConfig
+        from ..serving.options import SERVING_KEYS, ServingOptions, typed_options
 
-        try:  # fail fast, before the server and its models start
-            config = EngineConfig.from_strings({k: v for k, v in engine_args.items() if k != "model"})
-        except ConfigError as e:
+        try:  # fail fast, before the server and its models start; serving-layer keys (stream_interval...) apart
+            config = EngineConfig.from_strings(
+                {k: v for k, v in engine_args.items() if k != "model" and k not in SERVING_KEYS}
+            )
+            typed_options(ServingOptions, {k: v for k, v in engine_args.items() if k in SERVING_KEYS})
+        except (ConfigError, ValueError) as e:
             print(f"ouro-serve: bad --engine-arg: {e}", file=sys.stderr)
             return 2
         try:

@@ -31,7 +31,7 @@ from . import protocol
 from .engine_client import EngineClient
 from .engine_errors import EngineProcessError
 from .engine_pool import EngineRouter, EngineSlot, read_manifest
-from .options import FrontOptions, decoupled_model_config, model_config_parameters, tensor_arrays, typed_options
+from .options import FrontOptions, decoupled_model_config, front_parameters, tensor_arrays, typed_options
 from .streams import StreamingModel
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class FrontModel(StreamingModel):
         self.pb = pb_utils
         self.model_config, self.model_name = decoupled_model_config(pb_utils, args, "ouro")
         try:
-            self.options = typed_options(FrontOptions, model_config_parameters(self.model_config))
+            self.options = typed_options(FrontOptions, front_parameters(self.model_config))
         except ValueError as e:
             raise pb_utils.TritonModelException(f"{self.model_name}: {e}") from None
         self._slots: list[EngineSlot] = []

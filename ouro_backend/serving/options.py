@@ -4,7 +4,9 @@ Precedence (later wins):
   1. `parameters { key: "max_num_seqs" value: { string_value: "32" } }` in config.pbtxt
      (empty values and unfilled `${...}` template placeholders count as unset);
   2. $OURO_ENGINE_ARGS: a JSON object `{"max_num_seqs": "8"}` or `key=value` pairs separated by
-     commas/whitespace (what `ouro-serve --engine-arg key=value` sets);
+     commas/whitespace (what `ouro-serve --engine-arg key=value` sets); its serving-layer keys
+     (`ServingOptions`) go to the serving layer, and the streaming ones (`StreamOptions`, e.g.
+     stream_interval) to the `ouro` front as well (`front_parameters`);
   3. $OURO_MODEL_PATH: the checkpoint directory (overrides the `model` parameter);
   4. $OURO_ENGINE_DEVICES: the engine processes' devices (overrides the `engine_devices` parameter).
 If no model is given at all, the engine uses the demo model shipped with the package (ouro_backend.models).
@@ -149,7 +151,8 @@ def engine_options(
     params = model_config_parameters(model_config)
     serving = {k: v for k, v in params.items() if k in SERVING_KEYS}
     options = {k: v for k, v in params.items() if k not in SERVING_KEYS}
-    options.update(parse_engine_args(env.get(ENGINE_ARGS_ENV)))
+    for k, v in parse_engine_args(env.get(ENGINE_ARGS_ENV)).items():
+        (serving if k in SERVING_KEYS else options)[k] = v
     if env.get(DEVICES_ENV):
         serving["engine_devices"] = env[DEVICES_ENV]
     if env.get(MODEL_PATH_ENV):
@@ -161,6 +164,18 @@ def engine_options(
             model = os.path.join(model_dir, model)
         options["model"] = model
     return options, serving
+
+
+STREAM_KEYS = frozenset(f.name for f in dataclasses.fields(StreamOptions))
+
+
+def front_parameters(model_config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The `ouro` front's parameters: config.pbtxt's, then the streaming keys of $OURO_ENGINE_ARGS (what
+    `ouro-serve --engine-arg stream_interval=1` sets for both decoupled models)."""
+    env = os.environ if environ is None else environ
+    params = model_config_parameters(model_config)
+    params.update({k: v for k, v in parse_engine_args(env.get(ENGINE_ARGS_ENV)).items() if k in STREAM_KEYS})
+    return params
 
 
 def resolve_model_path(options: dict[str, str]) -> dict[str, str]:
