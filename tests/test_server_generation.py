@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import queue
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -172,6 +173,26 @@ def test_http_generate_plain_json(server, llm):
     assert data["text_output"] == ref.text and data["num_output_tokens"] == len(ref.token_ids)
     assert data["finish_reason"] == ref.finish_reason
     assert data["exit_depths"] == ref.exit_depths
+
+
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+def test_http_sampling_parameters_json_as_the_vllm_backend_takes_it(server, llm, model):
+    """A client written for the Triton vLLM backend sends its options as one JSON string; a key we do not
+    support is an HTTP 400 naming it, and the server serves on."""
+    ref = offline(llm, PROMPT, max_tokens=8, temperature=0.0, stop=["qz"])
+    url = f"http://{server.http_url}/v2/models/{model}/generate"
+
+    def post(sampling: dict):
+        body = {"text_input": PROMPT, "exclude_input_in_output": True, "sampling_parameters": json.dumps(sampling)}
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=60).read())
+
+    data = post({"max_tokens": 8, "temperature": 0, "stop": ["qz"]})
+    assert data["text_output"] == ref.text and data["exit_depths"] == ref.exit_depths
+    with pytest.raises(urllib.error.HTTPError) as e:
+        post({"max_tokens": 8, "presence_penalty": 0.5})
+    assert e.value.code == 400 and "sampling_parameters.presence_penalty is not supported" in e.value.read().decode()
+    assert post({"max_tokens": 8, "temperature": 0, "stop": ["qz"]})["text_output"] == ref.text
 
 
 def test_stop_words(server, llm):

@@ -105,6 +105,43 @@ def test_parse_stream_interval():
             protocol.parse_request({"text_input": s("x"), "stream_interval": i64(bad)})
 
 
+def test_parse_sampling_parameters_json():
+    """The Triton vLLM backend's `sampling_parameters` input: vLLM's names in one JSON string."""
+    js = lambda d: s(json.dumps(d))  # noqa: E731
+    req = parse_request(
+        {
+            "text_input": s("x"),
+            "sampling_parameters": js(
+                {"max_tokens": 5, "temperature": 0, "top_p": 0.5, "top_k": 3, "seed": 7, "stop": "\n",
+                 "ignore_eos": True, "min_tokens": 1, "max_loops": 2, "exit_threshold": 0.25}
+            ),
+        }
+    )  # fmt: skip
+    p = req.params
+    assert (p.max_tokens, p.min_tokens, p.top_k, p.seed, p.max_loops) == (5, 1, 3, 7, 2)
+    assert p.temperature == 0.0 and p.top_p == pytest.approx(0.5) and p.exit_threshold == pytest.approx(0.25)
+    assert p.stop == ["\n"] and p.ignore_eos
+    both = {"text_input": s("x"), "sampling_parameters": js({"max_tokens": 5, "stop": ["a"]})}
+    assert (
+        parse_request({**both, "max_tokens": i32(5), "stop_words": np.array([[b"a"]], dtype=object)}).params.max_tokens
+        == 5
+    )
+    with pytest.raises(RequestError, match=r"sampling_parameters.max_tokens \(5\) and the input max_tokens \(6\)"):
+        parse_request({**both, "max_tokens": i32(6)})
+    for bad, match in [
+        ("{oops", "not valid JSON"),
+        ("[1]", "must be a JSON object"),
+        (json.dumps({"presence_penalty": 0.5}), "sampling_parameters.presence_penalty is not supported"),
+        (json.dumps({"max_tokens": "ten"}), "sampling_parameters.max_tokens must be int, got str"),
+        (json.dumps({"max_tokens": True}), "sampling_parameters.max_tokens must be int, got bool"),
+        (json.dumps({"stop": [1]}), "sampling_parameters.stop must be a string or a list of strings"),
+        (json.dumps({"temperature": -1}), "temperature"),  # SamplingParams' own range check
+    ]:
+        with pytest.raises(RequestError, match=match):
+            parse_request({"text_input": s("x"), "sampling_parameters": s(bad)})
+    assert parse_request({"text_input": s("x"), "sampling_parameters": s("")}).params.max_tokens == 16
+
+
 def test_parse_defaults_and_unbatched_shapes():
     req = parse_request({"text_input": np.array([b"hi"], dtype=np.object_), "max_tokens": np.array([3], np.int32)})
     assert req.prompt == "hi" and req.params.max_tokens == 3

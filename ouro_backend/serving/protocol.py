@@ -77,7 +77,28 @@ SAMPLING_INPUTS = _spec(
         doc="Ouro: exit when the gate's exit probability reaches it (1.0: fixed depth max_loops)",
     ),
     InputSpec("exit_trace", "INT64", "int", is_list=True, doc="Ouro: depths to replay (engine exit_mode=trace)"),
+    InputSpec(
+        "sampling_parameters",
+        "STRING",
+        "str",
+        doc="a JSON object of the options above, as the Triton vLLM backend takes it (`SAMPLING_JSON_KEYS`)",
+    ),
 )
+# The keys a `sampling_parameters` JSON object may hold, and the JSON types each takes (vLLM's names; `stop`
+# is stop_words, a string or a list of strings). Other vLLM keys are refused by name.
+SAMPLING_JSON_KEYS: dict[str, tuple[type, ...]] = {
+    "max_tokens": (int,),
+    "min_tokens": (int,),
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": (int,),
+    "seed": (int,),
+    "stop": (str, list),
+    "ignore_eos": (bool,),
+    "min_loops": (int,),
+    "max_loops": (int,),
+    "exit_threshold": (int, float),
+}
 RETURN_FLAGS = _spec(
     InputSpec("return_num_input_tokens", "BOOL", "bool"),
     InputSpec("return_num_output_tokens", "BOOL", "bool"),
@@ -366,6 +387,41 @@ def check_parameters(parameters: str | Mapping[str, Any] | None, model: str = ""
 # Requests
 
 
+def _sampling_json(raw: str | None) -> dict[str, Any]:
+    """The `sampling_parameters` input (a JSON object, vLLM's names) -> {field: value}, `stop` as a list.
+    RequestError naming the key for anything else: not JSON, not an object, an unknown or unsupported key,
+    a value of the wrong JSON type."""
+    if raw is None or raw.strip() == "":
+        return {}
+    try:
+        obj = json.loads(raw)
+    except ValueError as e:
+        raise RequestError(f"sampling_parameters is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise RequestError(f"sampling_parameters must be a JSON object, got {type(obj).__name__}")
+    out: dict[str, Any] = {}
+    value: Any
+    for key, value in obj.items():
+        if key not in SAMPLING_JSON_KEYS:
+            raise RequestError(
+                f"sampling_parameters.{key} is not supported; supported: {', '.join(sorted(SAMPLING_JSON_KEYS))}"
+            )
+        if value is None:
+            continue
+        types = SAMPLING_JSON_KEYS[key]
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            raise RequestError(
+                f"sampling_parameters.{key} must be {' or '.join(t.__name__ for t in types)}, "
+                f"got {type(value).__name__} {value!r}"
+            )
+        if key == "stop":
+            value = [value] if isinstance(value, str) else value
+            if not all(isinstance(v, str) for v in value):
+                raise RequestError("sampling_parameters.stop must be a string or a list of strings")
+        out[key] = float(value) if float in types and not isinstance(value, bool) else value
+    return out
+
+
 def parse_request(
     inputs: Mapping[str, Any],
     *,
@@ -398,7 +454,13 @@ def parse_request(
     def scalar(name, default=None):
         return read_scalar(inputs, name, specs, default) if name in specs else default
 
-    seed, random_seed = scalar("seed"), scalar("random_seed")
+    given = _sampling_json(scalar("sampling_parameters"))
+    for name, value in given.items():  # a field given as its own input too must agree
+        own = read_list(inputs, "stop_words", specs) if name == "stop" else scalar(name)
+        if own is not None and own != value and not (name == "stop" and not own):
+            raise RequestError(f"sampling_parameters.{name} ({value!r}) and the input {name} ({own!r}) disagree")
+
+    seed, random_seed = scalar("seed", given.get("seed")), scalar("random_seed")
     if seed is not None and random_seed is not None and seed != random_seed:
         raise RequestError(f"seed ({seed}) and random_seed ({random_seed}) disagree; send one of them")
     kwargs: dict[str, Any] = {}
@@ -413,12 +475,13 @@ def parse_request(
         "max_loops",
         "exit_threshold",
     ):
-        v = scalar(name)
+        v = scalar(name, given.get(name))
         if v is not None:
             kwargs[name] = v
     if seed is not None or random_seed is not None:
         kwargs["seed"] = seed if seed is not None else random_seed
     stop = read_list(inputs, "stop_words", specs) if "stop_words" in specs else None
+    stop = stop or given.get("stop")
     if stop:
         stop = [s for s in stop if s != ""]  # an empty entry is padding, not a stop string
         if stop:
