@@ -34,10 +34,7 @@ from ouro_backend.model.attention import AttentionMetadata
 class UnfusedAttention(TritonBackend):
     """RoPE + the KV write in their own kernel, then attention (the path of rounds with prompt chunks)."""
 
-    @staticmethod
-    def rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
-        TritonBackend.rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping)
-        return TritonBackend.attention(q, k_cache, v_cache, meta, scale)
+    rope_kv_attention = staticmethod(TritonBackend.rope_then_attention)
 
 
 SHAPE_NAMES = {(6144, 2048): "qkv", (2048, 2048): "o", (11264, 2048): "gate_up", (2048, 5632): "down"}

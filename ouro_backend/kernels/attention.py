@@ -41,6 +41,7 @@ from ._common import (
     sm_count,
     use_triton,
 )
+from .rope import check_rope_args
 
 _LOG2E = 1.4426950408889634
 
@@ -594,9 +595,9 @@ def rope_kv_attention(
     out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
     N, H, hd = q.shape
     assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
-    assert k.shape == v.shape == (N, k_cache.shape[2], hd) and positions.shape == slot_mapping.shape == (N,)
-    assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.shape[1] == hd and cos_sin_cache.stride(1) == 1
-    assert hd % 2 == 0 and hd == next_pow2(hd), f"head_dim {hd}: the fused RoPE wants a power of two"
+    check_rope_args(q, k, positions, cos_sin_cache)
+    assert k.shape == v.shape == (N, k_cache.shape[2], hd) and slot_mapping.shape == (N,)
+    assert hd == next_pow2(hd), f"head_dim {hd}: the fused RoPE wants a power of two"
     if N == 0:
         return out
     if not use_triton(_paged_attn_kernel, q, k_cache):

@@ -56,6 +56,11 @@ class TritonBackend:
                 q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q,
                 meta.seq_lens, meta.block_tables, scale,
             )  # fmt: skip
+        return TritonBackend.rope_then_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale)
+
+    @staticmethod
+    def rope_then_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale) -> torch.Tensor:
+        """The same as two kernels: RoPE + the KV write (q rotated in place), then attention."""
         rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping)
         return TritonBackend.attention(q, k_cache, v_cache, meta, scale)
 

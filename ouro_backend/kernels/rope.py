@@ -186,7 +186,8 @@ def _rope_write_kv_kernel(
         tl.store(vdst + HALF * stride_vcd, v2, mask=kmask)
 
 
-def _check(q, k, positions, cos_sin_cache):
+def check_rope_args(q, k, positions, cos_sin_cache):
+    """The shapes and dtypes every RoPE kernel wants (also `attention.rope_kv_attention`'s)."""
     N, H, hd = q.shape
     assert k.dim() == 3 and k.shape[0] == N and k.shape[2] == hd, (q.shape, k.shape)
     assert hd % 2 == 0
@@ -205,7 +206,7 @@ def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cac
     """In-place RoPE on ``q [N, H, hd]`` and ``k [N, kvh, hd]`` (any strides, e.g. views into a fused qkv
     output). ``positions``: int32/int64 ``[N]`` (each < cache rows; give pad rows a valid position such as
     0). ``cos_sin_cache``: see :func:`build_cos_sin_cache`."""
-    _check(q, k, positions, cos_sin_cache)
+    check_rope_args(q, k, positions, cos_sin_cache)
     N, H, hd = q.shape
     if N == 0:
         return
@@ -246,7 +247,7 @@ def rope_and_write_kv(
 ) -> None:
     """Fused ``rope_`` + ``write_kv`` in one launch: q is rotated in place; the rotated k and the raw v
     go to the caches at ``slot_mapping`` (``-1``: pad row, no write). ``k`` itself is NOT modified."""
-    _check(q, k, positions, cos_sin_cache)
+    check_rope_args(q, k, positions, cos_sin_cache)
     N, H, hd = q.shape
     kvh = k.shape[1]
     assert v.shape == k.shape
