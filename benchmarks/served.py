@@ -29,6 +29,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -38,42 +39,56 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def make_prompt(model: str, length: int, seed: int = 0) -> tuple[str, list[int]]:
-    """A text prompt of about `length` tokens (random ids decoded, re-encoded); `seed` picks the ids."""
+def make_prompts(model: str, length: int, count: int, seed: int = 0) -> list[tuple[str, list[int]]]:
+    """`count` distinct text prompts of about `length` tokens each (random ids decoded, re-encoded); prompt i
+    comes from seed `seed + i`, so runs that take different seed ranges never share a prompt."""
     from ouro_backend.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
-    rng = random.Random(seed)
-    ids = [rng.randrange(3, tok.get_vocab_size()) for _ in range(length)]
-    # Decoding and re-encoding random ids yields more tokens: trim until the text is `length` tokens or less.
-    n = length
-    while True:
-        text = tok.decode(ids[:n])
-        enc = tok.encode(text, add_special_tokens=False).ids
-        if len(enc) <= length:
-            return text, enc
-        n -= max(1, (len(enc) - length) // 2)
+    out = []
+    for i in range(count):
+        rng = random.Random(seed + i)
+        ids = [rng.randrange(3, tok.get_vocab_size()) for _ in range(length)]
+        # Decoding and re-encoding random ids yields more tokens: trim until the text is `length` tokens or less.
+        n = length
+        while True:
+            text = tok.decode(ids[:n])
+            enc = tok.encode(text, add_special_tokens=False).ids
+            if len(enc) <= length:
+                out.append((text, enc))
+                break
+            n -= max(1, (len(enc) - length) // 2)
+    return out
+
+
+def make_prompt(model: str, length: int, seed: int = 0) -> tuple[str, list[int]]:
+    """One prompt of `make_prompts`."""
+    return make_prompts(model, length, 1, seed)[0]
 
 
 def direct(args) -> None:
     from ouro_backend import EngineConfig, LLMEngine, SamplingParams
     from ouro_backend.entrypoints.bench import median_of, run_closed_loop
 
-    prompt_ids = json.loads(Path(args.prompt_ids).read_text())
     eng = LLMEngine(EngineConfig(model=args.model, max_num_seqs=args.concurrency))
-    eng.add_request("warmup", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
+    warm = random.Random(-1)
+    eng.add_request(
+        "warmup", [warm.randrange(3, eng.model_config.vocab_size) for _ in range(args.input_len)],
+        SamplingParams(max_tokens=4, ignore_eos=True),
+    )  # fmt: skip
     while eng.has_unfinished_requests():
         eng.step()
+    # Random prompts of input_len tokens, distinct for every request of every repeat (each repeat its own
+    # seed), with the prefix cache emptied before each repeat (run_closed_loop): nothing is prefilled twice.
     reps = [
         run_closed_loop(
             eng,
-            len(prompt_ids),
+            args.input_len,
             args.output_len,
             args.concurrency,
             args.requests,
             "full" if args.exit_threshold >= 1 else f"threshold={args.exit_threshold}",
-            seed=i,
-            prompt_ids=prompt_ids,
+            seed=1 + i,
         )
         for i in range(args.repeats)
     ]
@@ -91,7 +106,7 @@ def process_loop(args) -> None:
     from ouro_backend.serving.engine_client import start_engine_process
     from ouro_backend.serving.engine_messages import Failed, FromEngine, Outputs, Rejected
 
-    prompt_ids = json.loads(Path(args.prompt_ids).read_text())
+    prompts: list[list[int]] = json.loads(Path(args.prompt_ids).read_text())  # one per request, never reused
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, exit_threshold=args.exit_threshold)
     finished: queue.Queue[str] = queue.Queue()
     first: dict[str, float] = {}
@@ -127,7 +142,7 @@ def process_loop(args) -> None:
             def submit() -> None:
                 rid = f"r{rep}-{len(sent)}"
                 sent[rid] = time.perf_counter()
-                client.add(rid, prompt_ids, params)
+                client.add(rid, prompts[rep * args.requests + len(sent) - 1], params)
 
             t0 = time.perf_counter()
             for _ in range(min(args.concurrency, args.requests)):
@@ -189,6 +204,12 @@ def main() -> int:
         help="serve this model repository (ouro-serve --model-repository), e.g. one with other front options",
     )
     p.add_argument("--skip-perf-analyzer", action="store_true")
+    p.add_argument(
+        "--perf-analyzer-prompts",
+        type=int,
+        default=4096,
+        help="distinct prompts in perf_analyzer's input data (it sends them in turn; more than it sends)",
+    )
     p.add_argument("--genai-perf", action="store_true", help="also profile `ouro` with genai-perf")
     p.add_argument(
         "--exit-threshold",
@@ -241,11 +262,31 @@ def main() -> int:
         from ouro_backend.model.toy import ensure_toy_checkpoint
 
         model = ensure_toy_checkpoint()
-    text, ids = make_prompt(model, args.input_len)
-    (out / "prompt_ids.json").write_text(json.dumps(ids))
+    # Every request of every phase and repeat gets a prompt of its own (distinct seeds), so no timed run
+    # is served from the prefix cache: the process loop's (token ids), the served warm-up's and repeats'
+    # (texts, through load.py) and perf_analyzer's (its input data entries, sent in turn).
+    per_phase = (args.repeats + 1) * args.requests
+    served_prompts = make_prompts(model, args.input_len, per_phase * len(args.models), seed=1_000_000)
+    served_texts = iter([t for t, _ in served_prompts])
+    prompt_files: dict[str, list[Path]] = {}  # per served model: the warm-up's, then each repeat's
+    for name in args.models:
+        prompt_files[name] = []
+        for i in range(args.repeats + 1):
+            path = out / (f"prompts_{name}_warmup.json" if i == 0 else f"prompts_{name}_{i - 1}.json")
+            path.write_text(json.dumps([next(served_texts) for _ in range(args.requests)]))
+            prompt_files[name].append(path)
+    if args.process:
+        ids = [ids for _, ids in make_prompts(model, args.input_len, per_phase, seed=0)]
+        (out / "prompt_ids.json").write_text(json.dumps(ids))
+    pa_prompts = out / "prompts_perf_analyzer.json"
+    if not args.skip_perf_analyzer:
+        pa_prompts.write_text(
+            json.dumps([t for t, _ in make_prompts(model, args.input_len, args.perf_analyzer_prompts, seed=2_000_000)])
+        )
+    prompt_tokens = statistics.mean(len(ids) for _, ids in served_prompts)
     print(
-        f"prompt: {len(ids)} tokens; {args.requests} requests x {args.output_len} tokens at concurrency "
-        f"{args.concurrency}",
+        f"prompts: {per_phase} distinct per phase, {prompt_tokens:.1f} tokens on average (engine-direct: "
+        f"{args.input_len}); {args.requests} requests x {args.output_len} tokens at concurrency {args.concurrency}",
         flush=True,
     )
 
@@ -350,12 +391,12 @@ def main() -> int:
                 "--ignore-eos",
                 "--exit-threshold",
                 str(args.exit_threshold),
-                "--prompt",
-                text,
                 *(["--processes", str(args.client_processes)] if args.client_processes else []),
             ]
             subprocess.run(
-                load + ["-n", str(args.concurrency), "--json", str(out / "served_warmup.json")],
+                load
+                + ["-n", str(args.concurrency), "--prompts-file", str(prompt_files[name][0])]
+                + ["--json", str(out / "served_warmup.json")],
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
@@ -364,7 +405,8 @@ def main() -> int:
                 path = out / f"served_{name}_{i}.json"
                 # With --trace load.py notes its ends of each request's hops (the warm-up's are left out).
                 subprocess.run(
-                    load + ["-n", str(args.requests), "--json", str(path)],
+                    load
+                    + ["-n", str(args.requests), "--prompts-file", str(prompt_files[name][1 + i]), "--json", str(path)],
                     check=True,
                     stdout=subprocess.DEVNULL,
                     env=dict(os.environ, **{request_trace.ENV: str((out / "request_trace").resolve())})
@@ -394,8 +436,8 @@ def main() -> int:
                     str(args.output_len),
                     "--exit-threshold",
                     str(args.exit_threshold),
-                    "--prompt",
-                    text,
+                    "--prompts-file",
+                    str(pa_prompts),
                     "--out-dir",
                     str(out / "perf_analyzer"),
                 ],
@@ -463,6 +505,16 @@ def main() -> int:
         served_repeats=[x["output_tokens_per_s"] for x in served],
         served_responses_per_s=s.get("responses_per_s"),
         tok_s=s["output_tokens_per_s"],
+        # The issue's row names (benchmarks/results): the same numbers under short keys.
+        served_tok_s=s["output_tokens_per_s"],
+        mean_depth=s.get("mean_exit_depth"),
+        ttft_p50_ms=dict(served=1e3 * s["ttft_s"]["p50"]),
+        distinct_prompts=True,
+        served_prompt_tokens_mean=prompt_tokens,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        requests=args.requests,
+        repeats=args.repeats,
     )
     if pa and pa.get("output_tok_s"):
         summary.update(perf_analyzer_output_tok_s=pa["output_tok_s"], perf_analyzer_ok=pa["ok"])
@@ -481,7 +533,11 @@ def main() -> int:
             direct_tpot_p50_s=d["tpot_s"]["p50"],
             direct_repeats=[x["output_tok_s"] for x in direct_res["repeats"]],
             direct_steady_round_ms=d.get("steady_round_ms"),
+            direct_tok_s=d["output_tok_s"],
+            direct_mean_depth=d.get("mean_exit_depth"),
+            direct_cached_prompt_tokens=d.get("cached_prompt_tokens"),
         )
+        summary["ttft_p50_ms"]["direct"] = 1e3 * d["ttft_s"]["p50"]
         for tool in ("perf_analyzer", "genai_perf"):
             if f"{tool}_output_tok_s" in summary:
                 summary[f"{tool}_ratio"] = summary[f"{tool}_output_tok_s"] / d["output_tok_s"]

@@ -180,12 +180,22 @@ def run_load(
         "responses": sum(len(r.chunks) for r in ok),  # streamed responses (a response may carry several tokens)
         "responses_per_s": sum(len(r.chunks) for r in ok) / elapsed if elapsed else None,
         "mean_exit_depth": sum(depths) / len(depths) if depths else None,
+        "distinct_prompts": min(len(prompts), len(results)),
         "ttft_s": percentiles(ttft),
         "itl_s": percentiles(itl),
         "latency_s": percentiles(latency),
         "unfinished_workers": unfinished,
         "client_processes": processes,
     }
+
+
+def load_prompts(path: str) -> list[str]:
+    """A --prompts-file: a non-empty JSON list of strings."""
+    with open(path, encoding="utf-8") as f:
+        prompts = json.load(f)
+    if not (isinstance(prompts, list) and prompts and all(isinstance(x, str) for x in prompts)):
+        raise SystemExit(f"--prompts-file {path}: expected a non-empty JSON list of strings")
+    return prompts
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -229,9 +239,19 @@ def main(argv: list[str] | None = None) -> int:
         help="generate exactly --max-tokens tokens (default; --no-ignore-eos stops at EOS)",
     )
     p.add_argument("--exit-threshold", type=float, default=None)
-    p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
+    src.add_argument(
+        "--prompts-file",
+        default=None,
+        help="a JSON list of prompts; request i sends prompt i (cycling only when there are fewer prompts than "
+        "requests), so a file of at least --requests distinct prompts gives every request a prompt of its own",
+    )
     p.add_argument("--json", default=None, help="write the JSON report here (default: stdout)")
     args = p.parse_args(argv)
+    prompts = args.prompt or PROMPTS
+    if args.prompts_file:
+        prompts = load_prompts(args.prompts_file)
     options = request_options(
         max_tokens=args.max_tokens,
         stream=True,
@@ -248,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         args.requests,
         args.duration,
         options,
-        args.prompt or PROMPTS,
+        prompts,
         args.protocol,
         args.timeout,
         processes=args.processes or -(-args.concurrency // 16),

@@ -295,9 +295,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-trials", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per perf_analyzer run")
     p.add_argument("--out-dir", default=None)
-    p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; default: built-in set)")
+    src.add_argument(
+        "--prompts-file",
+        default=None,
+        help="a JSON list of prompts, one input-data entry each (--num-prompts is then their number): "
+        "perf_analyzer sends the entries in turn, so as many distinct prompts as requests keep the "
+        "server's prefix cache from serving repeats",
+    )
     p.add_argument("extra", nargs="*", help="extra perf_analyzer arguments (after --)")
     args = p.parse_args(argv)
+    prompts = args.prompt
+    if args.prompts_file:
+        with open(args.prompts_file, encoding="utf-8") as f:
+            prompts = json.load(f)
+        if not (isinstance(prompts, list) and prompts and all(isinstance(x, str) for x in prompts)):
+            p.error(f"--prompts-file {args.prompts_file}: expected a non-empty JSON list of strings")
+        args.num_prompts = len(prompts)
     if args.measurement_interval is not None and args.measurement_request_count is not None:
         p.error("--measurement-interval (time windows) excludes --measurement-request-count (count windows)")
     try:
@@ -313,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out_dir,
             args.exit_threshold,
             args.extra,
-            args.prompt,
+            prompts,
             args.measurement_request_count,
         )
     except PerfAnalyzerUnavailable as e:
