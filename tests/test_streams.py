@@ -198,6 +198,25 @@ def test_stream_interval_one_sends_every_token_alone_even_when_behind(model):
     assert [p for _, p, _, _ in got[1:]] == [[9, 10], [9, 10, 11], [9, 10, 11, 12], [9, 10, 11, 12, 13]]
 
 
+def test_the_stream_keeps_the_detokenization_context_the_engine_sends_once(model):
+    """The engine sends a request's prefix (its prompt's last ids) only with its first tokens: every later
+    response's context is the ids before it, kept by the stream, coalesced or not."""
+    gate = threading.Event()
+    sender = Sender(gate)
+    model.execute([Request(sender)])
+    model.on_engine_message(0, Outputs([Delta("r", [10], [4], [6, 7, 8], 0, None)], IDLE))
+    wait(lambda: sender.gate is gate and model._streams["r"].queued is False)
+    for t in (11, 12):  # coalesced into one response while the first send waits
+        model.on_engine_message(0, Outputs([Delta("r", [t], [4], [], 0, None)], IDLE))
+    gate.set()
+    wait(lambda: len(sender.sent) == 2)
+    model.on_engine_message(0, Outputs([Delta("r", [13], [4], [], 0, "length")], IDLE))
+    assert sender.finished.wait(5)
+    got = _pieces(sender)
+    assert [ids for ids, *_ in got] == [[10], [11, 12], [13]]
+    assert [p for _, p, _, _ in got] == [[6, 7, 8], [6, 7, 8, 10], [7, 8, 10, 11, 12]]  # PREFIX_WINDOW ids
+
+
 def test_stream_interval_n_waits_for_n_tokens_and_ends_with_the_rest():
     """The server's stream_interval 3 (no request value): responses of exactly 3 tokens; a shorter
     remainder waits for more tokens and goes out with the final response."""

@@ -43,6 +43,8 @@ from .engine_messages import (
     Ready,
     Start,
     ToEngine,
+    recv_message,
+    send_message,
 )
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ class EngineClient:
             conn = None
             try:
                 conn = connect(address, authkey)
-                hello = conn.recv()
+                hello = recv_message(conn)
                 if not isinstance(hello, Hello):
                     raise OSError(f"unexpected first message {type(hello).__name__}")
                 return cls(conn, hello.info, on_message, on_close)
@@ -113,14 +115,14 @@ class EngineClient:
             raise EngineProcessError("the engine process is gone")
         try:
             with self._send_lock:
-                self.conn.send(msg)
+                send_message(self.conn, msg)
         except (OSError, ValueError) as e:
             raise EngineProcessError(f"the engine process is gone ({e})") from None
 
     def _read(self) -> None:
         try:
             while True:
-                msg = self.conn.recv()
+                msg = recv_message(self.conn)
                 try:
                     self._on_message(msg)
                 except Exception:
@@ -176,8 +178,8 @@ def start_engine_process(
     child.close()
     conn = Connection(parent.detach())
     try:
-        conn.send(Start(config, metrics_interval_s, authkey))
-        answer = conn.recv()
+        send_message(conn, Start(config, metrics_interval_s, authkey))
+        answer = recv_message(conn)
     except (EOFError, OSError):
         code = proc.wait(timeout=30)
         conn.close()

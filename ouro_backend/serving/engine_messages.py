@@ -1,5 +1,9 @@
-"""What an engine process and its peers say to each other: one frozen dataclass per message, pickled by
-multiprocessing.connection. Receivers dispatch on the class (`match` / isinstance).
+"""What an engine process and its peers say to each other: one frozen dataclass per message, and how each
+goes over the wire (`send_message` / `recv_message`). Receivers dispatch on the class (`match` / isinstance).
+
+The wire: one multiprocessing.connection message (`send_bytes`) per message, its first byte the kind:
+`Outputs`, the one sent every step and the bulk of the traffic, is a compact binary frame (`_encode_outputs`:
+columns of fixed-size numbers, no pickling); every other message is pickled.
 
 Two kinds of connection, and the order on each:
 
@@ -26,8 +30,12 @@ client's requests.
 
 from __future__ import annotations
 
+import pickle
+import struct
+from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -43,7 +51,7 @@ class Delta(NamedTuple):
     rid: str
     ids: list
     depths: list
-    prefix: list
+    prefix: list  # on a request's first Delta with tokens (and those before it); [] after: the client keeps it
     trim: int
     finish_reason: str | None
     spec_counts: tuple[int, int] = (0, 0)  # self-speculation: the request's (drafted, accepted) so far
@@ -153,3 +161,114 @@ class CountError:
 
 ToEngine = AddRequest | AbortRequest | CountError
 FromEngine = Outputs | LoadReport | Rejected | Failed | Stats  # EngineClient's on_message gets these (Stats: the owner)
+
+
+# ------------------------------------------------------------------------------------------ the wire
+_PICKLED, _OUTPUTS = b"P", b"O"
+_FINISH = (None, "stop", "length", "abort", "error")  # Delta.finish_reason <-> its byte in a frame
+_FINISH_CODE = {r: i for i, r in enumerate(_FINISH)}
+# kv_usage, requests, deltas, token ids, prefix ids, bytes of the joined request ids
+_HEADER = struct.Struct("<dIIIII")
+_U32, _I32, _U8 = "I", "i", "B"
+assert array(_U32).itemsize == 4 and array(_I32).itemsize == 4  # NOTE the frame's widths on every platform
+
+
+def _encode_outputs(msg: Outputs) -> bytes | None:
+    """Outputs as one binary frame: the header, the request ids joined by NUL, then per-Delta columns
+    (token counts, prefix counts, finish codes, trims, speculation counts, cached prompt tokens) and the
+    token ids, exit depths and prefix ids of all Deltas end to end. None when a Delta does not fit the frame
+    (a NUL in a request id, an unknown finish reason, a value out of its column's range): it is pickled."""
+    ds = msg.deltas
+    rids = [d.rid for d in ds]
+    joined = "\0".join(rids)
+    if rids and joined.count("\0") != len(rids) - 1:
+        return None
+    try:
+        ids = array(_I32, [t for d in ds for t in d.ids])
+        depths = array(_U8, [x for d in ds for x in d.depths])
+        prefix = array(_I32, [t for d in ds for t in d.prefix])
+        finish = array(_U8, [_FINISH_CODE[d.finish_reason] for d in ds])
+        columns = [
+            array(_U32, [len(d.ids) for d in ds]),
+            array(_U32, [len(d.prefix) for d in ds]),
+            array(_U32, [d.trim for d in ds]),
+            array(_U32, [d.spec_counts[0] for d in ds]),
+            array(_U32, [d.spec_counts[1] for d in ds]),
+            array(_U32, [d.num_cached for d in ds]),
+        ]
+    except (KeyError, OverflowError, TypeError):
+        return None
+    if len(depths) != len(ids):
+        return None
+    raw = joined.encode()
+    header = _HEADER.pack(msg.load.kv_usage, msg.load.requests, len(ds), len(ids), len(prefix), len(raw))
+    parts = [_OUTPUTS, header, raw, *(c.tobytes() for c in columns), ids.tobytes(), prefix.tobytes()]
+    return b"".join(parts + [finish.tobytes(), depths.tobytes()])
+
+
+def _decode_outputs(buf: bytes) -> Outputs:
+    view = memoryview(buf)
+    kv_usage, requests, n, n_ids, n_prefix, n_raw = _HEADER.unpack_from(view, 1)
+    at = 1 + _HEADER.size
+
+    def take(code: str, count: int) -> list:
+        nonlocal at
+        col = array(code)
+        col.frombytes(view[at : at + count * col.itemsize])
+        at += count * col.itemsize
+        return col.tolist()
+
+    rids = bytes(view[at : at + n_raw]).decode().split("\0") if n else []
+    at += n_raw
+    counts, prefix_counts, trims, drafted, accepted, cached = (take(_U32, n) for _ in range(6))
+    ids, prefix = take(_I32, n_ids), take(_I32, n_prefix)
+    finish, depths = take(_U8, n), take(_U8, n_ids)
+    if at != len(buf) or len(rids) != n:
+        raise ValueError(f"a malformed Outputs frame ({len(buf)} bytes, {at} read, {len(rids)} ids for {n})")
+    deltas = []
+    i = j = 0
+    for k in range(n):
+        c, p = counts[k], prefix_counts[k]
+        deltas.append(
+            Delta(
+                rids[k],
+                ids[i : i + c],
+                depths[i : i + c],
+                prefix[j : j + p],
+                trims[k],
+                _FINISH[finish[k]],
+                (drafted[k], accepted[k]),
+                cached[k],
+            )  # fmt: skip
+        )
+        i, j = i + c, j + p
+    return Outputs(deltas, Load(requests, kv_usage))
+
+
+def encode(msg: Any) -> bytes:
+    """A message as the bytes `send_message` sends."""
+    if isinstance(msg, Outputs):
+        frame = _encode_outputs(msg)
+        if frame is not None:
+            return frame
+    return _PICKLED + pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(buf: bytes) -> Any:
+    """The message `encode` made these bytes from. Raises ValueError for bytes it did not make."""
+    kind = buf[:1]
+    if kind == _OUTPUTS:
+        return _decode_outputs(buf)
+    if kind == _PICKLED:
+        return pickle.loads(memoryview(buf)[1:])
+    raise ValueError(f"not a message: first byte {kind!r}")
+
+
+def send_message(conn: Connection, msg: Any) -> None:
+    """Send one message (the caller serializes concurrent senders of one connection)."""
+    conn.send_bytes(encode(msg))
+
+
+def recv_message(conn: Connection) -> Any:
+    """The next message; EOFError / OSError when the connection ended."""
+    return decode(conn.recv_bytes())

@@ -44,6 +44,8 @@ from .engine_messages import (
     Rejected,
     Start,
     Stats,
+    recv_message,
+    send_message,
 )
 from .metrics import MetricsBuffer
 from .request_trace import RequestTrace
@@ -92,7 +94,7 @@ class _Peer:
         """False if the peer is gone."""
         try:
             with self.lock:
-                self.conn.send(msg)
+                send_message(self.conn, msg)
             return True
         except (OSError, ValueError):
             return False
@@ -209,6 +211,9 @@ class EngineServer:
                     if peer is not None:
                         peer.rids.discard(out.request_id)
         self.metrics.record(outputs)
+        # NOTE a client keeps each stream's detokenization context from the first Delta with tokens on, so
+        # only Deltas before that one carry the prefix.
+        fresh = [out.request_id not in self._first.started for out in outputs]
         self._first.sent(outputs)
         if self.trace is not None:
             for out in outputs:
@@ -216,7 +221,7 @@ class EngineServer:
                     self.trace.mark(out.request_id, "first_token", out.first_token_time)
                     self.trace.mark(out.request_id, "routed")
         load = self._load()
-        for out, peer in zip(outputs, peers):
+        for out, peer, first in zip(outputs, peers, fresh):
             if peer is None:
                 continue
             batch = batches.setdefault(id(peer), (peer, []))[1]
@@ -225,7 +230,7 @@ class EngineServer:
                     out.request_id,
                     out.new_token_ids,
                     out.new_exit_depths,
-                    out.prefix_token_ids,
+                    out.prefix_token_ids if first else [],
                     out.trim_chars,
                     out.finish_reason if out.finished else None,
                     (out.num_spec_drafted, out.num_spec_accepted),
@@ -264,7 +269,7 @@ class EngineServer:
     def _read(self, peer: _Peer) -> None:
         try:
             while True:
-                match peer.conn.recv():
+                match recv_message(peer.conn):
                     case AddRequest(rid, prompt_ids, params):
                         self._add(peer, rid, prompt_ids, params)
                     case AbortRequest(rid):
@@ -364,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[ouro engine %(process)d] %(levelname)s %(message)s")
     owner = Connection(args.owner_fd)
-    start = owner.recv()
+    start = recv_message(owner)
     if not isinstance(start, Start):
         raise EngineProcessError(f"the owner's first message is {type(start).__name__}, not Start")
     try:
@@ -377,11 +382,11 @@ def main(argv: list[str] | None = None) -> int:
             engine.runner = getattr(importlib.import_module(module), name)(engine)
             log.warning("%s=%s: the model runner is replaced (benchmarking the serving path)", RUNNER_ENV, runner)
     except ConfigError as e:
-        owner.send(InitError(str(e)))
+        send_message(owner, InitError(str(e)))
         return 2
     except Exception as e:
         traceback.print_exc()
-        owner.send(InitError(f"the engine failed to start: {type(e).__name__}: {e}"))
+        send_message(owner, InitError(f"the engine failed to start: {type(e).__name__}: {e}"))
         return 1
     server = EngineServer(engine, owner, args.address, start.metrics_interval_s, start.authkey)
     log.info("serving on %s (pid %d)", args.address, os.getpid())

@@ -338,13 +338,16 @@ class StreamingModel(abc.ABC):
             error, error_code, reason, trim = s.error, s.error_code, s.reason, s.trim
             prefix, spec_counts = s.prefix or [], s.spec_counts
             n = s.interval if s.parsed.stream else 0
+            # NOTE the stream keeps the detokenization context of the tokens after the ones taken here: the
+            # engine sends a request's prefix only with its first tokens (engine_messages.Delta).
             if not n or reason is not None:  # everything waiting
-                ids, depths, s.ids, s.depths, s.prefix = s.ids, s.depths, [], [], None
-            else:  # whole intervals; NOTE the tokens left behind keep their detokenization context
+                ids, depths, s.ids, s.depths = s.ids, s.depths, [], []
+                s.prefix = _context(prefix, ids, len(ids))
+            else:  # whole intervals
                 take = len(s.ids) // n * n
                 ids, depths = s.ids[:take], s.depths[:take]
                 s.ids, s.depths = s.ids[take:], s.depths[take:]
-                s.prefix = _context(prefix, ids, take) if s.ids else None
+                s.prefix = _context(prefix, ids, take)
         if error is not None:
             with s.send_lock:
                 if not s.done:
