@@ -66,6 +66,9 @@ def make_prompt(model: str, length: int, seed: int = 0) -> tuple[str, list[int]]
     return make_prompts(model, length, 1, seed)[0]
 
 
+DEPTH_SEARCH_RUNS = 6  # --depth: untimed runs of the bisection
+
+
 def direct(args) -> None:
     from ouro_backend import EngineConfig, LLMEngine, SamplingParams
     from ouro_backend.entrypoints.bench import median_of, run_closed_loop
@@ -78,20 +81,38 @@ def direct(args) -> None:
     )  # fmt: skip
     while eng.has_unfinished_requests():
         eng.step()
-    # Random prompts of input_len tokens, distinct for every request of every repeat (each repeat its own
-    # seed), with the prefix cache emptied before each repeat (run_closed_loop): nothing is prefilled twice.
-    reps = [
-        run_closed_loop(
+    # Prompts made as the served side's are (make_prompts: texts re-encoded; the gate's depth depends on
+    # them), distinct for every request of every repeat and of the depth search, and the prefix cache is
+    # emptied before each run (run_closed_loop): nothing is prefilled twice.
+    prompts: list[list[int]] = json.loads(Path(args.prompt_ids).read_text())
+    runs = iter(range(10**6))
+
+    def run(threshold: float) -> dict:
+        i = next(runs)
+        return run_closed_loop(
             eng,
             args.input_len,
             args.output_len,
             args.concurrency,
             args.requests,
-            "full" if args.exit_threshold >= 1 else f"threshold={args.exit_threshold}",
+            "full" if threshold >= 1 else f"threshold={threshold}",
             seed=1 + i,
+            prompts=prompts[i * args.requests : (i + 1) * args.requests],
         )
-        for i in range(args.repeats)
-    ]
+
+    threshold = args.exit_threshold
+    if args.depth:  # bisect the threshold to that mean depth on untimed runs (depth rises with the threshold)
+        lo, hi, best = 0.0, 1.0, (1.0, 4.0)
+        for _ in range(DEPTH_SEARCH_RUNS):
+            mid = (lo + hi) / 2
+            depth = run(mid)["mean_exit_depth"]
+            if abs(depth - args.depth) < abs(best[1] - args.depth):
+                best = (mid, depth)
+            lo, hi = (mid, hi) if depth < args.depth else (lo, mid)
+        threshold = best[0]
+    reps = [run(threshold) for _ in range(args.repeats)]
+    for r in reps:
+        r["threshold"] = threshold
     print(json.dumps(dict(median=median_of(reps), repeats=reps)))
 
 
@@ -217,6 +238,13 @@ def main() -> int:
         default=1.0,
         help="every request's exit threshold (1.0: full depth; below 1 the real gate decides)",
     )
+    p.add_argument(
+        "--depth",
+        type=float,
+        default=None,
+        help="the gate at this mean exit depth: its threshold bisected on engine-direct's untimed runs "
+        "(prompts made as the served ones), then used for every timed run, served and direct",
+    )
     p.add_argument("--models", nargs="+", default=["ouro"], help="served models to load-test")
     p.add_argument("--skip-direct", action="store_true", help="served only (diagnostics)")
     p.add_argument(
@@ -275,6 +303,12 @@ def main() -> int:
             path = out / (f"prompts_{name}_warmup.json" if i == 0 else f"prompts_{name}_{i - 1}.json")
             path.write_text(json.dumps([next(served_texts) for _ in range(args.requests)]))
             prompt_files[name].append(path)
+    if not (args.skip_direct or args.stand_in):
+        runs = args.repeats + (DEPTH_SEARCH_RUNS if args.depth else 0)
+        ids = [ids for _, ids in make_prompts(model, args.input_len, runs * args.requests, seed=3_000_000)]
+        (out / "direct_prompt_ids.json").write_text(json.dumps(ids))
+    elif args.depth:
+        raise SystemExit("--depth finds the threshold on the engine-direct side: not with --skip-direct or --stand-in")
     if args.process:
         ids = [ids for _, ids in make_prompts(model, args.input_len, per_phase, seed=0)]
         (out / "prompt_ids.json").write_text(json.dumps(ids))
@@ -285,8 +319,8 @@ def main() -> int:
         )
     prompt_tokens = statistics.mean(len(ids) for _, ids in served_prompts)
     print(
-        f"prompts: {per_phase} distinct per phase, {prompt_tokens:.1f} tokens on average (engine-direct: "
-        f"{args.input_len}); {args.requests} requests x {args.output_len} tokens at concurrency {args.concurrency}",
+        f"prompts: {per_phase} distinct per served phase, {prompt_tokens:.1f} tokens on average; "
+        f"{args.requests} requests x {args.output_len} tokens at concurrency {args.concurrency}",
         flush=True,
     )
 
@@ -294,7 +328,7 @@ def main() -> int:
         """The environment of a phase: with --trace, its engine records its rounds to OUT/name."""
         return dict(os.environ, **{TRACE_ENV: str((out / name).resolve())}) if args.trace else None
 
-    def phase(flag: str, env: dict | None = None) -> dict:
+    def phase(flag: str, prompt_file: str, env: dict | None = None) -> dict:
         """One closed-loop phase in a subprocess (its GPU memory is freed before the next phase starts)."""
         res = subprocess.run(
             [
@@ -304,7 +338,10 @@ def main() -> int:
                 "--model",
                 model,
                 "--prompt-ids",
-                str(out / "prompt_ids.json"),
+                str(out / prompt_file),
+                "--input-len",
+                str(args.input_len),
+                *(["--depth", str(args.depth)] if args.depth else []),
                 "--concurrency",
                 str(args.concurrency),
                 "--requests",
@@ -324,12 +361,15 @@ def main() -> int:
             raise SystemExit(f"{flag} failed:\n{res.stderr[-3000:]}")
         return json.loads(res.stdout.strip().splitlines()[-1])
 
-    direct_res = None if args.skip_direct or args.stand_in else phase("--direct")
+    direct_res = None if args.skip_direct or args.stand_in else phase("--direct", "direct_prompt_ids.json")
     if direct_res:
         (out / "direct.json").write_text(json.dumps(direct_res, indent=1))
+        if args.depth:  # the served side runs at the threshold found for that depth
+            args.exit_threshold = direct_res["repeats"][0]["threshold"]
+            print(f"--depth {args.depth}: threshold {args.exit_threshold}", flush=True)
     process_res = None
     if args.process:
-        process_res = phase("--process-loop", trace_env("process_trace.json"))
+        process_res = phase("--process-loop", "prompt_ids.json", trace_env("process_trace.json"))
         (out / "process.json").write_text(json.dumps(process_res, indent=1))
         print(
             f"engine process, closed loop on its owner channel: "
@@ -488,6 +528,7 @@ def main() -> int:
         model=Path(model).name,
         concurrency=args.concurrency,
         workload="full" if args.exit_threshold >= 1 else args.exit_threshold,
+        target_depth=args.depth,
         stand_in_engine=args.stand_in,
         streams=args.concurrency,
     )

@@ -103,11 +103,13 @@ def run_closed_loop(
     workload: str,
     seed: int = 0,
     prompt_ids: list[int] | None = None,
+    prompts: list[list[int]] | None = None,
     arrival_rate: float | None = None,
     ignore_eos: bool = True,
     min_output_len: int | None = None,
 ) -> dict:
-    """One run; random prompts of input_len tokens unless prompt_ids is given. Closed loop (`concurrency`
+    """One run; random prompts of input_len tokens unless prompt_ids (every request's) or prompts (one per
+    request) is given. Closed loop (`concurrency`
     requests in flight), or with `arrival_rate` open loop: Poisson arrivals at that many requests/s, queued
     by the engine however many are running. ignore_eos=False lets requests end at EOS (natural lengths);
     `min_output_len` gives each request a max_tokens drawn uniformly from [min_output_len, output_len]
@@ -133,8 +135,14 @@ def run_closed_loop(
     rounds = []  # (seconds, prompt tokens, decode rows, emitted, running)
 
     # Prompts and params are made before the clock starts: building them is not the engine's work.
+    if prompts is not None and len(prompts) < num_requests:
+        raise ValueError(f"{len(prompts)} prompts for {num_requests} requests")
     requests = [
-        (prompt_ids or [rng.randrange(3, vocab) for _ in range(input_len)], params()) for _ in range(num_requests)
+        (
+            prompts[i] if prompts is not None else prompt_ids or [rng.randrange(3, vocab) for _ in range(input_len)],
+            params(),
+        )
+        for i in range(num_requests)
     ]
     # Calibration and earlier repeats ran these prompts (or the same seed's): their cached prefill would make
     # this run's prompts nearly free, and only the gated runs, which come later, would profit.
