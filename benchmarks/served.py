@@ -71,7 +71,7 @@ DEPTH_SEARCH_RUNS = 6  # --depth: untimed runs of the bisection
 
 def direct(args) -> None:
     from ouro_backend import EngineConfig, LLMEngine, SamplingParams
-    from ouro_backend.entrypoints.bench import median_of, run_closed_loop
+    from ouro_backend.entrypoints.bench import median_of, run_closed_loop, threshold_for_depth
 
     eng = LLMEngine(EngineConfig(model=args.model, max_num_seqs=args.concurrency))
     warm = random.Random(-1)
@@ -85,32 +85,22 @@ def direct(args) -> None:
     # them), distinct for every request of every repeat and of the depth search, and the prefix cache is
     # emptied before each run (run_closed_loop): nothing is prefilled twice.
     prompts: list[list[int]] = json.loads(Path(args.prompt_ids).read_text())
-    runs = iter(range(10**6))
+    n = args.requests
+    threshold = args.exit_threshold
+    if args.depth:  # untimed runs on the first prompts
+        search, prompts = prompts[: DEPTH_SEARCH_RUNS * n], prompts[DEPTH_SEARCH_RUNS * n :]
+        threshold, _ = threshold_for_depth(
+            eng, args.depth, args.input_len, args.output_len, args.concurrency, n, iters=DEPTH_SEARCH_RUNS,
+            prompts=search,
+        )  # fmt: skip
+    workload = "full" if threshold >= 1 else f"threshold={threshold}"
 
-    def run(threshold: float) -> dict:
-        i = next(runs)
+    def run(i: int) -> dict:
         return run_closed_loop(
-            eng,
-            args.input_len,
-            args.output_len,
-            args.concurrency,
-            args.requests,
-            "full" if threshold >= 1 else f"threshold={threshold}",
-            seed=1 + i,
-            prompts=prompts[i * args.requests : (i + 1) * args.requests],
+            eng, args.input_len, args.output_len, args.concurrency, n, workload, prompts=prompts[i * n : (i + 1) * n]
         )
 
-    threshold = args.exit_threshold
-    if args.depth:  # bisect the threshold to that mean depth on untimed runs (depth rises with the threshold)
-        lo, hi, best = 0.0, 1.0, (1.0, 4.0)
-        for _ in range(DEPTH_SEARCH_RUNS):
-            mid = (lo + hi) / 2
-            depth = run(mid)["mean_exit_depth"]
-            if abs(depth - args.depth) < abs(best[1] - args.depth):
-                best = (mid, depth)
-            lo, hi = (mid, hi) if depth < args.depth else (lo, mid)
-        threshold = best[0]
-    reps = [run(threshold) for _ in range(args.repeats)]
+    reps = [run(i) for i in range(args.repeats)]
     for r in reps:
         r["threshold"] = threshold
     print(json.dumps(dict(median=median_of(reps), repeats=reps)))

@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from client.ouro_client import SAMPLE_PROMPTS as PROMPTS
-from client.ouro_client import GrpcStream, Result, generate, request_options
+from client.ouro_client import GrpcStream, Result, generate, load_prompts, request_options
 
 
 def percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, float | None]:
@@ -189,15 +189,6 @@ def run_load(
     }
 
 
-def load_prompts(path: str) -> list[str]:
-    """A --prompts-file: a non-empty JSON list of strings."""
-    with open(path, encoding="utf-8") as f:
-        prompts = json.load(f)
-    if not (isinstance(prompts, list) and prompts and all(isinstance(x, str) for x in prompts)):
-        raise SystemExit(f"--prompts-file {path}: expected a non-empty JSON list of strings")
-    return prompts
-
-
 def format_table(report: dict[str, Any]) -> str:
     def ms(v):
         return "-" if v is None else f"{v * 1e3:9.1f}"
@@ -249,9 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", default=None, help="write the JSON report here (default: stdout)")
     args = p.parse_args(argv)
-    prompts = args.prompt or PROMPTS
-    if args.prompts_file:
-        prompts = load_prompts(args.prompts_file)
+    prompts = load_prompts(args.prompts_file) if args.prompts_file else args.prompt or PROMPTS
     options = request_options(
         max_tokens=args.max_tokens,
         stream=True,

@@ -174,6 +174,15 @@ class Result:
         return "--- " + ", ".join(parts)
 
 
+def load_prompts(path: str) -> list[str]:
+    """A `--prompts-file` (client/load.py, client/perf_analyzer/run_perf.py): a non-empty JSON list of strings."""
+    with open(path, encoding="utf-8") as f:
+        prompts = json.load(f)
+    if not (isinstance(prompts, list) and prompts and all(isinstance(x, str) for x in prompts)):
+        raise SystemExit(f"--prompts-file {path}: expected a non-empty JSON list of strings")
+    return prompts
+
+
 def request_options(max_tokens: int = 64, stream: bool = True, **kwargs) -> dict[str, Any]:
     """The optional inputs of a request (None values dropped). Keys: SCALAR_TYPES and stop_words."""
     opts = {"max_tokens": max_tokens, "stream": stream, **kwargs}

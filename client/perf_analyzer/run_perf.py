@@ -38,7 +38,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from locate import PerfAnalyzerUnavailable, check, locate
-from make_input_data import make_input_data
+from make_input_data import make_input_data  # (it puts the repository root on sys.path)
+
+from client.ouro_client import load_prompts
 
 _FIELDS = {
     "request_count": r"Request count: (\d+)",
@@ -308,10 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     prompts = args.prompt
     if args.prompts_file:
-        with open(args.prompts_file, encoding="utf-8") as f:
-            prompts = json.load(f)
-        if not (isinstance(prompts, list) and prompts and all(isinstance(x, str) for x in prompts)):
-            p.error(f"--prompts-file {args.prompts_file}: expected a non-empty JSON list of strings")
+        prompts = load_prompts(args.prompts_file)
         args.num_prompts = len(prompts)
     if args.measurement_interval is not None and args.measurement_request_count is not None:
         p.error("--measurement-interval (time windows) excludes --measurement-request-count (count windows)")

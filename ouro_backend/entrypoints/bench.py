@@ -297,14 +297,17 @@ def threshold_for_depth(
     num_requests: int,
     seed: int = 0,
     iters: int = 7,
+    prompts: list[list[int]] | None = None,
 ) -> tuple[float, float]:
     """The gate threshold whose mean exit depth on the run's prompts (seed `seed`) is closest to `target`
-    (depth rises with the threshold), by bisection over untimed runs; returns (threshold, its depth)."""
+    (depth rises with the threshold), by bisection over untimed runs; returns (threshold, its depth). With
+    `prompts` (iters x num_requests of them), run i takes the i-th num_requests: no prompt runs twice."""
     lo, hi, best = 0.0, 1.0, (1.0, float(engine.model_config.num_loops))
-    for _ in range(iters):
+    for i in range(iters):
         mid = (lo + hi) / 2
+        own = prompts[i * num_requests : (i + 1) * num_requests] if prompts is not None else None
         depth = run_closed_loop(
-            engine, input_len, output_len, concurrency, num_requests, f"threshold={mid}", seed=seed
+            engine, input_len, output_len, concurrency, num_requests, f"threshold={mid}", seed=seed, prompts=own
         )["mean_exit_depth"]
         if abs(depth - target) < abs(best[1] - target):
             best = (mid, depth)
