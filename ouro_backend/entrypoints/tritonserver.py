@@ -133,10 +133,19 @@ def find_tritonserver() -> tuple[str, str | None, dict[str, str]]:
     return str(server_dir / "bin" / "tritonserver"), str(backends), env
 
 
+_ports_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now and not returned before by this process: the kernel may hand the
+    port it just released to the next bind, so three calls in a row (http, grpc, metrics) could collide."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ports_handed_out:
+            _ports_handed_out.add(port)
+            return port
 
 
 def bind_error(host: str, port: int) -> OSError | None:
