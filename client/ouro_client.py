@@ -59,6 +59,10 @@ SCALAR_TYPES = {  # client-facing optional inputs: numpy dtype, Triton dtype
     "return_finish_reason": (np.bool_, "BOOL"),
     "return_spec_counts": (np.bool_, "BOOL"),
     "return_num_cached_tokens": (np.bool_, "BOOL"),
+    "return_logprobs": (np.bool_, "BOOL"),
+    "repetition_penalty": (np.float32, "FP32"),
+    "presence_penalty": (np.float32, "FP32"),
+    "frequency_penalty": (np.float32, "FP32"),
     "min_loops": (np.int64, "INT64"),
     "max_loops": (np.int64, "INT64"),
     "exit_threshold": (np.float32, "FP32"),
@@ -77,6 +81,7 @@ class Chunk:
     num_spec_drafted_tokens: int | None = None  # with return_spec_counts: the request's totals so far
     num_spec_accepted_tokens: int | None = None
     num_cached_tokens: int | None = None  # with return_num_cached_tokens: prompt tokens from the prefix cache
+    log_probs: list[float] | None = None  # with return_logprobs: each token's logprob
     time: float = 0.0  # time.monotonic() when it arrived (gRPC: when the stream's callback had it)
 
 
@@ -104,6 +109,10 @@ class Result:
         if counted and all(n is not None for n in counted):
             return int(sum(counted))
         return sum(len(c.exit_depths) for c in chunks)
+
+    @property
+    def log_probs(self) -> list[float]:
+        return [x for c in self.chunks for x in c.log_probs or []]
 
     @property
     def num_tokens(self) -> int:
@@ -184,7 +193,8 @@ def load_prompts(path: str) -> list[str]:
 
 
 def request_options(max_tokens: int = 64, stream: bool = True, **kwargs) -> dict[str, Any]:
-    """The optional inputs of a request (None values dropped). Keys: SCALAR_TYPES and stop_words."""
+    """The optional inputs of a request (None values dropped). Keys: SCALAR_TYPES, stop_words, bad_words and
+    sampling_parameters (a JSON string)."""
     opts = {"max_tokens": max_tokens, "stream": stream, **kwargs}
     return {k: v for k, v in opts.items() if v is not None}
 
@@ -203,9 +213,11 @@ def build_inputs(tc: Any, prompt: str, options: dict[str, Any]) -> list:
     for name, value in options.items():
         if value is None:
             continue
-        if name == "stop_words":
+        if name in ("stop_words", "bad_words"):
             words = [value] if isinstance(value, str) else list(value)
             add(name, np.array([[w.encode("utf-8") for w in words]], dtype=np.object_), "BYTES")
+        elif name == "sampling_parameters":
+            add(name, np.array([[value.encode("utf-8")]], dtype=np.object_), "BYTES")
         elif name in SCALAR_TYPES:
             np_type, dtype = SCALAR_TYPES[name]
             add(name, np.array([[value]], dtype=np_type), dtype)
@@ -224,6 +236,7 @@ def _chunk_from_arrays(get) -> Chunk:
 
     text = get("text_output")
     depths = get("exit_depths")
+    log_probs = get("output_log_probs")
     return Chunk(
         text=text.reshape(-1)[0].decode("utf-8") if text is not None else "",
         exit_depths=[int(d) for d in depths.reshape(-1)] if depths is not None else [],
@@ -233,6 +246,7 @@ def _chunk_from_arrays(get) -> Chunk:
         num_spec_drafted_tokens=scalar("num_spec_drafted_tokens"),
         num_spec_accepted_tokens=scalar("num_spec_accepted_tokens"),
         num_cached_tokens=scalar("num_cached_tokens"),
+        log_probs=[float(x) for x in log_probs.reshape(-1)] if log_probs is not None else None,
         time=time.monotonic(),
     )
 

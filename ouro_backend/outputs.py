@@ -37,6 +37,8 @@ class RequestOutput:
     # still turn into a stop string are held back until that is decided.
     new_token_ids: list[int] = field(default_factory=list)
     new_exit_depths: list[int] = field(default_factory=list)
+    # The new tokens' logprobs when the request asked for them (SamplingParams.logprobs), else empty.
+    new_logprobs: list[float] = field(default_factory=list)
     new_text: str = ""
     # Up to 5 token ids just before new_token_ids (prompt ids at the start of a stream), so a stateless
     # detokenizer can produce new_text as decode(prefix + new) - decode(prefix).

@@ -6,6 +6,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 class RequestError(ValueError):
@@ -28,12 +32,29 @@ class SamplingParams:
     max_loops: int | None = None
     exit_threshold: float | None = None  # None: the engine's exit_threshold
     exit_trace: Sequence[int] | None = None  # depths for exit_mode=trace, one per decode step (cycled)
+    # Penalties (vLLM's semantics, applied to the logits before temperature, top-k and top-p, greedy rows
+    # included; docs/engine.md, "Penalties"): a logit of a token seen in the prompt or the output so far is
+    # divided by repetition_penalty when positive, multiplied when negative; then frequency_penalty times
+    # the token's count in the output and presence_penalty if it occurs there at all are subtracted.
+    repetition_penalty: float = 1.0  # > 0; 1: off
+    presence_penalty: float = 0.0  # [-2, 2]; 0: off
+    frequency_penalty: float = 0.0  # [-2, 2]; 0: off
+    # Words never generated (vLLM's bad_words): each is tokenized as is and with a leading space
+    # (`bad_words_token_ids`); the last token of such a sequence is masked whenever the output so far ends
+    # with the rest of it (always, for a one-token word).
+    bad_words: Sequence[str] = field(default_factory=list)
+    # Hand each new token's logprob out with it (RequestOutput.new_logprobs). The engine computes every
+    # token's logprob either way (RequestOutput.logprobs on the final output); this only moves them.
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        self.bad_words = list(self.bad_words)
         self.validate()
 
     def validate(
@@ -89,6 +110,18 @@ class SamplingParams:
             self.exit_threshold is None or (_is_num(self.exit_threshold) and 0.0 <= self.exit_threshold <= 1.0),
             f"exit_threshold must be in [0, 1], got {self.exit_threshold!r}",
         )
+        check(
+            _is_num(self.repetition_penalty) and self.repetition_penalty > 0,
+            f"repetition_penalty must be > 0 and finite (1: off), got {self.repetition_penalty!r}",
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            check(_is_num(v) and -2.0 <= v <= 2.0, f"{name} must be in [-2, 2] (0: off), got {v!r}")
+        check(
+            all(isinstance(w, str) and w.strip() for w in self.bad_words),
+            f"bad_words must be non-blank strings, got {self.bad_words!r}",
+        )
+        check(self.logprobs in (True, False), f"logprobs must be a boolean, got {self.logprobs!r}")
         if self.exit_trace is not None:
             check(isinstance(self.exit_trace, (list, tuple)), "exit_trace must be a list of loop depths")
             self.exit_trace = list(self.exit_trace)
@@ -114,6 +147,38 @@ class SamplingParams:
             bad = [t for t in self.stop_token_ids if t >= vocab_size]
             if bad:
                 raise RequestError(f"stop_token_ids has id {bad[0]} outside the vocabulary [0, {vocab_size})")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (the engine samples its batches with penalties only then)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether sampling needs the engine's penalty state: penalties or bad words (SamplerMode.PENALIZE)."""
+        return self.penalized or bool(self.bad_words)
+
+
+MAX_BAD_WORDS = 32  # token sequences (two per word at most) a request's bad_words may come to
+MAX_BAD_WORD_TOKENS = 8  # tokens in one of them
+
+
+def bad_words_token_ids(tokenizer: Tokenizer, words: Sequence[str]) -> list[list[int]]:
+    """vLLM's tokenization of bad_words: each word without leading spaces, and again with one leading space
+    when that gives a different first token and as many tokens (a word inside the text). RequestError
+    when they come to more than MAX_BAD_WORDS sequences or one is longer than MAX_BAD_WORD_TOKENS."""
+    out: list[list[int]] = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False).ids
+        if not 0 < len(plain) <= MAX_BAD_WORD_TOKENS:
+            raise RequestError(f"bad word {word!r} is {len(plain)} tokens; 1 to {MAX_BAD_WORD_TOKENS} are supported")
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False).ids
+        out.append(plain)
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    if len(out) > MAX_BAD_WORDS:
+        raise RequestError(f"bad_words come to {len(out)} token sequences; at most {MAX_BAD_WORDS} are supported")
+    return out
 
 
 def _is_int(x: object) -> bool:

@@ -219,3 +219,80 @@ def test_fp32_preemption_with_graphs_equals_runs_alone(toy_path, layout, mode):
     for i, (prompt, out) in enumerate(zip(KV_PROMPTS, outs)):
         ref = run_all(big, [prompt], [params(i, 0.5, False)])[0]  # each request alone
         assert (out.token_ids, out.exit_depths) == (ref.token_ids, ref.exit_depths), f"request {i}"
+
+
+# (repetition, presence, frequency) sets that change the toy model's greedy output (test_penalties.py)
+PENALTIES = [(0.5, 1.0, 0.0), (0.6, 0.0, 2.0), (1.0, -2.0, 0.0), (0.7, -1.0, 0.5)]
+
+
+def _penalized(pen, **kw):
+    kw = dict(dict(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=1.0), **kw)
+    return SamplingParams(repetition_penalty=pen[0], presence_penalty=pen[1], frequency_penalty=pen[2], **kw)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("rounds", [1, 4])
+def test_fp32_penalties_equal_oracle_under_graphs(toy_path, oracle, graphs, rounds):
+    """SamplerMode.PENALIZE inside the decode and mixed graphs (fused decode-state kernels, counts kept on
+    the device over multi-round launches): every penalized request's greedy tokens equal the oracle's with
+    the penalties, its unpenalized batch mates equal plain decoding, with no eager launch and no host sync."""
+    eng = gpu_engine(
+        toy_path,
+        "float32",
+        cuda_graphs=graphs,
+        prefill_chunk_size=5,
+        max_num_batched_tokens=16,
+        decode_rounds_per_launch=rounds,
+        max_num_seqs=16,
+    )
+    eng.runner.record_logits = False
+    plain = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=1.0)
+    reqs = [(p, _penalized(pen)) for pen in PENALTIES for p in PROMPTS] + [(p, plain) for p in PROMPTS]
+    outs = run_all(eng, [r[0] for r in reqs], [r[1] for r in reqs])
+    for (prompt, params), out in zip(reqs, outs):
+        pen = (params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
+        assert out.token_ids == oracle.generate(prompt, 8, penalties=pen if params.penalized else None)[0], pen
+    st = eng.stats()
+    if graphs:
+        assert st["graph_launches"] > 0 and st["eager_launches"] == 0
+    if rounds > 1:
+        assert st["rounds"] > st["launches"]
+    assert st["host_syncs"] == 0
+
+
+def test_penalized_seeded_sampling_and_logprobs_same_with_and_without_graphs(toy_path):
+    """Seeded penalized sampling (mixed with unpenalized requests) draws the same tokens with graphs (one
+    and four rounds a launch) and without, and a request alone; the logprobs handed out with the tokens
+    (SamplingParams.logprobs) add up to the final output's."""
+    params = [
+        _penalized(pen, temperature=0.5, seed=21 + i, top_k=40 if i % 2 else 0, logprobs=True)
+        for i, pen in enumerate(PENALTIES)
+    ] + [SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True, logprobs=True)]
+    prompts = [PROMPTS[i % 3] for i in range(len(params))]
+
+    def run(eng):
+        eng.runner.record_logits = False
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            eng.add_request(str(i), p, sp)
+        streamed, final = {}, {}
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                streamed.setdefault(o.request_id, []).extend(o.new_logprobs)
+                if o.finished:
+                    final[o.request_id] = o
+        for rid, o in final.items():
+            assert streamed[rid] == o.logprobs and len(o.logprobs) == 8
+        return [final[str(i)] for i in range(len(params))]
+
+    runs = [
+        run(gpu_engine(toy_path, "float32", cuda_graphs=g, decode_rounds_per_launch=r))
+        for g, r in ((True, 4), (True, 1), (False, 1))
+    ]
+    for outs in runs[1:]:
+        assert [o.token_ids for o in outs] == [o.token_ids for o in runs[0]]
+        for a, b in zip(outs, runs[0]):
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    eng = gpu_engine(toy_path, "float32")
+    eng.runner.record_logits = False
+    alone = run_all(eng, prompts[:1], params[:1])[0]
+    assert alone.token_ids == runs[0][0].token_ids

@@ -106,6 +106,7 @@ def test_engine_direct_token_ids(server, llm):
         ("temperature", np.array([[0.0]], np.float32), "FP32"),
         ("exit_threshold", np.array([[0.5]], np.float32), "FP32"),
         ("stream", np.array([[True]]), "BOOL"),
+        ("return_logprobs", np.array([[True]]), "BOOL"),
     ]:
         t = grpcclient.InferInput(name, list(arr.shape), dt)
         t.set_data_from_numpy(arr)
@@ -114,19 +115,21 @@ def test_engine_direct_token_ids(server, llm):
     q: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)))
     client.async_stream_infer("ouro_engine", inputs, enable_empty_final_response=True)
-    out_ids, depths, reasons = [], [], []
+    out_ids, depths, reasons, logprobs = [], [], [], []
     while True:
         result, error = q.get(timeout=60)
         assert error is None, error
         if result.get_response().outputs:
             out_ids += result.as_numpy("output_ids").reshape(-1).tolist()
             depths += result.as_numpy("exit_depths").reshape(-1).tolist()
+            logprobs += result.as_numpy("output_log_probs").reshape(-1).tolist()
             reasons.append(result.as_numpy("finish_reason").reshape(-1)[0].decode())
         if result.get_response().parameters["triton_final_response"].bool_param:
             break
     client.stop_stream()
     client.close()
     assert out_ids == ref.token_ids and depths == ref.exit_depths
+    assert np.allclose(logprobs, ref.logprobs, atol=1e-5, rtol=0)
     assert reasons[-1] == ref.finish_reason and set(reasons[:-1]) <= {""}
 
 
@@ -190,9 +193,51 @@ def test_http_sampling_parameters_json_as_the_vllm_backend_takes_it(server, llm,
     data = post({"max_tokens": 8, "temperature": 0, "stop": ["qz"]})
     assert data["text_output"] == ref.text and data["exit_depths"] == ref.exit_depths
     with pytest.raises(urllib.error.HTTPError) as e:
-        post({"max_tokens": 8, "presence_penalty": 0.5})
-    assert e.value.code == 400 and "sampling_parameters.presence_penalty is not supported" in e.value.read().decode()
+        post({"max_tokens": 8, "best_of": 2})
+    assert e.value.code == 400 and "sampling_parameters.best_of is not supported" in e.value.read().decode()
     assert post({"max_tokens": 8, "temperature": 0, "stop": ["qz"]})["text_output"] == ref.text
+
+
+@pytest.mark.parametrize("model", ["ouro", "ouro_ensemble"])
+def test_logprobs_streamed_coalesced_one_by_one_and_not_streamed_agree(server, llm, model):
+    """return_logprobs: output_log_probs holds one logprob per token of each response, and the stream's
+    (coalesced, or one token per response) and the one non-streaming response's (HTTP generate) are the
+    offline engine's; without the flag there is no output_log_probs."""
+    ref = offline(llm, PROMPT, max_tokens=12, temperature=0.0)
+    opts = all_flags(max_tokens=12, temperature=0.0, return_logprobs=True)
+    runs = {
+        "coalesced": generate(server.grpc_url, model, PROMPT, opts),
+        "interval 1": generate(server.grpc_url, model, PROMPT, dict(opts, stream_interval=1)),
+        "not streamed": generate(server.http_url, model, PROMPT, dict(opts, stream=False), protocol="http"),
+    }
+    assert len(runs["interval 1"].chunks) >= 12 and len(runs["not streamed"].chunks) == 1
+    for what, r in runs.items():
+        assert r.error is None, what
+        assert all(c.log_probs is not None and len(c.log_probs) == len(c.exit_depths) for c in r.chunks), what
+        assert len(r.log_probs) == 12 and np.allclose(r.log_probs, ref.logprobs, atol=1e-5, rtol=0), what
+    plain = generate(server.grpc_url, model, PROMPT, all_flags(max_tokens=3, temperature=0.0))
+    assert plain.error is None and all(c.log_probs is None for c in plain.chunks)
+
+
+def test_penalties_through_sampling_parameters_json_and_tensors_agree(server, llm):
+    """The penalties and bad words as the vLLM backend's JSON keys (with vLLM's logprobs: 0) or as their own
+    tensors, through either client-facing model: the offline engine's text, which they change."""
+    pen = dict(repetition_penalty=0.6, presence_penalty=-1.0, frequency_penalty=0.5)
+    penalized = offline(llm, PROMPT, max_tokens=12, temperature=0.0, **pen)
+    assert penalized.text != offline(llm, PROMPT, max_tokens=12, temperature=0.0).text
+    tok = llm.engine.tokenizer
+    words = [tok.decode([t]) for t in penalized.token_ids]
+    bad = [next(w for w in words if w.strip() and "\ufffd" not in w)]  # a whole token of the penalized text
+    ref = offline(llm, PROMPT, max_tokens=12, temperature=0.0, bad_words=bad, **pen)
+    assert ref.text != penalized.text
+    opts = all_flags(max_tokens=12, temperature=0.0, bad_words=bad, **pen)
+    tensors = generate(server.grpc_url, "ouro_ensemble", PROMPT, opts)
+    sampling = json.dumps({"max_tokens": 12, "temperature": 0, "logprobs": 0, "bad_words": bad, **pen})
+    opts = {"stream": False, "exclude_input_in_output": True, "sampling_parameters": sampling}
+    via_json = generate(server.http_url, "ouro", PROMPT, opts, protocol="http")
+    assert tensors.error is None and via_json.error is None
+    assert tensors.text == via_json.text == ref.text
+    assert np.allclose(via_json.log_probs, ref.logprobs, atol=1e-5, rtol=0)
 
 
 def test_stop_words(server, llm):

@@ -131,7 +131,7 @@ def test_parse_sampling_parameters_json():
     for bad, match in [
         ("{oops", "not valid JSON"),
         ("[1]", "must be a JSON object"),
-        (json.dumps({"presence_penalty": 0.5}), "sampling_parameters.presence_penalty is not supported"),
+        (json.dumps({"best_of": 2}), "sampling_parameters.best_of is not supported"),
         (json.dumps({"max_tokens": "ten"}), "sampling_parameters.max_tokens must be int, got str"),
         (json.dumps({"max_tokens": True}), "sampling_parameters.max_tokens must be int, got bool"),
         (json.dumps({"stop": [1]}), "sampling_parameters.stop must be a string or a list of strings"),
@@ -140,6 +140,96 @@ def test_parse_sampling_parameters_json():
         with pytest.raises(RequestError, match=match):
             parse_request({"text_input": s("x"), "sampling_parameters": s(bad)})
     assert parse_request({"text_input": s("x"), "sampling_parameters": s("")}).params.max_tokens == 16
+
+
+def test_parse_logprobs_and_penalties():
+    """return_logprobs (or vLLM's sampling_parameters.logprobs = 0) and the three penalties, as tensors or
+    JSON; every bad value is refused naming the input."""
+    js = lambda d: s(json.dumps(d))  # noqa: E731
+    x = {"text_input": s("x")}
+    plain = parse_request(x)
+    assert not plain.return_logprobs and not plain.params.logprobs and not plain.params.penalized
+    for req in (
+        parse_request({**x, "return_logprobs": b(True)}),
+        parse_request({**x, "sampling_parameters": js({"logprobs": 0})}),
+    ):
+        assert req.return_logprobs and req.params.logprobs and req.return_flags[-1]
+    assert not parse_request({**x, "return_logprobs": b(False)}).params.logprobs
+    via_tensors = parse_request(
+        {**x, "repetition_penalty": f32(1.25), "presence_penalty": f32(-0.5), "frequency_penalty": f32(2.0)}
+    ).params
+    via_json = parse_request(
+        {**x, "sampling_parameters": js({"repetition_penalty": 1.25, "presence_penalty": -0.5, "frequency_penalty": 2})}
+    ).params
+    for p in (via_tensors, via_json):
+        assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == (1.25, -0.5, 2.0)
+        assert p.penalized
+    assert parse_request({**x, "repetition_penalty": f32(1.0)}).params.penalized is False
+    for inputs, match in [
+        ({"sampling_parameters": js({"logprobs": 1})}, "sampling_parameters.logprobs must be 0.*top-N"),
+        ({"sampling_parameters": js({"logprobs": True})}, "sampling_parameters.logprobs must be int"),
+        ({"return_logprobs": i32(1)}, "'return_logprobs' must be TYPE_BOOL"),
+        ({"repetition_penalty": f32(0.0)}, "repetition_penalty must be > 0"),
+        ({"repetition_penalty": f32(-1.0)}, "repetition_penalty must be > 0"),
+        ({"repetition_penalty": f32(float("inf"))}, "'repetition_penalty' must be a finite number"),
+        ({"repetition_penalty": s("1.2")}, "'repetition_penalty' must be TYPE_FP32"),
+        ({"presence_penalty": f32(2.5)}, r"presence_penalty must be in \[-2, 2\]"),
+        ({"frequency_penalty": f32(-2.01)}, r"frequency_penalty must be in \[-2, 2\]"),
+        ({"frequency_penalty": f32(float("nan"))}, "'frequency_penalty' must be a finite number"),
+        ({"sampling_parameters": js({"presence_penalty": 3})}, r"presence_penalty must be in \[-2, 2\]"),
+        ({"sampling_parameters": js({"repetition_penalty": "1"})}, "sampling_parameters.repetition_penalty must be"),
+        ({"sampling_parameters": js({"repetition_penalty": 0})}, "repetition_penalty must be > 0"),
+        (
+            {"sampling_parameters": js({"frequency_penalty": 0.5}), "frequency_penalty": f32(1.0)},
+            r"sampling_parameters.frequency_penalty \(0.5\) and the input frequency_penalty \(1.0\) disagree",
+        ),
+    ]:
+        with pytest.raises(RequestError, match=match):
+            parse_request({**x, **inputs})
+    engine = parse_request(
+        {"input_ids": i32([1, 2]), "return_logprobs": b(True), "presence_penalty": f32(1.0)},
+        specs=ENGINE_INPUTS,
+        prompt_input="input_ids",
+    )
+    assert engine.params.logprobs and engine.params.presence_penalty == 1.0
+
+
+def test_parse_bad_words_and_their_tokenization(tokenizer):
+    """bad_words as a STRING list input or a JSON string / list; vLLM's tokenization (each word as is and,
+    when that is a different token sequence of the same length, with a leading space) and its limits."""
+    from ouro_backend.sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, bad_words_token_ids
+
+    js = lambda d: s(json.dumps(d))  # noqa: E731
+    x = {"text_input": s("x")}
+    words = np.array([[b"robot", b" hello world", b""]], dtype=object)  # "": padding, as in stop_words
+    for req in (
+        parse_request({**x, "bad_words": words}),
+        parse_request({**x, "sampling_parameters": js({"bad_words": ["robot", " hello world"]})}),
+    ):
+        assert req.params.bad_words == ["robot", " hello world"] and req.params.processes_logits
+        assert not req.params.penalized
+    assert parse_request({**x, "sampling_parameters": js({"bad_words": "robot"})}).params.bad_words == ["robot"]
+    for inputs, match in [
+        ({"bad_words": np.array([[b"  "]], dtype=object)}, "bad_words must be non-blank strings"),
+        ({"bad_words": i32(3)}, "'bad_words' must be TYPE_STRING"),
+        ({"sampling_parameters": js({"bad_words": [1]})}, "sampling_parameters.bad_words must be a string or a list"),
+        (
+            {"sampling_parameters": js({"bad_words": ["a"]}), "bad_words": np.array([[b"b"]], dtype=object)},
+            r"sampling_parameters.bad_words \(\['a'\]\) and the input bad_words \(\['b'\]\) disagree",
+        ),
+    ]:
+        with pytest.raises(RequestError, match=match):
+            parse_request({**x, **inputs})
+    enc = lambda t: tokenizer.encode(t, add_special_tokens=False).ids  # noqa: E731
+    for word in ("robot", " hello world", "O W"):
+        plain, spaced = enc(word.lstrip()), enc(" " + word.lstrip())
+        want = [plain] + ([spaced] if spaced[0] != plain[0] and len(spaced) == len(plain) else [])
+        assert bad_words_token_ids(tokenizer, [word]) == want
+    assert len(bad_words_token_ids(tokenizer, ["O W"])) == 2  # the toy tokenizer has both forms
+    with pytest.raises(RequestError, match=f"at most {MAX_BAD_WORDS} are supported"):
+        bad_words_token_ids(tokenizer, [f"w{i}" for i in range(MAX_BAD_WORDS + 1)])
+    with pytest.raises(RequestError, match=f"bad word .* tokens; 1 to {MAX_BAD_WORD_TOKENS} are supported"):
+        bad_words_token_ids(tokenizer, ["héllo wörld: naïve café 🙂 and more words than eight"])
 
 
 def test_parse_defaults_and_unbatched_shapes():
@@ -251,6 +341,10 @@ def test_client_inputs_cover_design():
         "min_loops",
         "max_loops",
         "exit_threshold",
+        "return_logprobs",  # the OpenAI frontend's contract: these two names
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
     ]
     assert set(design) <= set(CLIENT_INPUTS)
     assert set(protocol.CLIENT_OUTPUTS) == {
@@ -259,6 +353,7 @@ def test_client_inputs_cover_design():
         "num_output_tokens",
         "finish_reason",
         "exit_depths",
+        "output_log_probs",
         "num_spec_drafted_tokens",
         "num_spec_accepted_tokens",
         "num_cached_tokens",
@@ -270,8 +365,10 @@ def test_client_inputs_cover_design():
 
 def test_engine_response_arrays():
     out = engine_response_arrays(
-        [10, 11], [1, 2, 3], [4, 2], 0, 9, None, "", (True, False, True, True, True), (12, 7), 32
+        [10, 11], [1, 2, 3], [4, 2], 0, 9, None, "", (True, False, True, True, True, True), (12, 7), 32, [-0.5, -2.0]
     )
+    assert out["output_log_probs"].dtype == np.float32 and out["output_log_probs"].tolist() == [[-0.5, -2.0]]
+    assert out["return_logprobs"].tolist() == [[True]]
     assert out["output_ids"].dtype == np.int32 and out["output_ids"].tolist() == [[10, 11]]
     assert out["prefix_ids"].tolist() == [[1, 2, 3]] and out["exit_depths"].tolist() == [[4, 2]]
     assert out["num_input_tokens"].tolist() == [[9]] and out["num_output_tokens"].tolist() == [[2]]
@@ -288,6 +385,9 @@ def test_engine_response_arrays():
         engine_response_arrays([1], [], [], 0, 1, None, "")
     with pytest.raises(ValueError, match="return flags"):
         engine_response_arrays([1], [], [4], 0, 1, None, "", (True, True))
+    with pytest.raises(ValueError, match="logprobs"):
+        engine_response_arrays([1], [], [4], 0, 1, None, "", log_probs=[-1.0, -2.0])
+    assert engine_response_arrays([1], [], [4], 0, 1, None, "")["output_log_probs"].shape == (1, 0)
 
 
 def _stream(tokenizer, prompt_ids, ids, chunk_sizes, window=5):
@@ -334,7 +434,7 @@ def test_streamed_deltas_concatenate_to_one_shot_text(tokenizer, text, chunks):
     assert "".join(deltas) == tokenizer.decode(ids) == text
 
 
-@pytest.mark.parametrize("flags", [(False,) * 5, (True,) * 5, (True, False, True, False, True)])
+@pytest.mark.parametrize("flags", [(False,) * 6, (True,) * 6, (True, False, True, False, True, False)])
 @pytest.mark.parametrize("reason, echo, trim", [(None, "", 0), ("stop", "Prompt:", 3), ("abort", "", 0)])
 def test_front_responses_equal_the_ensembles_postprocessing(tokenizer, flags, reason, echo, trim):
     """The `ouro` front builds client tensors straight from a response's fields; `ouro_ensemble` goes through
@@ -351,6 +451,7 @@ def test_front_responses_equal_the_ensembles_postprocessing(tokenizer, flags, re
         return_flags=flags,
         spec_counts=(12, 7),
         num_cached_tokens=32,
+        log_probs=[-0.25 * (i + 1) for i in range(len(ids))],
     )
     direct = protocol.client_response_arrays(tokenizer, **fields)
     via_engine = postprocess_arrays(tokenizer, engine_response_arrays(**fields))
@@ -388,7 +489,10 @@ def test_postprocess_echo_trim_and_return_flags(tokenizer):
     assert out["num_spec_drafted_tokens"].tolist() == [[8]] and out["num_spec_accepted_tokens"].tolist() == [[5]]
     assert "num_cached_tokens" not in out
     out = postprocess_arrays(tokenizer, dict(base, return_num_cached_tokens=b(True)))
-    assert out["num_cached_tokens"].tolist() == [[16]]
+    assert out["num_cached_tokens"].tolist() == [[16]] and "output_log_probs" not in out
+    lps = np.array([[-0.5] * len(ids)], np.float32)
+    out = postprocess_arrays(tokenizer, dict(base, return_logprobs=b(True), output_log_probs=lps))
+    assert out["output_log_probs"].dtype == np.float32 and out["output_log_probs"].tolist() == lps.tolist()
     with pytest.raises(RequestError, match="missing required input 'output_ids'"):
         postprocess_arrays(tokenizer, {"prefix_ids": np.zeros((1, 0), np.int32)})
 

@@ -29,6 +29,8 @@ DELTAS = [
     Delta("d", [2**31 - 1], [4], [], 3, "stop"),  # a stop string's trim
     Delta("e", [0, 1], [1, 1], [], 0, "length"),
     Delta("f", [9], [4], [], 0, "error"),
+    Delta("g", [3, 4], [4, 2], [], 0, None, (0, 0), 0, [-0.5, -1.25]),  # logprobs (exact in fp32)
+    Delta("h", [7], [4], [], 0, "stop", (0, 0), 0, [-3.0]),  # ... with a finish reason in the same byte
 ]
 
 
@@ -39,6 +41,10 @@ def test_outputs_travel_as_a_binary_frame_and_come_back_equal():
     assert decode(buf) == msg
     empty = Outputs([], Load(0, 0.0))
     assert decode(encode(empty)) == empty
+    # Logprobs cost a request that did not ask nothing: 4 bytes per token for one that did.
+    plain = [Delta("a", [5, 6], [1, 1], [], 0, None)]
+    with_lp = [plain[0]._replace(logprobs=[-1.0, -2.0])]
+    assert len(encode(Outputs(with_lp, Load(0, 0.0)))) == len(encode(Outputs(plain, Load(0, 0.0)))) + 8
 
 
 @pytest.mark.parametrize(
@@ -49,6 +55,7 @@ def test_outputs_travel_as_a_binary_frame_and_come_back_equal():
         Delta("r", [1], [300], [], 0, None),  # a depth beyond a byte
         Delta("r", [2**31], [1], [], 0, None),  # a token id beyond int32
         Delta("r", [1, 2], [1], [], 0, None),  # ids and depths of different lengths
+        Delta("r", [1], [1], [], 0, None, (0, 0), 0, [-1.0, -2.0]),  # not one logprob per token
     ],
 )
 def test_what_the_frame_cannot_hold_is_pickled_unchanged(delta):

@@ -1,7 +1,8 @@
 """CUDA graphs of the runner's launches: capture, the static inputs they read, and which one a plan replays.
 
 Decode-only launches are captured per (row bucket, rounds per launch, sampler mode), state update and
-coda included; speculative steps per (row bucket, sampler mode); rounds with prompt chunks per (prompt-
+coda included; speculative steps per (row bucket, sampler mode), PENALIZE aside (the scheduler does not
+speculate then); rounds with prompt chunks per (prompt-
 token bucket, sampler mode), whose decode rows are every slot (idle ones masked by the decode state) and
 whose prompt tokens are padded to the bucket (pad tokens get KV slot -1: no write).
 
@@ -177,7 +178,7 @@ class CudaGraphs:
                         )
                         self.decode[(b, rounds, mode)] = Graph(g, 0, b, rec, logits)
             if spec_step is not None:  # idle rows of a bucket are masked by the state, as above
-                for mode in SamplerMode:
+                for mode in (SamplerMode.GREEDY, SamplerMode.SAMPLE):  # penalized batches never speculate
                     for b in reversed(self.row_buckets):
                         g, rec, _ = self._capture(lambda rec: spec_step(self._rows[:b], rec, mode), spec_rounds)
                         self.spec[(b, mode)] = Graph(g, 0, b, rec, None)

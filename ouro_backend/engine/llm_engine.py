@@ -18,7 +18,7 @@ from ..model.checkpoint import load_config, load_weights, read_eos_ids
 from ..model.ouro import OuroModel
 from ..model.tokenizer import load_tokenizer
 from ..outputs import FinishReason, RequestOutput
-from ..sampling_params import RequestError, SamplingParams
+from ..sampling_params import RequestError, SamplingParams, bad_words_token_ids
 from .decode_state import MAX_TRACE
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
@@ -242,6 +242,8 @@ class LLMEngine:
             )
         seed = params.seed if params.seed is not None else hash((self.config.seed, next(self._seed_counter)))
         seq = Sequence(request_id, ids, params, seed & (2**64 - 1), StopChecker(list(params.stop)))
+        if params.bad_words:
+            seq.bad_word_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         with self._lock:
             if request_id in self._ids:
                 raise RequestError(f"request id {request_id!r} is already in use")

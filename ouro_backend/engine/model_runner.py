@@ -34,6 +34,7 @@ from .cuda_graphs import CudaGraphs, Graph, PromptInputs
 from .decode_state import DecodeInputs, DecodeState, NewRow
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
+from .penalties import PenaltyState
 from .prompt_batch import PromptBatch, prompt_batch
 from .row_sampler import RowSampler
 from .scheduler import PrefillChunk, SchedulerOutput
@@ -155,9 +156,10 @@ class ModelRunner:
             eos_ids=eos_ids,
             fused=fused,
         )
-        self.sampler = RowSampler(self.state, model.cfg.vocab_size)
         self.staging = Staging(dev)
-        self.swap = SwapStore(kv, self.state, self.staging.to_device)
+        self.penalties = PenaltyState(num_slots, model.cfg.vocab_size, dev, self.staging.to_device)
+        self.sampler = RowSampler(self.state, self.penalties, model.cfg.vocab_size)
+        self.swap = SwapStore(kv, self.state, self.penalties, self.staging.to_device)
         self.speculator = (
             Speculator(model, self.state, kv, self.sampler, spec_tokens, spec_draft_loops, max_model_len)
             if spec_tokens
@@ -273,9 +275,11 @@ class ModelRunner:
         return failed
 
     def _admission_row(self, seq: Sequence) -> tuple[list, list, list, list]:
-        """An admitted request's host values for `DecodeState.admit` (raises for a value its row cannot hold)."""
+        """An admitted request's host values for `DecodeState.admit` (raises for a value its row cannot hold),
+        once its penalty row is written."""
         p = seq.params
         assert seq.slot is not None  # admitted: it holds a slot
+        self.penalties.admit(seq.slot, p, seq.prompt_ids, seq.output_ids, seq.bad_word_ids)
         row = NewRow(
             seq.slot,
             len(seq.prompt_ids),
@@ -436,6 +440,8 @@ class ModelRunner:
         logits = self.model.logits(out.index_select(0, last))
         tok, lp = self.sampler.sample(idx, logits, mode)
         self.state.emit_first(idx, tok, lp, rec)
+        if mode is SamplerMode.PENALIZE:
+            self.penalties.record(idx, tok, torch.ones_like(idx, dtype=torch.bool))
         return [(slots, logits)]
 
     # ---- the rounds (eager, or inside a CUDA graph) ----
@@ -502,6 +508,8 @@ class ModelRunner:
         logits = self.model.logits(out)
         tok, lp = self.sampler.sample(idx, logits, mode)
         src, dst = self.state.advance(idx, lam, tok, lp, rows.kv_slots, rec, self.policy.mode)
+        if mode is SamplerMode.PENALIZE:  # the rows that emitted a token this round, from the record
+            self.penalties.record(idx, tok, rec[ds.REC_EMITTED].index_select(0, idx) > 0)
         if self.state.last_exited and self.num_loops > 1:
             self.model.backend.copy_kv_slots(self.kv.kv, src.flatten(), dst.flatten())
         self.state.store_hidden(idx, out)

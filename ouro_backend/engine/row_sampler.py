@@ -1,5 +1,5 @@
-"""Sampling decode rows with each request's own values (temperature, top-k, top-p, seed), read from the
-decode state on the device (model/sampler.py has the sampler and its noise)."""
+"""Sampling decode rows with each request's own values (temperature, top-k, top-p, seed, penalties), read
+from the decode state and the penalty state on the device (model/sampler.py has the sampler and its noise)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import torch
 
 from ..model.sampler import SamplerMode, sample, sample_tokens, vocab_hashes
 from .decode_state import DecodeState
+from .penalties import PenaltyState
 
 
 class RowSampler:
-    def __init__(self, state: DecodeState, vocab_size: int):
-        self.state = state
+    def __init__(self, state: DecodeState, penalties: PenaltyState, vocab_size: int):
+        self.state, self.penalties = state, penalties
         self.vocab_hash = vocab_hashes(vocab_size, state.device)
 
     def args(self, idx: torch.Tensor, mode: SamplerMode, offset: torch.Tensor | int = 0) -> tuple:
@@ -19,7 +20,8 @@ class RowSampler:
         each request generated so far + `offset`."""
         if mode is SamplerMode.GREEDY:
             return ()
-        return (*self.state.sampling_rows(idx, offset), self.vocab_hash)
+        rows = (*self.state.sampling_rows(idx, offset), self.vocab_hash)
+        return (*rows, *self.penalties.rows(idx)) if mode is SamplerMode.PENALIZE else rows
 
     def sample(
         self, idx: torch.Tensor, logits: torch.Tensor, mode: SamplerMode, offset: torch.Tensor | int = 0

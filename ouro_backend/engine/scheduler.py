@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -85,6 +86,17 @@ class SwapIn:
     @property
     def key(self) -> str:
         return self.seq.request_id
+
+
+def _sampler_mode(running: Iterable[Sequence]) -> SamplerMode:
+    """The sampler a launch over these requests needs: the cheapest mode that serves every one of them."""
+    mode = SamplerMode.GREEDY
+    for s in running:
+        if s.params.processes_logits:
+            return SamplerMode.PENALIZE
+        if s.params.temperature > 0:
+            mode = SamplerMode.SAMPLE
+    return mode
 
 
 @dataclass(kw_only=True)
@@ -303,10 +315,15 @@ class Scheduler:
         multi = decode and not prefill and not self.waiting and all(s.output_ids for s in self.running)
         rounds = self.decode_rounds if multi else 1
         released, self._released = self._released, []
-        sampler = SamplerMode.SAMPLE if any(s.params.temperature > 0 for s in self.running) else SamplerMode.GREEDY
-        # (spec_policy is set exactly when spec_tokens > 0)
+        sampler = _sampler_mode(self.running)
+        # (spec_policy is set exactly when spec_tokens > 0.) Penalties and bad words are not speculated: drafts
+        # would need counts and tails that include the drafts before them, so such a batch decodes plainly.
         speculate = bool(
-            self.spec_policy is not None and decode and not prefill and self.spec_policy.decide(len(decode))
+            self.spec_policy is not None
+            and decode
+            and not prefill
+            and sampler is not SamplerMode.PENALIZE
+            and self.spec_policy.decide(len(decode))
         )
         if speculate:
             rounds = 1

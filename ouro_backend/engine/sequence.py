@@ -43,6 +43,7 @@ class Sequence:
         self.num_cached_tokens = 0
         self.finish_reason: FinishReason | None = None
         self.stop = stop_checker
+        self.bad_word_ids: list[list[int]] = []  # params.bad_words tokenized (sampling_params.bad_words_token_ids)
         self.num_emitted = 0  # output tokens already handed out in a RequestOutput
         self.spec_drafted = self.spec_accepted = 0  # self-speculation: draft tokens proposed / accepted
         self.trim_chars = 0
@@ -123,6 +124,7 @@ class Sequence:
             finish_reason=self.finish_reason.value if self.finish_reason else None,
             new_token_ids=new_ids,
             new_exit_depths=self.exit_depths[start : start + len(new_ids)],
+            new_logprobs=self.logprobs[start : start + len(new_ids)] if self.params.logprobs else [],
             new_text=new_text,
             prefix_token_ids=prefix,
             trim_chars=self.trim_chars if self.finished and new_ids else 0,

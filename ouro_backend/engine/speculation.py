@@ -71,6 +71,7 @@ class Speculator:
         """One speculative step for decode rows `idx` (slots); fills `rec` [K + 2, 4, slots] and returns the
         verify pass's logits [S * (K + 1), V]. Each row's current token is computed from loop 1 (rewriting the
         same KV), so a row that plain rounds left mid-token enters as well; every row leaves at loop 1."""
+        assert mode is not SamplerMode.PENALIZE  # the scheduler does not speculate penalized batches
         st, model, kv, bs, T, K, d = (
             self.state,
             self.model,

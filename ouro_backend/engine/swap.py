@@ -16,6 +16,7 @@ import torch
 
 from .decode_state import DecodeState, SavedRow
 from .kv_cache import KVCache
+from .penalties import PenaltyState, SavedPenalties
 
 CHUNK_BLOCKS = 32  # blocks per copy: bounds the device-side gather buffer
 
@@ -25,11 +26,18 @@ class _Saved:
     row: SavedRow
     kv: torch.Tensor  # host [layers, 2, blocks, block_size, kv_heads, head_dim], pinned on CUDA
     counts: list[int]  # blocks per plane, in the order of `kv`
+    penalties: SavedPenalties | None  # None: the request has no penalties
 
 
 class SwapStore:
-    def __init__(self, kv: KVCache, state: DecodeState, to_dev: Callable[[list, torch.dtype], torch.Tensor]):
-        self.kv, self.state, self.to_dev = kv, state, to_dev
+    def __init__(
+        self,
+        kv: KVCache,
+        state: DecodeState,
+        penalties: PenaltyState,
+        to_dev: Callable[[list, torch.dtype], torch.Tensor],
+    ):
+        self.kv, self.state, self.penalties, self.to_dev = kv, state, penalties, to_dev
         self.saved: dict[str, _Saved] = {}
 
     def save(self, key: str, slot: int, blocks: list[int], counts: list[int]) -> None:
@@ -39,7 +47,7 @@ class SwapStore:
         for i in range(0, len(blocks), CHUNK_BLOCKS):
             idx = self.to_dev(blocks[i : i + CHUNK_BLOCKS], torch.long)
             host[:, :, i : i + len(idx)].copy_(pool.index_select(2, idx), non_blocking=True)
-        self.saved[key] = _Saved(self.state.save_row(slot), host, counts)
+        self.saved[key] = _Saved(self.state.save_row(slot), host, counts, self.penalties.save(slot))
 
     def restore(self, key: str, slot: int, tables: list[list[int]]) -> None:
         s, st, pool = self.saved.pop(key), self.state, self.kv.kv
@@ -51,6 +59,7 @@ class SwapStore:
         st.restore_row(
             slot, s.row, self.to_dev([b for r in rows for b in r], torch.int32).view(st.num_loops, st.max_blocks)
         )
+        self.penalties.restore(slot, s.penalties)
 
     def drop(self, key: str) -> None:
         self.saved.pop(key, None)

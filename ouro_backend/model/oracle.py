@@ -8,6 +8,7 @@ the math, not against itself.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +36,34 @@ def rope_ref(x: torch.Tensor, pos: torch.Tensor, cfg: OuroConfig) -> torch.Tenso
     cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
     x1, x2 = x[..., : cfg.head_dim // 2], x[..., cfg.head_dim // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def penalize_ref(
+    logits: torch.Tensor, prompt: list[int], output: list[int], penalties: tuple[float, float, float]
+) -> torch.Tensor:
+    """vLLM's repetition, presence and frequency penalties on one token's fp32 logits [V], token by token:
+    a token seen in the prompt or the output has its logit divided by the repetition penalty if positive,
+    else multiplied; then each output token loses frequency x its count, and presence once. The penalty
+    values are rounded to fp32, as requests' are."""
+    rep, pres, freq = (torch.tensor(v, dtype=torch.float32) for v in penalties)
+    x = logits.float().clone()
+    for t in set(prompt) | set(output):
+        x[t] = x[t] / rep if x[t] > 0 else x[t] * rep
+    for t, n in Counter(output).items():
+        x[t] = x[t] - freq * n
+        x[t] = x[t] - pres
+    return x
+
+
+def mask_bad_words_ref(logits: torch.Tensor, output: list[int], bad_words: list[list[int]]) -> torch.Tensor:
+    """vLLM's bad words on one token's logits [V], word by word: a word's last token is masked when the
+    output ends with the rest of the word (always, for a one-token word)."""
+    x = logits.clone()
+    for word in bad_words:
+        head = word[:-1]
+        if not head or output[len(output) - len(head) :] == head:
+            x[word[-1]] = float("-inf")
+    return x
 
 
 class DenseOracle:
@@ -113,9 +142,17 @@ class DenseOracle:
         return exit_j  # SHARED decode: the plane holds j's exit-loop KV
 
     def generate(
-        self, prompt: list[int], max_tokens: int, exit_fn=None, layout: KVLayout | str = KVLayout.LAST_EXITED
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        exit_fn=None,
+        layout: KVLayout | str = KVLayout.LAST_EXITED,
+        penalties: tuple[float, float, float] | None = None,
+        bad_words: list[list[int]] | None = None,
     ) -> tuple[list[int], list[int]]:
-        """Greedy generation. exit_fn(gates_so_far) -> depth for a decode token (None: all T loops).
+        """Greedy generation. exit_fn(gates_so_far) -> depth for a decode token (None: all T loops);
+        penalties: (repetition, presence, frequency) applied to every token's logits (`penalize_ref`);
+        bad_words: token sequences never generated (`mask_bad_words_ref`).
 
         Returns (generated tokens, exit depth of each); recomputes from scratch for every token.
         """
@@ -124,7 +161,9 @@ class DenseOracle:
         out, depths = [], []
         for _ in range(max_tokens):
             res = self.forward(tokens, len(prompt), loops, layout)
-            nxt = int(res.logits[-1].argmax())
+            logits = res.logits[-1] if penalties is None else penalize_ref(res.logits[-1], prompt, out, penalties)
+            logits = logits if bad_words is None else mask_bad_words_ref(logits, out, bad_words)
+            nxt = int(logits.argmax())
             out.append(nxt)
             depths.append(loops[-1])
             tokens.append(nxt)

@@ -18,6 +18,7 @@ _M32 = 0xFFFFFFFF
 class SamplerMode(enum.IntEnum):
     GREEDY = 0  # every row has temperature 0: argmax only
     SAMPLE = 1  # some row samples (with per-row temperature, top-k and top-p)
+    PENALIZE = 2  # some row has penalties or bad words: `apply_penalties`, `mask_bad_words`, then as SAMPLE
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -63,6 +64,37 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(logits < cutoff, float("-inf"))
 
 
+def apply_penalties(
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    prompt: torch.Tensor,
+    repetition: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM's penalties on fp32 logits [R, V], in its order: a logit of a token in the prompt (bool `prompt`
+    [R, V]) or the output (int `counts` [R, V]: occurrences) is divided by its row's repetition penalty when
+    positive, else multiplied by it; then frequency x count and presence x (count > 0) are subtracted (the
+    penalties are fp32 [R]). Neutral values (1, 0, 0) return the logits unchanged bit for bit."""
+    in_output = counts > 0
+    rep = repetition[:, None]
+    logits = torch.where(prompt | in_output, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - frequency[:, None] * counts.to(logits.dtype)
+    return logits - presence[:, None] * in_output.to(logits.dtype)
+
+
+def mask_bad_words(logits: torch.Tensor, bad: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """vLLM's bad words on logits [R, V]: `bad` int64 [R, W, L] holds each row's W token sequences
+    right-aligned (negative ids pad them and fill unused ones), `tail` [R, L - 1] the row's last output
+    tokens (negative before the first). A sequence's last token is masked (-inf) where the tail ends with
+    the rest of it; a one-token sequence always."""
+    prefix, last = bad[:, :, :-1], bad[:, :, -1]
+    match = ((prefix == tail[:, None, :]) | (prefix < 0)).all(-1) & (last >= 0)
+    hits = torch.zeros(logits.shape, dtype=torch.int32, device=logits.device)
+    hits.scatter_add_(1, last.clamp_min(0), match.to(torch.int32))  # (an add: words may share a last token)
+    return logits.masked_fill(hits > 0, float("-inf"))
+
+
 def sample_tokens(
     logits: torch.Tensor,
     mode: SamplerMode,
@@ -72,11 +104,17 @@ def sample_tokens(
     seed: torch.Tensor | None = None,
     counter: torch.Tensor | None = None,
     vocab_hash: torch.Tensor | None = None,
+    *penalties: torch.Tensor,
 ) -> torch.Tensor:
     """logits fp32 [R, V] -> tokens int64 [R]. GREEDY takes every row's argmax and needs no per-row values;
-    SAMPLE draws for the rows with temperature > 0 (the per-row tensors are [R]). Nothing is read back."""
+    SAMPLE draws for the rows with temperature > 0 (the per-row tensors are [R]); PENALIZE first applies
+    `apply_penalties` and `mask_bad_words` (`penalties`: their arguments after the logits, in order), greedy
+    rows included. Nothing is read back."""
+    if mode is SamplerMode.PENALIZE:
+        counts, prompt, repetition, presence, frequency, bad, tail = penalties
+        logits = mask_bad_words(apply_penalties(logits, counts, prompt, repetition, presence, frequency), bad, tail)
     tokens = logits.argmax(-1)
-    if mode is SamplerMode.SAMPLE:
+    if mode is not SamplerMode.GREEDY:
         temp = temperature.float()
         scaled = filter_top_k_top_p(logits / torch.where(temp > 0, temp, 1.0)[:, None], top_k, top_p)
         race = scaled - torch.log(-torch.log(uniform_noise(seed, counter, vocab_hash)))
@@ -85,6 +123,7 @@ def sample_tokens(
 
 
 def sample(logits: torch.Tensor, mode: SamplerMode, *rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample_tokens` (same arguments), and each token's logprob under the model's distribution, fp32 [R]."""
+    """`sample_tokens` (same arguments), and each token's logprob under the model's distribution (the logits
+    before penalties, bad words, temperature, top-k and top-p, as vLLM's default raw logprobs), fp32 [R]."""
     tokens = sample_tokens(logits, mode, *rows)
     return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None])[:, 0]

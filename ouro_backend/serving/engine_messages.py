@@ -33,6 +33,7 @@ from __future__ import annotations
 import pickle
 import struct
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -56,6 +57,8 @@ class Delta(NamedTuple):
     finish_reason: str | None
     spec_counts: tuple[int, int] = (0, 0)  # self-speculation: the request's (drafted, accepted) so far
     num_cached: int = 0  # prompt tokens whose KV came from the prefix cache
+    # One logprob per new token when the request asked for them (SamplingParams.logprobs), else empty.
+    logprobs: Sequence[float] = ()
 
 
 class Load(NamedTuple):
@@ -169,15 +172,18 @@ _FINISH = (None, "stop", "length", "abort", "error")  # Delta.finish_reason <-> 
 _FINISH_CODE = {r: i for i, r in enumerate(_FINISH)}
 # kv_usage, requests, deltas, token ids, prefix ids, bytes of the joined request ids
 _HEADER = struct.Struct("<dIIIII")
-_U32, _I32, _U8 = "I", "i", "B"
+_U32, _I32, _U8, _F32 = "I", "i", "B", "f"
 assert array(_U32).itemsize == 4 and array(_I32).itemsize == 4  # NOTE the frame's widths on every platform
+_WITH_LOGPROBS = 0x80  # set in a Delta's finish byte: its tokens' fp32 logprobs are in the frame's last column
 
 
 def _encode_outputs(msg: Outputs) -> bytes | None:
     """Outputs as one binary frame: the header, the request ids joined by NUL, then per-Delta columns
     (token counts, prefix counts, finish codes, trims, speculation counts, cached prompt tokens) and the
-    token ids, exit depths and prefix ids of all Deltas end to end. None when a Delta does not fit the frame
-    (a NUL in a request id, an unknown finish reason, a value out of its column's range): it is pickled."""
+    token ids, exit depths and prefix ids of all Deltas end to end, and last the logprobs of the Deltas that
+    carry them (a flag bit of their finish byte: requests that did not ask pay nothing). None when a Delta
+    does not fit the frame (a NUL in a request id, an unknown finish reason, a value out of its column's
+    range, logprobs not one per token): it is pickled."""
     ds = msg.deltas
     rids = [d.rid for d in ds]
     joined = "\0".join(rids)
@@ -187,7 +193,8 @@ def _encode_outputs(msg: Outputs) -> bytes | None:
         ids = array(_I32, [t for d in ds for t in d.ids])
         depths = array(_U8, [x for d in ds for x in d.depths])
         prefix = array(_I32, [t for d in ds for t in d.prefix])
-        finish = array(_U8, [_FINISH_CODE[d.finish_reason] for d in ds])
+        finish = array(_U8, [_FINISH_CODE[d.finish_reason] | (_WITH_LOGPROBS if d.logprobs else 0) for d in ds])
+        logprobs = array(_F32, [x for d in ds for x in d.logprobs])
         columns = [
             array(_U32, [len(d.ids) for d in ds]),
             array(_U32, [len(d.prefix) for d in ds]),
@@ -198,12 +205,12 @@ def _encode_outputs(msg: Outputs) -> bytes | None:
         ]
     except (KeyError, OverflowError, TypeError):
         return None
-    if len(depths) != len(ids):
+    if len(depths) != len(ids) or any(d.logprobs and len(d.logprobs) != len(d.ids) for d in ds):
         return None
     raw = joined.encode()
     header = _HEADER.pack(msg.load.kv_usage, msg.load.requests, len(ds), len(ids), len(prefix), len(raw))
     parts = [_OUTPUTS, header, raw, *(c.tobytes() for c in columns), ids.tobytes(), prefix.tobytes()]
-    return b"".join(parts + [finish.tobytes(), depths.tobytes()])
+    return b"".join(parts + [finish.tobytes(), depths.tobytes(), logprobs.tobytes()])
 
 
 def _decode_outputs(buf: bytes) -> Outputs:
@@ -223,12 +230,16 @@ def _decode_outputs(buf: bytes) -> Outputs:
     counts, prefix_counts, trims, drafted, accepted, cached = (take(_U32, n) for _ in range(6))
     ids, prefix = take(_I32, n_ids), take(_I32, n_prefix)
     finish, depths = take(_U8, n), take(_U8, n_ids)
+    n_logprobs = sum(counts[k] for k in range(n) if finish[k] & _WITH_LOGPROBS)
+    logprobs = take(_F32, n_logprobs)
     if at != len(buf) or len(rids) != n:
         raise ValueError(f"a malformed Outputs frame ({len(buf)} bytes, {at} read, {len(rids)} ids for {n})")
     deltas = []
-    i = j = 0
+    i = j = m = 0
     for k in range(n):
         c, p = counts[k], prefix_counts[k]
+        lp = logprobs[m : m + c] if finish[k] & _WITH_LOGPROBS else ()
+        m += len(lp)
         deltas.append(
             Delta(
                 rids[k],
@@ -236,9 +247,10 @@ def _decode_outputs(buf: bytes) -> Outputs:
                 depths[i : i + c],
                 prefix[j : j + p],
                 trims[k],
-                _FINISH[finish[k]],
+                _FINISH[finish[k] & ~_WITH_LOGPROBS],
                 (drafted[k], accepted[k]),
                 cached[k],
+                lp,
             )  # fmt: skip
         )
         i, j = i + c, j + p

@@ -235,6 +235,7 @@ class EngineServer:
                     out.finish_reason if out.finished else None,
                     (out.num_spec_drafted, out.num_spec_accepted),
                     out.num_cached_tokens,
+                    out.new_logprobs,
                 )
             )
         for peer, deltas in batches.values():

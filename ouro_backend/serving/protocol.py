@@ -61,6 +61,13 @@ SAMPLING_INPUTS = _spec(
     InputSpec("seed", "UINT64", "uint", doc="per-request sampling seed"),
     InputSpec("random_seed", "UINT64", "uint", doc="alias of seed (TensorRT-LLM's name)"),
     InputSpec("stop_words", "STRING", "str", is_list=True, doc="stop strings (not included in the output)"),
+    InputSpec(
+        "bad_words",
+        "STRING",
+        "str",
+        is_list=True,
+        doc="words never generated (vLLM's bad_words: each as is and with a leading space)",
+    ),
     InputSpec("ignore_eos", "BOOL", "bool"),
     InputSpec(
         "exclude_input_in_output",
@@ -78,6 +85,21 @@ SAMPLING_INPUTS = _spec(
     ),
     InputSpec("exit_trace", "INT64", "int", is_list=True, doc="Ouro: depths to replay (engine exit_mode=trace)"),
     InputSpec(
+        "repetition_penalty",
+        "FP32",
+        "float",
+        doc="> 0, 1 = off: logits of tokens seen in prompt or output divided (positive) / multiplied (negative) by it",
+    ),
+    InputSpec(
+        "presence_penalty", "FP32", "float", doc="[-2, 2], 0 = off: subtracted from tokens the output already has"
+    ),
+    InputSpec(
+        "frequency_penalty",
+        "FP32",
+        "float",
+        doc="[-2, 2], 0 = off: times its count in the output, subtracted from each token's logit",
+    ),
+    InputSpec(
         "sampling_parameters",
         "STRING",
         "str",
@@ -94,10 +116,15 @@ SAMPLING_JSON_KEYS: dict[str, tuple[type, ...]] = {
     "top_k": (int,),
     "seed": (int,),
     "stop": (str, list),
+    "bad_words": (str, list),
     "ignore_eos": (bool,),
     "min_loops": (int,),
     "max_loops": (int,),
     "exit_threshold": (int, float),
+    "repetition_penalty": (int, float),
+    "presence_penalty": (int, float),
+    "frequency_penalty": (int, float),
+    "logprobs": (int,),  # 0 only (vLLM: the sampled token's logprob, no alternatives): return_logprobs
 }
 RETURN_FLAGS = _spec(
     InputSpec("return_num_input_tokens", "BOOL", "bool"),
@@ -114,6 +141,12 @@ RETURN_FLAGS = _spec(
         "BOOL",
         "bool",
         doc="return num_cached_tokens: prompt tokens whose KV came from the prefix cache",
+    ),
+    InputSpec(
+        "return_logprobs",
+        "BOOL",
+        "bool",
+        doc="return output_log_probs: each new token's logprob under the model (before penalties and temperature)",
     ),
 )
 TEXT_INPUT = InputSpec("text_input", "STRING", "str", doc="the prompt (required)")
@@ -145,6 +178,7 @@ ENGINE_OUTPUTS = {
     "output_ids": "INT32",  # the new token ids of this response
     "prefix_ids": "INT32",  # up to 5 ids just before them (prompt ids at the start): detokenization context
     "exit_depths": "INT32",  # the loop depth of each new token
+    "output_log_probs": "FP32",  # with return_logprobs, the logprob of each new token (else empty)
     "trim_chars": "INT32",  # characters to drop from the end of this response's text (stop string)
     "num_input_tokens": "INT32",
     "num_output_tokens": "INT32",  # tokens in this response
@@ -158,6 +192,7 @@ ENGINE_OUTPUTS = {
     "return_finish_reason": "BOOL",
     "return_spec_counts": "BOOL",
     "return_num_cached_tokens": "BOOL",
+    "return_logprobs": "BOOL",
 }
 # `ouro_engine` also returns each request's id: the `abort_request_id` that aborts it (engine_model.py).
 ENGINE_ID_OUTPUT = {"request_id": "STRING"}
@@ -166,6 +201,7 @@ POST_INPUTS = _spec(
     InputSpec("prefix_ids", "INT32", "int", is_list=True),
     InputSpec("trim_chars", "INT32", "int"),
     InputSpec("exit_depths", "INT32", "int", is_list=True),
+    InputSpec("output_log_probs", "FP32", "float", is_list=True),
     InputSpec("num_input_tokens", "INT32", "int"),
     InputSpec("num_output_tokens", "INT32", "int"),
     InputSpec("finish_reason", "STRING", "str"),
@@ -178,6 +214,7 @@ POST_INPUTS = _spec(
 CLIENT_OUTPUTS = {
     "text_output": "STRING",
     "exit_depths": "INT32",
+    "output_log_probs": "FP32",  # with return_logprobs
     "num_input_tokens": "INT32",
     "num_output_tokens": "INT32",
     "finish_reason": "STRING",
@@ -218,6 +255,7 @@ class ParsedRequest:
         "return_finish_reason",
         "return_spec_counts",
         "return_num_cached_tokens",
+        "return_logprobs",
         "request_id",
         "abort_request_id",
         "prompt_text",
@@ -235,6 +273,7 @@ class ParsedRequest:
         return_finish_reason=False,
         return_spec_counts=False,
         return_num_cached_tokens=False,
+        return_logprobs=False,
         request_id=None,
         abort_request_id=None,
         prompt_text=None,
@@ -249,11 +288,17 @@ class ParsedRequest:
         self.return_finish_reason = return_finish_reason
         self.return_spec_counts = return_spec_counts
         self.return_num_cached_tokens = return_num_cached_tokens
+        self.return_logprobs = return_logprobs
         self.request_id: str | None = request_id
         self.abort_request_id: str | None = abort_request_id
         # The prompt as text (client models; the engine when given text_input): what echo_text repeats.
         self.prompt_text: str | None = prompt if isinstance(prompt, str) else prompt_text
         self.stream_interval: int | None = stream_interval  # None: the server's default
+
+    @property
+    def return_flags(self) -> tuple[bool, ...]:
+        """The RETURN_FLAGS, in order."""
+        return tuple(getattr(self, name) for name in RETURN_FLAGS)
 
     @property
     def echo_prompt(self) -> bool:
@@ -414,10 +459,15 @@ def _sampling_json(raw: str | None) -> dict[str, Any]:
                 f"sampling_parameters.{key} must be {' or '.join(t.__name__ for t in types)}, "
                 f"got {type(value).__name__} {value!r}"
             )
-        if key == "stop":
+        if key == "logprobs" and value != 0:
+            raise RequestError(
+                f"sampling_parameters.logprobs must be 0 (the sampled token's logprob, returned as "
+                f"output_log_probs), got {value!r}: top-N alternatives are not returned"
+            )
+        if key in ("stop", "bad_words"):
             value = [value] if isinstance(value, str) else value
             if not all(isinstance(v, str) for v in value):
-                raise RequestError("sampling_parameters.stop must be a string or a list of strings")
+                raise RequestError(f"sampling_parameters.{key} must be a string or a list of strings")
         out[key] = float(value) if float in types and not isinstance(value, bool) else value
     return out
 
@@ -456,8 +506,11 @@ def parse_request(
 
     given = _sampling_json(scalar("sampling_parameters"))
     for name, value in given.items():  # a field given as its own input too must agree
-        own = read_list(inputs, "stop_words", specs) if name == "stop" else scalar(name)
-        if own is not None and own != value and not (name == "stop" and not own):
+        if name == "logprobs":  # the same request as the input return_logprobs=true, which cannot disagree
+            continue
+        lists = {"stop": "stop_words", "bad_words": "bad_words"}  # JSON key -> its list input
+        own = read_list(inputs, lists[name], specs) if name in lists else scalar(name)
+        if own is not None and own != value and not (name in lists and not own):
             raise RequestError(f"sampling_parameters.{name} ({value!r}) and the input {name} ({own!r}) disagree")
 
     seed, random_seed = scalar("seed", given.get("seed")), scalar("random_seed")
@@ -474,6 +527,9 @@ def parse_request(
         "min_loops",
         "max_loops",
         "exit_threshold",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
     ):
         v = scalar(name, given.get(name))
         if v is not None:
@@ -486,9 +542,15 @@ def parse_request(
         stop = [s for s in stop if s != ""]  # an empty entry is padding, not a stop string
         if stop:
             kwargs["stop"] = stop
+    bad_words = read_list(inputs, "bad_words", specs) if "bad_words" in specs else None
+    bad_words = [w for w in (bad_words or given.get("bad_words") or []) if w != ""]  # "": padding
+    if bad_words:
+        kwargs["bad_words"] = bad_words
     trace = read_list(inputs, "exit_trace", specs) if "exit_trace" in specs else None
     if trace:
         kwargs["exit_trace"] = trace
+    return_logprobs = bool(scalar("return_logprobs", False)) or "logprobs" in given
+    kwargs["logprobs"] = return_logprobs
     params = SamplingParams(**kwargs)  # validates: RequestError on bad values
     request_id = scalar("request_id")
     if request_id is not None and not request_id:
@@ -508,6 +570,7 @@ def parse_request(
         return_finish_reason=bool(scalar("return_finish_reason", False)),
         return_spec_counts=bool(scalar("return_spec_counts", False)),
         return_num_cached_tokens=bool(scalar("return_num_cached_tokens", False)),
+        return_logprobs=return_logprobs,
         request_id=request_id,
         stream_interval=interval,
     )
@@ -542,6 +605,10 @@ def _check_return_flags(flags: Sequence[bool]) -> None:
         raise ValueError(f"{len(flags)} return flags for {len(RETURN_FLAGS)}: {', '.join(RETURN_FLAGS)}")
 
 
+def _floats(values: Sequence[float]) -> np.ndarray:
+    return np.asarray(list(values), dtype=np.float32).reshape(1, -1)
+
+
 def engine_response_arrays(
     output_ids: Sequence[int],
     prefix_ids: Sequence[int],
@@ -553,17 +620,21 @@ def engine_response_arrays(
     return_flags: Sequence[bool] = (False,) * len(RETURN_FLAGS),
     spec_counts: tuple[int, int] = (0, 0),
     num_cached_tokens: int = 0,
+    log_probs: Sequence[float] = (),
 ) -> dict[str, np.ndarray]:
     """One `ouro_engine` response. `return_flags`: the request's RETURN_FLAGS, in order;
     `spec_counts`: the request's (drafted, accepted) speculative tokens so far; `num_cached_tokens`: its
-    prompt tokens found in the prefix cache."""
+    prompt tokens found in the prefix cache; `log_probs`: one per token with return_logprobs, else empty."""
     if len(exit_depths) != len(output_ids):
         raise ValueError(f"{len(output_ids)} tokens but {len(exit_depths)} exit depths")
+    if log_probs and len(log_probs) != len(output_ids):
+        raise ValueError(f"{len(output_ids)} tokens but {len(log_probs)} logprobs")
     _check_return_flags(return_flags)
     return {
         "output_ids": _ints(output_ids),
         "prefix_ids": _ints(prefix_ids),
         "exit_depths": _ints(exit_depths),
+        "output_log_probs": _floats(log_probs),
         "trim_chars": _scalar_int(trim_chars),
         "num_input_tokens": _scalar_int(num_input_tokens),
         "num_output_tokens": _scalar_int(len(output_ids)),
@@ -612,6 +683,7 @@ def client_response_arrays(
     spec_counts: tuple[int, int] = (0, 0),
     num_cached_tokens: int = 0,
     num_output_tokens: int | None = None,
+    log_probs: Sequence[float] = (),
 ) -> dict[str, np.ndarray]:
     """One client-facing response from an engine response's fields (as `engine_response_arrays` takes
     them): the `ouro` front builds it directly, `postprocessing` from the engine's tensors."""
@@ -630,6 +702,10 @@ def client_response_arrays(
         out["num_spec_accepted_tokens"] = _scalar_int(spec_counts[1])
     if want["return_num_cached_tokens"]:
         out["num_cached_tokens"] = _scalar_int(num_cached_tokens)
+    if want["return_logprobs"]:
+        if len(log_probs) != len(output_ids):
+            raise ValueError(f"{len(output_ids)} tokens but {len(log_probs)} logprobs")
+        out["output_log_probs"] = _floats(log_probs)
     return out
 
 
@@ -642,6 +718,7 @@ def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.nda
     scalar = lambda name, default: read_scalar(inputs, name, POST_INPUTS, default)  # noqa: E731
     ids = read_list(inputs, "output_ids", POST_INPUTS)
     depths = read_list(inputs, "exit_depths", POST_INPUTS)
+    log_probs = read_list(inputs, "output_log_probs", POST_INPUTS)
     prefix = read_list(inputs, "prefix_ids", POST_INPUTS)
     assert ids is not None and prefix is not None  # required: checked above
     return client_response_arrays(
@@ -657,6 +734,7 @@ def postprocess_arrays(tokenizer, inputs: Mapping[str, Any]) -> dict[str, np.nda
         spec_counts=(scalar("num_spec_drafted_tokens", 0), scalar("num_spec_accepted_tokens", 0)),
         num_cached_tokens=scalar("num_cached_tokens", 0),
         num_output_tokens=scalar("num_output_tokens", None),
+        log_probs=log_probs or [],
     )
 
 

@@ -104,7 +104,7 @@ def _header(text: str) -> str:
 
 
 def render() -> dict[str, str]:
-    engine_lists = ("output_ids", "prefix_ids", "exit_depths")
+    engine_lists = ("output_ids", "prefix_ids", "exit_depths", "output_log_probs")
     files: dict[str, str] = {}
     files["ouro_engine"] = (
         _header("""
@@ -144,7 +144,7 @@ Engine options: the parameters below (empty = default), then $OURO_ENGINE_ARGS, 
         + f'name: "postprocessing"\nbackend: "python"\nmax_batch_size: {PRE_POST_MAX_BATCH}\n'
         + "dynamic_batching { preserve_ordering: true }\n"
         + _inputs(protocol.POST_INPUTS.values(), required=["output_ids", "prefix_ids", "trim_chars"], ragged=True)
-        + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths"])
+        + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths", "output_log_probs"])
         + f"instance_group [ {{ count: {INSTANCES}, kind: KIND_CPU }} ]\n"
         + _params([("model", "checkpoint dir with tokenizer.json; $OURO_MODEL_PATH overrides")], "Options")
     )
@@ -158,7 +158,7 @@ shapes are [1, 1] (batch 1) for scalars; /v2/models/ouro/generate and /generate_
         + 'name: "ouro"\nbackend: "python"\nmax_batch_size: 1\n'
         + "model_transaction_policy { decoupled: true }\n"
         + _inputs(protocol.CLIENT_INPUTS.values(), required=["text_input"])
-        + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths"])
+        + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths", "output_log_probs"])
         + f"instance_group [ {{ count: {FRONT_INSTANCES}, kind: KIND_CPU }} ]\n"
         + _params(option_docs(FrontOptions), "Options (empty: default)")
     )
@@ -203,7 +203,7 @@ Use `ouro` when clients may cancel.""")
         # preprocessing unscheduled and the ensemble answers with an empty success; optional, preprocessing
         # runs and rejects the request ("missing required input 'text_input'").
         + _inputs(protocol.CLIENT_INPUTS.values(), required=[])
-        + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths"])
+        + _outputs(protocol.CLIENT_OUTPUTS, ["exit_depths", "output_log_probs"])
         + "ensemble_scheduling {\n  step [\n"
         + body
         + "\n  ]\n}\n"

@@ -55,6 +55,7 @@ class Stream:
         "cancelled",
         "ids",
         "depths",
+        "logprobs",
         "prefix",
         "trim",
         "reason",
@@ -92,6 +93,7 @@ class Stream:
         self.cancelled = False
         self.ids: list[int] = []
         self.depths: list[int] = []
+        self.logprobs: list[float] = []  # one per token in `ids` when the request asked for them, else empty
         self.prefix: list[int] | None = None
         self.trim = 0
         self.reason: str | None = None  # set with the engine's last delta
@@ -296,6 +298,7 @@ class StreamingModel(abc.ABC):
                 s.prefix = list(d.prefix)
             s.ids.extend(d.ids)
             s.depths.extend(d.depths)
+            s.logprobs.extend(d.logprobs)
             s.spec_counts, s.num_cached = d.spec_counts, d.num_cached
             if d.finish_reason is not None:
                 s.reason, s.trim = d.finish_reason, d.trim
@@ -341,12 +344,12 @@ class StreamingModel(abc.ABC):
             # NOTE the stream keeps the detokenization context of the tokens after the ones taken here: the
             # engine sends a request's prefix only with its first tokens (engine_messages.Delta).
             if not n or reason is not None:  # everything waiting
-                ids, depths, s.ids, s.depths = s.ids, s.depths, [], []
+                ids, depths, logprobs, s.ids, s.depths, s.logprobs = s.ids, s.depths, s.logprobs, [], [], []
                 s.prefix = _context(prefix, ids, len(ids))
             else:  # whole intervals
                 take = len(s.ids) // n * n
-                ids, depths = s.ids[:take], s.depths[:take]
-                s.ids, s.depths = s.ids[take:], s.depths[take:]
+                ids, depths, logprobs = s.ids[:take], s.depths[:take], s.logprobs[:take]
+                s.ids, s.depths, s.logprobs = s.ids[take:], s.depths[take:], s.logprobs[take:]
                 s.prefix = _context(prefix, ids, take)
         if error is not None:
             with s.send_lock:
@@ -366,6 +369,7 @@ class StreamingModel(abc.ABC):
                 s,
                 piece,
                 depths[start : start + len(piece)],
+                logprobs[start : start + len(piece)],
                 _context(prefix, ids, start),
                 reason if last else None,
                 trim if last else 0,
@@ -380,6 +384,7 @@ class StreamingModel(abc.ABC):
         s: Stream,
         ids: list[int],
         depths: list[int],
+        logprobs: list[float],
         prefix: list[int],
         reason: str | None,
         trim: int,
@@ -397,15 +402,10 @@ class StreamingModel(abc.ABC):
             num_input_tokens=s.num_input,
             finish_reason=reason,
             echo_text=(p.prompt_text or "") if final and p.echo_prompt else "",
-            return_flags=(
-                p.return_num_input_tokens,
-                p.return_num_output_tokens,
-                p.return_finish_reason,
-                p.return_spec_counts,
-                p.return_num_cached_tokens,
-            ),
+            return_flags=p.return_flags,
             spec_counts=spec_counts,
             num_cached_tokens=s.num_cached,
+            log_probs=logprobs,
         )
         try:
             arrays = self.response_arrays(fields, s.rid)
