@@ -28,7 +28,13 @@ sys.path.insert(0, ROOT)
 TIERS = ("unit", "engine", "server", "gpu")
 UNIT_MODULES = {"test_streams.py", "test_serving_unit.py", "test_package_layers.py", "test_exit_policy.py"}
 UNIT_PREFIXES = ("test_unit_", "test_core_units")
-SERVER_MODULES = {"test_hardening.py", "test_supervisor.py", "test_soak.py", "test_genai_perf.py"}
+SERVER_MODULES = {
+    "test_hardening.py",
+    "test_supervisor.py",
+    "test_soak.py",
+    "test_genai_perf.py",
+    "test_openai_api.py",
+}
 SERVER_PREFIXES = ("test_server",)
 GPU_MODULES = {"test_gpu.py"}
 # Tests of engine modules that start a tritonserver themselves (module file name::function name).

@@ -79,3 +79,21 @@ class Inbox:
                         self.failed[rid] = message
                 case Stats(snapshot):
                     self.stats.append(snapshot)
+
+
+def read_until_ready(proc, log_path, timeout: float = 240.0) -> str:
+    """The output of an `ouro-serve` started with stdout=PIPE (text) up to its "ouro-serve: ready" line;
+    fails with that output and the server log's tail if it ends or times out first."""
+    lines = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "ouro-serve: ready" in line:
+            break
+    out = "".join(lines)
+    log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else "(no log)"
+    assert "ouro-serve: ready" in out, out + log
+    return out

@@ -8,6 +8,7 @@ import pytest
 import torch
 from engine_helpers import check_exits_against_oracle
 from engine_helpers import make_recording_engine as make_engine
+from helpers import read_until_ready
 
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.model.checkpoint import load_config, load_weights
@@ -154,7 +155,6 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
     import urllib.request
 
     from ouro_backend.entrypoints.tritonserver import ServerError, find_tritonserver, free_port
@@ -191,17 +191,7 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
         env=env,
     )
     try:
-        lines = []
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "ouro-serve: ready" in line:
-                break
-        out = "".join(lines)
-        assert "ouro-serve: ready" in out, out + (tmp_path / "server.log").read_text()[-3000:]
+        out = read_until_ready(proc, tmp_path / "server.log", timeout=300)
         assert f"serving the demo model {DEMO_MODEL}" in out
         prompt = "Once upon a time, there was a little"
         body = json.dumps(

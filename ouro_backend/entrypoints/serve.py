@@ -1,9 +1,13 @@
 """`ouro-serve`: start Triton Inference Server on the Ouro model repository, and keep it serving.
 
     ouro-serve [--model DIR] [--address 0.0.0.0] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+               [--openai-port N]
                [--devices auto|cuda:0,cuda:1|cpu] [--engine-arg key=value ...] [--model-repository DIR]
                [--log-file PATH] [--log-verbose N] [--private-shm auto|on|off] [--admin-key KEY]
                [--no-restrict-apis] [--max-failed-starts N] [--no-restart] [--stop-grace S]
+
+OpenAI-compatible API: with --openai-port, /v1/completions, /v1/chat/completions and /v1/models on that
+port (ouro_backend/entrypoints/openai_api.py, a process of its own in front of the `ouro` model).
 
 Devices: one engine process per device, each request to the least loaded; by default every GPU that
 CUDA_VISIBLE_DEVICES leaves visible (else the CPU). Said at start.
@@ -155,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument(
+        "--openai-port",
+        type=int,
+        default=None,
+        help="also serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models) on this "
+        "port, bound to --address (default: not served)",
+    )
     p.add_argument("--model-repository", default=None, help=f"default: ${REPOSITORY_ENV}, else {DEFAULT_REPOSITORY}")
     p.add_argument(
         "--devices",
@@ -342,6 +353,10 @@ def _serve(args: argparse.Namespace, server: TritonServer, cmd: list[str], devic
         signal.signal(signum, on_signal)
     try:  # a port in use fails before anything starts (the supervisor's starts check again)
         server.check_ports()
+        if args.openai_port is not None:
+            from .openai_api import check_openai_port  # FastAPI and uvicorn only where the API is served
+
+            check_openai_port(server, args.openai_port)
     except ServerError as e:
         print(f"ouro-serve: {e}", file=sys.stderr, flush=True)
         return 1
@@ -353,7 +368,21 @@ def _serve(args: argparse.Namespace, server: TritonServer, cmd: list[str], devic
         + (" (every visible GPU; --devices to choose)" if args.devices == "auto" and devices != ["cpu"] else ""),
         flush=True,
     )
-    code = supervisor.run()
+    openai = None
+    if args.openai_port is not None:
+        from .openai_api import OpenAIServer
+
+        try:
+            openai = OpenAIServer(server, args.address, args.openai_port)
+        except ServerError as e:
+            print(f"ouro-serve: {e}", file=sys.stderr, flush=True)
+            return 1
+        print(f"  OpenAI   http://{openai.url}/v1  (completions, chat/completions, models)", flush=True)
+    try:
+        code = supervisor.run()
+    finally:
+        if openai is not None:
+            openai.stop()
     if code == 0:
         print(f"ouro-serve: stopped; log {server.log_file}", flush=True)
     return code
