@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import time
 from collections.abc import Iterator
 
@@ -97,3 +98,31 @@ def read_until_ready(proc, log_path, timeout: float = 240.0) -> str:
     log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else "(no log)"
     assert "ouro-serve: ready" in out, out + log
     return out
+
+
+def ouro_serve_cmd(model: str | None, log: str, http: int, grpc: int, metrics: int, *extra: str) -> list[str]:
+    """`ouro-serve` on 127.0.0.1 and these ports, CPU fp32, logging to `log`; model None: its default (the
+    demo model, when $OURO_MODEL_PATH is unset)."""
+    return [
+        sys.executable,
+        "-m",
+        "ouro_backend.entrypoints.serve",
+        *(["--model", model] if model else []),
+        "--address",
+        "127.0.0.1",
+        "--http-port",
+        str(http),
+        "--grpc-port",
+        str(grpc),
+        "--metrics-port",
+        str(metrics),
+        "--devices",
+        "cpu",
+        "--engine-arg",
+        "device=cpu",
+        "--engine-arg",
+        "dtype=float32",
+        "--log-file",
+        log,
+        *extra,
+    ]

@@ -6,8 +6,11 @@
                [--log-file PATH] [--log-verbose N] [--private-shm auto|on|off] [--admin-key KEY]
                [--no-restrict-apis] [--max-failed-starts N] [--no-restart] [--stop-grace S]
 
-OpenAI-compatible API: with --openai-port, /v1/completions, /v1/chat/completions and /v1/models on that
-port (ouro_backend/entrypoints/openai_api.py, a process of its own in front of the `ouro` model).
+OpenAI-compatible API: with --openai-port N (default: not served), /v1/completions, /v1/chat/completions,
+/v1/models and /health on port N at --address (ouro_backend/entrypoints/openai_api.py, a process of its own
+in front of the `ouro` model over gRPC). It starts with ouro-serve, which says "ready" once it answers too;
+it is started again if it dies, stopped with ouro-serve, and gets SIGTERM if ouro-serve is killed. A port
+in use fails the start as tritonserver's do.
 
 Devices: one engine process per device, each request to the least loaded; by default every GPU that
 CUDA_VISIBLE_DEVICES leaves visible (else the CPU). Said at start.
@@ -80,6 +83,7 @@ from pathlib import Path
 from ..serving.engine_auth import private_dir
 from ..serving.engine_errors import EngineProcessError
 from ..serving.engine_pool import resolve_devices, visible_gpus
+from .openai_process import OpenAIServer, check_openai
 from .private_shm import PRIVATE_SHM_MODES
 from .supervisor import Supervisor
 from .tritonserver import (
@@ -307,7 +311,17 @@ def _exit_on_signal(signum, frame):
 def _serve(args: argparse.Namespace, server: TritonServer, cmd: list[str], devices: list[str], admin: str) -> int:
     """Run `server` under a Supervisor until a stop signal; ouro-serve's exit code."""
 
+    failed: list[str] = []  # why ouro-serve stops on its own after a start (the OpenAI API did not come up)
+    openai: OpenAIServer | None = None  # with --openai-port, started below (the handlers read it)
+
     def on_ready(sup: Supervisor) -> None:
+        if openai is not None and not sup.restarts:  # "ready" once every endpoint answers
+            try:
+                openai.wait_answering()
+            except ServerError as e:
+                failed.append(str(e))
+                sup.request_stop("the OpenAI API did not start")
+                return
         if sup.restarts:
             print(
                 f"ouro-serve: ready again (restart {sup.restarts}, {sup.recoveries[-1]:.1f} s after the crash; "
@@ -331,7 +345,8 @@ def _serve(args: argparse.Namespace, server: TritonServer, cmd: list[str], devic
             f"  HTTP     http://{server.http_url}  (POST /v2/models/ouro/generate, /generate_stream)\n"
             f"  gRPC     {server.grpc_url}  (ModelStreamInfer: models ouro, ouro_ensemble, ouro_engine)\n"
             f"  metrics  {server.metrics_url}\n"
-            f"  admin    shared-memory, repository, logging and trace APIs {admin}\n"
+            + (f"  OpenAI   http://{openai.url}/v1  (completions, chat/completions, models)\n" if openai else "")
+            + f"  admin    shared-memory, repository, logging and trace APIs {admin}\n"
             f"  shm      {shm}\n"
             f"  Ctrl-C to stop",
             flush=True,
@@ -348,15 +363,15 @@ def _serve(args: argparse.Namespace, server: TritonServer, cmd: list[str], devic
 
     def on_signal(signum, frame):
         supervisor.request_stop(signal.Signals(signum).name)
+        if openai is not None:  # the front door closes first, while tritonserver shuts down
+            openai.begin_stop()
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_signal)
     try:  # a port in use fails before anything starts (the supervisor's starts check again)
         server.check_ports()
         if args.openai_port is not None:
-            from .openai_api import check_openai_port  # FastAPI and uvicorn only where the API is served
-
-            check_openai_port(server, args.openai_port)
+            check_openai(server, args.openai_port)
     except ServerError as e:
         print(f"ouro-serve: {e}", file=sys.stderr, flush=True)
         return 1
@@ -368,21 +383,16 @@ def _serve(args: argparse.Namespace, server: TritonServer, cmd: list[str], devic
         + (" (every visible GPU; --devices to choose)" if args.devices == "auto" and devices != ["cpu"] else ""),
         flush=True,
     )
-    openai = None
-    if args.openai_port is not None:
-        from .openai_api import OpenAIServer
-
-        try:
-            openai = OpenAIServer(server, args.address, args.openai_port)
-        except ServerError as e:
-            print(f"ouro-serve: {e}", file=sys.stderr, flush=True)
-            return 1
-        print(f"  OpenAI   http://{openai.url}/v1  (completions, chat/completions, models)", flush=True)
+    if args.openai_port is not None:  # it starts while tritonserver loads; on_ready waits for it
+        openai = OpenAIServer(server, args.address, args.openai_port)
     try:
         code = supervisor.run()
     finally:
         if openai is not None:
             openai.stop()
+    if failed:
+        print(f"ouro-serve: {failed[0]}", file=sys.stderr, flush=True)
+        return 1
     if code == 0:
         print(f"ouro-serve: stopped; log {server.log_file}", flush=True)
     return code
