@@ -8,7 +8,7 @@ import pytest
 import torch
 from engine_helpers import check_exits_against_oracle
 from engine_helpers import make_recording_engine as make_engine
-from helpers import read_until_ready
+from helpers import ouro_serve_cmd, read_until_ready
 
 from ouro_backend import LLM, SamplingParams
 from ouro_backend.model.checkpoint import load_config, load_weights
@@ -154,7 +154,6 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
     import os
     import signal
     import subprocess
-    import sys
     import urllib.request
 
     from ouro_backend.entrypoints.tritonserver import ServerError, find_tritonserver, free_port
@@ -166,25 +165,7 @@ def test_ouro_serve_without_a_model_serves_the_demo_model(tmp_path):
     http = free_port()
     env = {k: v for k, v in os.environ.items() if k != "OURO_MODEL_PATH"}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ouro_backend.entrypoints.serve",
-            "--address",
-            "127.0.0.1",
-            "--http-port",
-            str(http),
-            "--grpc-port",
-            str(free_port()),
-            "--metrics-port",
-            str(free_port()),
-            "--engine-arg",
-            "device=cpu",
-            "--engine-arg",
-            "dtype=float32",
-            "--log-file",
-            str(tmp_path / "server.log"),
-        ],
+        ouro_serve_cmd(None, str(tmp_path / "server.log"), http, free_port(), free_port()),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -24,14 +24,13 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from helpers import wait_for
+from helpers import ouro_serve_cmd, wait_for
 
 from client.ouro_client import generate, request_options
 from ouro_backend.entrypoints.procfs import child_stubs, group_members, process_argv
@@ -282,33 +281,6 @@ def test_second_local_user_cannot_read_shm_or_use_admin_apis(supervised):
         assert http.get_inference_statistics("ouro")
     finally:
         shm.destroy_shared_memory_region(region)
-
-
-def ouro_serve_cmd(toy_path: str, log: str, http: int, grpc: int, metrics: int, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "ouro_backend.entrypoints.serve",
-        "--model",
-        toy_path,
-        "--address",
-        "127.0.0.1",
-        "--http-port",
-        str(http),
-        "--grpc-port",
-        str(grpc),
-        "--metrics-port",
-        str(metrics),
-        "--devices",
-        "cpu",
-        "--engine-arg",
-        "device=cpu",
-        "--engine-arg",
-        "dtype=float32",
-        "--log-file",
-        log,
-        *extra,
-    ]
 
 
 def socket_dir_files() -> set[str]:
