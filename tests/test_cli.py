@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
@@ -125,6 +126,43 @@ def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):
         for rep in run["repeats"]:
             assert rep["rounds"] >= rep["ideal_rounds"] > 0
     assert gated["median"]["ideal_rounds"] < full["ideal_rounds"]
+    # Against the full-depth run: the gated run's share of the loop-ideal speed-up, by the definition.
+    m, T = gated["median"], 4
+    assert m["ratio_vs_full"] == pytest.approx(m["output_tok_s"] / full["output_tok_s"])
+    P = m["prompt_s_yardstick"]
+    assert P > 0 and m["loop_ideal_ratio"] == pytest.approx(
+        full["wall_s"] / (P + (full["wall_s"] - P) * m["mean_exit_depth"] / T)
+    )
+    assert m["loop_efficiency"] == pytest.approx(m["ratio_vs_full"] / m["loop_ideal_ratio"])
+    assert "loop_efficiency" not in full
+
+
+def test_gpu_by_launch_sorts_launches_by_kind():
+    from ouro_backend.entrypoints.bench import gpu_by_launch
+
+    # (device seconds, prompt tokens, decode rows, rounds, speculative)
+    out = gpu_by_launch(
+        [(0.002, 128, 0, 1, False), (0.003, 300, 64, 1, False), (0.004, 0, 64, 4, False), (0.001, 0, 8, 1, True)]
+        + [(0.005, 2000, 3, 1, False)]
+    )
+    assert out["prompt<=128"] == dict(gpu_s=0.002, launches=1, rounds=1, ms_per_round=pytest.approx(2.0))
+    assert out["mixed<=512"]["launches"] == 1 and out["mixed>1024"]["gpu_s"] == 0.005
+    assert out["decode<=64"]["rounds"] == 4 and out["decode<=64"]["ms_per_round"] == pytest.approx(1.0)
+    assert out["spec<=16"]["launches"] == 1 and out["decode<=16"]["launches"] == 0
+    assert out["decode>64"] == dict(gpu_s=0.0, launches=0, rounds=0, ms_per_round=None)  # listed, empty
+
+
+def test_loop_params_counts_one_loop_of_the_shared_stack(toy_path):
+    from ouro_backend import EngineConfig, LLMEngine
+    from ouro_backend.entrypoints.bench import loop_params
+    from ouro_backend.model.checkpoint import load_config
+
+    cfg = load_config(toy_path)
+    engine = LLMEngine(EngineConfig(model=toy_path, device="cpu", cuda_graphs=False))
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * D * H
+    per_layer = qkv + cfg.num_attention_heads * D * H + 3 * I * H + 4 * H  # + o, gate/up/down, four norms
+    assert loop_params(engine) == cfg.num_hidden_layers * per_layer
 
 
 def test_ideal_rounds_replaces_each_finished_request_in_the_next_round():
@@ -164,6 +202,32 @@ def test_ouro_bench_poisson_arrivals_with_natural_eos(toy_path, tmp_path):
     m = res["runs"][0]["median"]
     assert m["requests"] == 6 and m["generated_tokens"] == 6
     assert 0.0 < m["last_arrival_s"] <= m["wall_s"]
+
+
+def test_ouro_bench_arrival_load_is_a_share_of_full_depth_capacity(toy_path, tmp_path):
+    res, _ = bench(
+        toy_path,
+        tmp_path,
+        "--output-len",
+        "6",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "4",
+        "--repeats",
+        "1",
+        "--arrival-load",
+        "0.5",
+        "--baseline",
+        "none",
+    )
+    (cap,) = res["capacity"]
+    assert res["arrival_load"] == 0.5 and cap["concurrency"] == 2 and cap["capacity_req_s"] > 0
+    assert cap["arrival_rate"] == pytest.approx(0.5 * cap["capacity_req_s"])
+    m = res["runs"][0]["median"]
+    assert m["requests"] == 4 and m["last_arrival_s"] is not None and m["last_arrival_s"] <= m["wall_s"]
+    r = run(["ouro_backend.entrypoints.bench", "--model", toy_path, "--arrival-load", "0.8", "--arrival-rate", "3"])
+    assert r.returncode == 2 and "--arrival-load F needs 0 < F <= 2 and no --arrival-rate" in r.stderr
 
 
 def test_ouro_bench_min_output_len_draws_each_requests_length(toy_path, tmp_path):

@@ -94,8 +94,8 @@ class LaunchTimer:
 
     def __init__(self, device: torch.device):
         self.device, self.enabled = device, False
-        # (start, end, prompt tokens, decode rows, rounds) per launch
-        self._windows: list[tuple[torch.cuda.Event, torch.cuda.Event, int, int, int]] = []
+        # (start, end, prompt tokens, decode rows, rounds, speculative) per launch
+        self._windows: list[tuple[torch.cuda.Event, torch.cuda.Event, int, int, int, bool]] = []
 
     def start(self) -> torch.cuda.Event | None:
         if not (self.enabled and self.device.type == "cuda"):
@@ -108,12 +108,13 @@ class LaunchTimer:
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._windows.append((start, end, sum(c.n for c in plan.prefill), len(plan.decode_slots), rounds))
+            shape = (sum(c.n for c in plan.prefill), len(plan.decode_slots), rounds, plan.speculate)
+            self._windows.append((start, end, *shape))
 
-    def take(self) -> tuple[float, float, list[tuple[float, int, int, int]]]:
+    def take(self) -> tuple[float, float, list[tuple[float, int, int, int, bool]]]:
         """(span, busy, launches) of the launches recorded since the last call: busy is the sum of each
         launch's device seconds, span runs from the first start to the last end, and `launches` lists each
-        one's (device seconds, prompt tokens, decode rows, rounds). Waits for them."""
+        one's (device seconds, prompt tokens, decode rows, rounds, speculative). Waits for them."""
         wins, self._windows = self._windows, []
         if not wins:
             return 0.0, 0.0, []

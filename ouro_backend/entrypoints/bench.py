@@ -270,22 +270,72 @@ def run_closed_loop(
     )
 
 
-def gpu_by_launch(launches: list[tuple[float, int, int, int]]) -> dict:
-    """Device seconds, launches and rounds by kind of launch: prompt work alone, prompt work with decode
-    rows, and decode-only launches by their rows (up to 16, 32, 48, 64, more): where a run's time went."""
-    sizes = (16, 32, 48, 64)
-    kinds = ["prompt", "prompt+decode", *(f"decode<={b}" for b in sizes), "decode>64"]
-    out = {kind: dict(gpu_s=0.0, launches=0, rounds=0) for kind in kinds}  # every kind: repeats take medians
-    for sec, prompt, rows, rounds in launches:
+TOKEN_BUCKETS = (128, 256, 512, 1024)
+ROW_BUCKETS = (16, 32, 48, 64)
+
+
+def _bucket(name: str, n: int, bounds: tuple[int, ...]) -> str:
+    return next((f"{name}<={b}" for b in bounds if n <= b), f"{name}>{bounds[-1]}")
+
+
+def gpu_by_launch(launches: list[tuple[float, int, int, int, bool]]) -> dict:
+    """Device seconds, launches and rounds by kind of launch, and the device time of one round of each kind:
+    prompt work alone (`prompt<=T`: T prompt tokens), prompt work with decode rows (`mixed<=T`), decode-only
+    launches by their rows (`decode<=R`) and speculative steps (`spec<=R`): where a run's time went. Every
+    kind is listed, empty ones too, so that repeats can take medians."""
+    kinds = [
+        *(f"prompt<={b}" for b in TOKEN_BUCKETS),
+        f"prompt>{TOKEN_BUCKETS[-1]}",
+        *(f"mixed<={b}" for b in TOKEN_BUCKETS),
+        f"mixed>{TOKEN_BUCKETS[-1]}",
+        *(f"decode<={b}" for b in ROW_BUCKETS),
+        f"decode>{ROW_BUCKETS[-1]}",
+        *(f"spec<={b}" for b in ROW_BUCKETS),
+        f"spec>{ROW_BUCKETS[-1]}",
+    ]
+    out = {kind: dict(gpu_s=0.0, launches=0, rounds=0, ms_per_round=None) for kind in kinds}
+    for sec, prompt, rows, rounds, speculative in launches:
         if prompt:
-            kind = "prompt+decode" if rows else "prompt"
+            kind = _bucket("mixed" if rows else "prompt", prompt, TOKEN_BUCKETS)
         else:
-            kind = next((f"decode<={b}" for b in sizes if rows <= b), "decode>64")
+            kind = _bucket("spec" if speculative else "decode", rows, ROW_BUCKETS)
         k = out[kind]
         k["gpu_s"] += sec
         k["launches"] += 1
         k["rounds"] += rounds
+    for k in out.values():
+        if k["rounds"]:
+            k["ms_per_round"] = 1e3 * k["gpu_s"] / k["rounds"]
     return out
+
+
+# The yardstick for prompt work in `loop_ideal_ratio`: half the H200's dense bf16 peak. A fixed number, not a
+# measurement, so that the ratio does not move with the prompt kernels.
+PROMPT_FLOPS = 400e12
+
+
+def loop_params(engine: LLMEngine) -> int:
+    """Parameters of one loop: the shared stack's layers (embeddings, exit gate and LM head run once a token)."""
+    return sum(t.numel() for layer in engine.model.layers for t in vars(layer).values())
+
+
+def loop_metrics(gated: dict, full: dict, num_loops: int, prompt_seconds: float) -> dict:
+    """How much of the ideal a gated run reaches against the full-depth run of the same requests.
+
+    `loop_ideal_ratio` = T_full / (P + (T_full - P) x mean_depth / num_loops): the speed-up an engine would get
+    whose every non-prompt second scaled with depth, with P (`prompt_seconds`: the run's prompt tokens x
+    num_loops x 2 x loop parameters / PROMPT_FLOPS) the part that cannot shrink. `loop_efficiency` =
+    `ratio_vs_full` / `loop_ideal_ratio`."""
+    t_full = full["wall_s"]
+    ratio = gated["output_tok_s"] / full["output_tok_s"]
+    depth = gated["mean_exit_depth"]
+    ideal = t_full / (prompt_seconds + (t_full - prompt_seconds) * depth / num_loops) if depth else None
+    return dict(
+        ratio_vs_full=ratio,
+        prompt_s_yardstick=prompt_seconds,
+        loop_ideal_ratio=ideal,
+        loop_efficiency=ratio / ideal if ideal else None,
+    )
 
 
 def threshold_for_depth(
@@ -371,13 +421,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    p.add_argument("--num-requests", type=int, default=None, help="per run (default: 2x concurrency, >= 4)")
+    p.add_argument("--num-requests", type=int, default=None, help="per run (default: --waves x concurrency, >= 4)")
+    p.add_argument("--waves", type=int, default=2, help="without --num-requests: requests per run = this x concurrency")
     p.add_argument("--workload", nargs="+", default=["full"], help="full | threshold=X | depth=D | trace=MEAN")
     p.add_argument(
         "--arrival-rate",
         type=float,
         default=None,
         help="open loop: Poisson arrivals at this many requests/s (default: closed loop at --concurrency)",
+    )
+    p.add_argument(
+        "--arrival-load",
+        type=float,
+        default=None,
+        metavar="F",
+        help="open loop at F x the capacity of full depth: each concurrency first runs one untimed closed "
+        "full-depth run (its requests/s is `capacity_req_s`), then Poisson arrivals at F x that rate",
+    )
+    p.add_argument(
+        "--calibration-requests",
+        type=int,
+        default=None,
+        help="requests per untimed run of a depth=D bisection (default: the run's own number)",
     )
     p.add_argument(
         "--natural-eos",
@@ -419,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
 
+    if args.arrival_load is not None and (args.arrival_rate is not None or not 0 < args.arrival_load <= 2):
+        p.error("--arrival-load F needs 0 < F <= 2 and no --arrival-rate")
     if args.min_output_len is not None and not 1 <= args.min_output_len <= args.output_len:
         p.error(f"--min-output-len must be in [1, --output-len={args.output_len}], got {args.min_output_len}")
     if args.model:
@@ -450,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         input_len=args.input_len,
         output_len=args.output_len,
         arrival_rate=args.arrival_rate,
+        arrival_load=args.arrival_load,
         natural_eos=args.natural_eos,
         min_output_len=args.min_output_len,
         eos_every=args.eos_every,
@@ -475,9 +543,22 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_request("warmup", [5] * args.input_len, SamplingParams(max_tokens=4, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
+    rates: dict[int, float | None] = {c: args.arrival_rate for c in args.concurrency}
+    if args.arrival_load is not None:
+        results["capacity"] = []
+        for c in args.concurrency:
+            n = args.num_requests or max(args.waves * c, 4)
+            cap = run_closed_loop(
+                engine, args.input_len, args.output_len, c, n, "full", seed=10_000 + c, ignore_eos=not args.natural_eos
+            )
+            rates[c] = args.arrival_load * cap["requests"] / cap["wall_s"]
+            log.info("capacity c=%d: %.2f requests/s; open loop at %.2f", c, cap["requests"] / cap["wall_s"], rates[c])
+            results["capacity"].append(
+                dict(concurrency=c, capacity_req_s=cap["requests"] / cap["wall_s"], arrival_rate=rates[c])
+            )
     for workload in args.workload:
         for c in args.concurrency:
-            n = args.num_requests or max(2 * c, 4)
+            n = args.num_requests or max(args.waves * c, 4)
             reps = []
             for rep in range(args.repeats):
                 run, (kind, _, arg) = workload, workload.partition("=")
@@ -486,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                     # Each repeat has its own prompts (seed = rep), and with the real gate the depth a threshold
                     # gives varies by prompt: found per repeat, so that every repeat runs at the target depth.
                     threshold, depth = threshold_for_depth(
-                        engine, float(arg), args.input_len, args.output_len, c, n, seed=rep
+                        engine, float(arg), args.input_len, args.output_len, c, args.calibration_requests or n, seed=rep
                     )
                     log.info("%s c=%d rep %d: threshold %.4f gives mean depth %.2f", workload, c, rep, threshold, depth)
                     run = f"threshold={threshold}"
@@ -498,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
                     n,
                     run,
                     seed=rep,
-                    arrival_rate=args.arrival_rate,
+                    arrival_rate=rates[c],
                     ignore_eos=not args.natural_eos,
                     min_output_len=args.min_output_len,
                 )
@@ -515,6 +596,21 @@ def main(argv: list[str] | None = None) -> int:
             results["runs"].append(
                 dict(workload=workload, concurrency=c, num_requests=n, median=median_of(reps), repeats=reps)
             )
+    # Gated runs against the full-depth run of the same concurrency (same requests, same prompts per repeat).
+    T = engine.model_config.num_loops
+    prompt_s = args.input_len * T * 2 * loop_params(engine) / PROMPT_FLOPS
+    for run in results["runs"]:
+        full = next(
+            (f for f in results["runs"] if f["workload"] == "full" and f["concurrency"] == run["concurrency"]), None
+        )
+        # (Open loop: the arrivals set the wall time, so there is no speed-up to compare.)
+        if (
+            full is not None
+            and run is not full
+            and run["median"]["mean_exit_depth"]
+            and rates[run["concurrency"]] is None
+        ):
+            run["median"].update(loop_metrics(run["median"], full["median"], T, prompt_s * run["num_requests"]))
     print_table(results)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -542,6 +638,19 @@ def print_table(results: dict) -> None:
             f"{m['host_syncs_per_token']:>9.3f}{fmt(m['gpu_idle_frac'] and m['gpu_idle_frac'] * 100, '{:.0f}%'):>9}"
             f"{fmt(m['decode_occupancy'], '{:.2f}'):>7}{fmt(m['tail_frac'] * 100, '{:.0f}%'):>6}"
             f"{fmt(None if m.get('spec_acceptance') is None else m['spec_acceptance'] * 100, '{:.0f}%'):>8}"
+        )
+    print(f"\n{'workload':<17}{'conc':>5}{'vs full':>9}{'ideal':>7}{'effic':>7}{'TTFT p99':>10}   device time by kind")
+    for run in results["runs"]:
+        m = run["median"]
+        kinds = "  ".join(
+            f"{kind} {k['rounds']:.0f}r {1e3 * k['gpu_s']:.0f}ms"
+            for kind, k in m["gpu_s_by_launch"].items()
+            if k["rounds"]
+        )
+        print(
+            f"{run['workload']:<17}{run['concurrency']:>5}{fmt(m.get('ratio_vs_full'), '{:.2f}x'):>9}"
+            f"{fmt(m.get('loop_ideal_ratio'), '{:.2f}'):>7}{fmt(m.get('loop_efficiency'), '{:.2f}'):>7}"
+            f"{fmt(m['ttft_s'].get('p99', 0) * 1e3, '{:.1f}ms'):>10}   {kinds or '-'}"
         )
     for b in results["baseline"]:
         print(
