@@ -18,4 +18,6 @@ if [ ${#debs[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ];
   (apt-get install -y -q "${debs[@]}" >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q "${debs[@]}" >/dev/null)) \
     || echo "setup: could not install ${debs[*]} (perf_analyzer tests are skipped without libb64-0d)"
 fi
+# AIPerf (client/aiperf) in a venv of its own: it needs Python >= 3.11 and pins older pandas/huggingface_hub.
+python client/aiperf/run_aiperf.py --install >/dev/null || echo "setup: AIPerf not installed (tests/test_aiperf.py tries again, and skips if it cannot)"
 echo "setup: done ($(python -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)'))"

@@ -6,10 +6,9 @@
   test_package_layers.py, test_exit_policy.py. A test of those modules that asks for a model fixture
   (toy_path, toy_weights, oracle, llm, server, demo_server) is ``engine`` instead (test_exit_policy.py's
   engine runs).
-* ``server``: starts a real tritonserver (ouro-serve / TritonServer): test_server*.py, test_hardening.py,
-  test_supervisor.py, test_soak.py, test_genai_perf.py (whole modules, by their main subject), any test
-  that asks for the ``server`` or ``demo_server`` fixture, and the two served tests of engine modules in
-  SERVER_TESTS.
+* ``server``: starts a real tritonserver (ouro-serve / TritonServer): test_server*.py and SERVER_MODULES
+  (whole modules, by their main subject), any test that asks for the ``server`` or ``demo_server``
+  fixture, and the two served tests of engine modules in SERVER_TESTS.
 * ``gpu``: test_gpu.py (skipped without CUDA).
 * ``engine``: everything else, and so any new module by default: the engine or a model on CPU.
 
@@ -33,6 +32,7 @@ SERVER_MODULES = {
     "test_supervisor.py",
     "test_soak.py",
     "test_genai_perf.py",
+    "test_aiperf.py",
     "test_openai_api.py",
 }
 SERVER_PREFIXES = ("test_server",)
