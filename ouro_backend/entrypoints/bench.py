@@ -309,8 +309,8 @@ def gpu_by_launch(launches: list[tuple[float, int, int, int, bool]]) -> dict:
     return out
 
 
-# The yardstick for prompt work in `loop_ideal_ratio`: half the H200's dense bf16 peak. A fixed number, not a
-# measurement, so that the ratio does not move with the prompt kernels.
+# The prompt-work rate `loop_ideal_ratio` assumes: a fixed yardstick, not a measurement, so that the ratio
+# does not move when the prompt kernels change.
 PROMPT_FLOPS = 400e12
 
 
