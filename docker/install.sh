@@ -12,9 +12,9 @@ src=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 py=${PYTHON:-python3}
 echo "install.sh: installing $src into $($py -c 'import sys; print(sys.prefix)')"
 # numpy<2: the 24.10 Python backend misreads numpy 2 output arrays ("output tensor shape does not match").
-$py -m pip install --no-cache-dir -q "numpy<2" "${OURO_TORCH_SPEC:-torch}" "triton>=3.0" "tritonclient[all]>=2.50" \
+$py -m pip install -q "numpy<2" "${OURO_TORCH_SPEC:-torch}" "triton>=3.0" "tritonclient[all]>=2.50" \
   "fastapi>=0.110" "uvicorn>=0.29" "jinja2>=3.1"  # the last three: ouro-serve --openai-port
-$py -m pip install --no-cache-dir -q "$src"
+$py -m pip install -q "$src"
 # From / so that the installed package is imported, not a source tree in the working directory.
 (cd / && $py - "$src") <<'PY'
 import sys

@@ -1,7 +1,8 @@
 """AIPerf against a REAL tritonserver: the recipe client/aiperf/run_aiperf.py (AIPerf's `template` endpoint on
 Triton's HTTP `/v2/models/ouro/generate_stream`), on the demo model with the tokenizer the recipe picks by
 default (the served model's), offline (HF_HUB_OFFLINE=1). AIPerf's per-request output token counts must be
-the server's num_output_tokens, and its report must have TTFT, ITL and throughput.
+that tokenizer's counts of the text the server sent, the server's num_output_tokens the requested length, and
+the report must have TTFT, ITL and throughput.
 
 AIPerf lives in its own venv (client/aiperf/README.md): $AIPERF, PATH, else the cache venv, which this test
 creates when it is missing (minutes, once; scripts/setup.sh makes it ahead). It skips when that cannot be
@@ -44,9 +45,13 @@ def test_missing_aiperf_fails_clearly(monkeypatch, tmp_path, capsys):
 
 @pytest.mark.timeout(300)
 def test_aiperf_token_counts_are_the_served_models(aiperf, demo_server, tmp_path, monkeypatch):
-    """Re-tokenized text cannot see a special token (EOS, which ignore_eos lets through on the demo model,
-    decodes to no text), so a request's expected count is the server's minus the tokens of its events that
-    carry no text."""
+    """AIPerf counts a request's output by tokenizing the text it received, joined (its template endpoint reads
+    no usage field). That count is not the server's: EOS (which ignore_eos lets through on the demo model)
+    decodes to no text, and text streamed token by token can re-tokenize into fewer, merged tokens. So AIPerf's
+    count must be the served tokenizer's count of the served text, and the server's own count must be the
+    requested length."""
+    from tokenizers import Tokenizer
+
     from ouro_backend.models import DEMO_MODEL
 
     for name in ("OURO_MODEL_PATH", "OURO_ENGINE_ARGS", "OURO_MODEL_REPOSITORY"):
@@ -76,7 +81,8 @@ def test_aiperf_token_counts_are_the_served_models(aiperf, demo_server, tmp_path
     assert "Time to First Token" in csv and "Inter Token Latency" in csv and "Output Token Throughput" in csv
 
     # What the server answered, per request (AIPerf's raw export), against AIPerf's own per-request counts.
-    served = {}
+    tokenizer = Tokenizer.from_file(str(DEMO_MODEL / "tokenizer.json"))
+    expected = {}
     with open(report["raw_export"]) as f:
         for line in f:
             r = json.loads(line)
@@ -87,13 +93,13 @@ def test_aiperf_token_counts_are_the_served_models(aiperf, demo_server, tmp_path
             total = sum(e["num_output_tokens"] for e in events)
             assert total == OUTPUT_TOKENS  # EOS ignored, by the server's own count
             assert all(e["num_input_tokens"] == INPUT_TOKENS for e in events)  # AIPerf's prompts: the server's tokens
-            silent = sum(e["num_output_tokens"] for e in events if e["text_output"] == "")
-            served[r["metadata"]["x_request_id"]] = total - silent
+            text = "".join(e["text_output"] for e in events)
+            expected[r["metadata"]["x_request_id"]] = len(tokenizer.encode(text, add_special_tokens=False).ids)
     counted = {}
     with open(tmp_path / "profile_export.jsonl") as f:
         for line in f:
             r = json.loads(line)
             counted[r["metadata"]["x_request_id"]] = r["metrics"]["output_sequence_length"]["value"]
-    assert len(served) == REQUESTS and counted == served, (counted, served)
+    assert len(expected) == REQUESTS and counted == expected, (counted, expected)
     assert report["server_output_sequence_length"] == OUTPUT_TOKENS
     assert report["server_input_sequence_length"] == INPUT_TOKENS
