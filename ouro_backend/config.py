@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+MAX_DEFERRED_INTERVAL = 64  # the longest deep chunk (deferred_deep_interval): positions retained per request
+
 
 class ConfigError(ValueError):
     """A bad checkpoint config or engine option."""
@@ -230,6 +232,14 @@ class EngineConfig:
     # false: speculate on every decode launch without prompt work.
     spec_auto: bool = True
     spec_max_verify_tokens: int = 256  # larger verify passes are compute-bound: decode without drafts
+    # Deferred deep batching (docs/engine.md), for rollout throughput: B > 0 reads tokens out at loop
+    # `deferred_readout_loop` (r) and runs loops r+1..T only at every B-th token, over the request's last B
+    # positions in one chunk; that token is read out at loop T. 0: off. 1 is full depth.
+    deferred_deep_interval: int = 0
+    deferred_readout_loop: int = 2
+    # The eager same-readout control: the same readout (loop r, loop T at every B-th token), with loops
+    # r+1..T run for every token as it comes. Same tokens as deferred, for measuring its batching gain.
+    deferred_deep_eager: bool = False
     # Serving limits, enforced by the Triton models in front of the engine process (serving/streams.py): a
     # request still unfinished this many seconds after it arrived ends with a timeout error (0: no limit;
     # a smaller Triton request `timeout` wins); at most this many requests wait beyond the max_num_seqs
@@ -310,12 +320,49 @@ class EngineConfig:
                     f"spec_tokens > 0 verifies at full depth; exit_threshold={self.exit_threshold} "
                     f"would ask for gate exits (use 1.0, or spec_tokens=0)"
                 )
+        self._validate_deferred_deep()
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs}): every running sequence needs a row"
             )
         return self
+
+    def _validate_deferred_deep(self) -> None:
+        """What deferred deep batching combines with; the readout loop is checked against the model's loops
+        by the engine."""
+        B, r = self.deferred_deep_interval, self.deferred_readout_loop
+        if isinstance(B, bool) or not isinstance(B, int) or not 0 <= B <= MAX_DEFERRED_INTERVAL:
+            raise ConfigError(
+                f"deferred_deep_interval must be an integer in [0, {MAX_DEFERRED_INTERVAL}] (0: off), got {B!r}"
+            )
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ConfigError(f"deferred_readout_loop must be a positive integer, got {r!r}")
+        if not isinstance(self.deferred_deep_eager, bool):
+            raise ConfigError(f"deferred_deep_eager must be true or false, got {self.deferred_deep_eager!r}")
+        if not B:
+            if self.deferred_deep_eager:
+                raise ConfigError("deferred_deep_eager needs deferred_deep_interval > 0")
+            return
+        if self.max_num_batched_tokens < B:
+            raise ConfigError(
+                f"deferred_deep_interval ({B}) cannot exceed max_num_batched_tokens ({self.max_num_batched_tokens}): "
+                f"a deep chunk of B positions runs in one round"
+            )
+        why = "deferred_deep_interval > 0 fixes every token's depth (loop r, loop T at every B-th token)"
+        if self.kv_layout != KVLayout.LAST_EXITED.value:
+            raise ConfigError(f"{why} and writes true per-loop KV: it needs kv_layout=last_exited")
+        if self.spec_tokens:
+            raise ConfigError(f"{why}; it does not combine with speculation (spec_tokens={self.spec_tokens})")
+        if self.exit_mode != ExitMode.OURO.value or (self.exit_threshold is not None and self.exit_threshold < 1.0):
+            raise ConfigError(
+                f"{why}; gate exits do not combine with it: leave exit_mode=ouro and exit_threshold unset or 1.0"
+            )
+        if self.preemption_mode != "auto":
+            raise ConfigError(
+                f"{why}; it reserves each request's whole KV at admission, so nothing is preempted: "
+                f"leave preemption_mode=auto (got {self.preemption_mode!r})"
+            )
 
     @property
     def prefix_caching(self) -> bool:

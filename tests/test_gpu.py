@@ -296,3 +296,35 @@ def test_penalized_seeded_sampling_and_logprobs_same_with_and_without_graphs(toy
     eng.runner.record_logits = False
     alone = run_all(eng, prompts[:1], params[:1])[0]
     assert alone.token_ids == runs[0][0].token_ids
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("rounds", [1, 4])
+@pytest.mark.parametrize("eager", [False, True])
+def test_fp32_deferred_deep_equals_its_dense_definition(toy_path, oracle, graphs, rounds, eager):
+    """Deferred deep batching (and its eager control) on the device, with graphs and multi-round launches:
+    tokens and depths equal the dense definition (tests/test_deferred_deep.py), KV planes to 1e-3."""
+    from engine_helpers import drive
+    from test_deferred_deep import check_against_reference, record_kv_at_finish
+
+    B = 4
+    eng = gpu_engine(
+        toy_path,
+        "float32",
+        cuda_graphs=graphs,
+        decode_rounds_per_launch=rounds,
+        max_num_batched_tokens=64,
+        deferred_deep_interval=B,
+        deferred_deep_eager=eager,
+    )
+    eng.runner.record_logits = False
+    kv_seen = record_kv_at_finish(eng)
+    lengths = [11, 8, 5, 13, 1, 9]
+    requests = [
+        (f"r{i}", p, SamplingParams(max_tokens=lengths[i], temperature=0.0, ignore_eos=True))
+        for i, p in enumerate(PROMPTS[:6])
+    ]
+    run = drive(eng, requests, arrivals={"r1": 2, "r2": 3, "r3": 7})
+    check_against_reference(oracle, run, kv_seen, requests, B, kv_atol=1e-3)
+    if graphs:
+        assert eng.stats()["graph_launches"] > 0

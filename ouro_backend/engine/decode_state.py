@@ -12,6 +12,7 @@ Those two stop rules are decided here, once: the round's record says which rule 
 
 NOTE: this class is the only writer of its tensors. The host changes rows through its methods: `admit`
 (a new request), `release` (the host ended or preempted it), `activate` (a resumed prompt's last chunk),
+`park` (a round's rows that wait for their deferred deep chunk),
 `extend_tables` (its decode planes grew), `save_row` / `restore_row` (swap) and `restart_at_loop_one`
 (after a speculative step); the rounds change them through `advance`, `emit_first` and `store_hidden`.
 
@@ -75,8 +76,9 @@ COLUMNS = dict(
 # Rows of a round's record (`DecodeState.new_record`): one column per slot.
 REC_EMITTED, REC_TOKEN, REC_DEPTH, REC_LOGPROB = range(4)
 # Values of a record's REC_EMITTED row: no token; a token; a token that ended its request on EOS ("stop");
-# a token that ended it at max_tokens ("length"). EOS wins when both hold.
-EMIT_NONE, EMIT_TOKEN, EMIT_EOS, EMIT_LENGTH = range(4)
+# a token that ended it at max_tokens ("length"). EOS wins when both hold. EMIT_DEEP: no token, the row
+# went idle to wait for its deep chunk (deferred deep batching, `deferred_deep.py`).
+EMIT_NONE, EMIT_TOKEN, EMIT_EOS, EMIT_LENGTH, EMIT_DEEP = range(5)
 MAX_TRACE = 64  # longest exit_trace a request may give (exit_mode=trace)
 
 
@@ -215,6 +217,12 @@ class DecodeState:
         """Switch on rows that already hold their next token (a recompute's prefill has just finished)."""
         self.ints[:, ACTIVE].index_fill_(0, slots, 1)
 
+    def park(self, idx: torch.Tensor, wait: torch.Tensor) -> None:
+        """Switch off the rows of `idx` where `wait` (bool) holds, keeping the rest of each row: they resume
+        when their deep chunk emits their token (`emit_first`). Graph-safe (no host values)."""
+        active = self.ints[:, ACTIVE].index_select(0, idx)
+        self.ints[:, ACTIVE].index_copy_(0, idx, torch.where(wait, 0, active))
+
     def extend_tables(
         self, slots: torch.Tensor, planes: torch.Tensor, index: torch.Tensor, blocks: torch.Tensor
     ) -> None:
@@ -347,7 +355,8 @@ class DecodeState:
         rec.index_copy_(1, idx, torch.stack([code.float(), tok.float(), depth.float(), lp.float()]))
 
     def emit_first(self, idx: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor, rec: torch.Tensor) -> None:
-        """Rows whose prompt finished this round emit their first token (at full depth) and start decoding."""
+        """Rows whose prompt finished this round emit their first token (at full depth) and start decoding;
+        so do rows whose deferred deep chunk finished (their boundary token)."""
         n = idx.shape[0]
         yes = torch.ones(n, dtype=torch.bool, device=idx.device)
         depth = torch.full((n,), self.num_loops, dtype=torch.long, device=idx.device)

@@ -12,7 +12,7 @@ from typing import cast
 
 import torch
 
-from ..config import ConfigError, EngineConfig, KVLayout
+from ..config import ConfigError, EngineConfig, ExitMode, KVLayout
 from ..model.attention import TorchBackend
 from ..model.checkpoint import load_config, load_weights, read_eos_ids
 from ..model.ouro import OuroModel
@@ -20,6 +20,7 @@ from ..model.tokenizer import load_tokenizer
 from ..outputs import FinishReason, RequestOutput
 from ..sampling_params import RequestError, SamplingParams, bad_words_token_ids
 from .decode_state import MAX_TRACE
+from .deferred_deep import DeferredDeepConfig
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
 from .model_runner import Emitted, Launch, ModelRunner
@@ -133,7 +134,10 @@ class LLMEngine:
             self.kv.kv.numel() * self.kv.kv.element_size() / 2**30,
         )
         log.info("prefix caching %s", "on" if cfg.prefix_caching else "off")
-        self.policy = ExitPolicy(cfg.exit_mode, mcfg.hidden_size, cfg.seed, self.device)
+        deferred = self._deferred_deep(cfg, mcfg.num_loops)
+        # Deferred deep batching fixes every token's depth: no gate is computed.
+        mode = ExitMode.FIXED if deferred is not None else cfg.exit_mode
+        self.policy = ExitPolicy(mode, mcfg.hidden_size, cfg.seed, self.device)
         self.scheduler = Scheduler(cfg, self.kv, mcfg.num_loops)
         self._in_flight: Launch | None = None  # launched, not collected (asynchronous scheduling)
         self.runner = ModelRunner(
@@ -146,6 +150,7 @@ class LLMEngine:
             self.exit_threshold,
             cfg.spec_tokens,
             cfg.spec_draft_loops,
+            deferred,
         )
         if cfg.cuda_graphs and self.device.type == "cuda" and getattr(self.model.backend, "graph_safe", False):
             t0 = time.monotonic()
@@ -209,6 +214,18 @@ class LLMEngine:
             raise ConfigError(f"the KV budget ({budget} bytes) holds no block of {self._block_bytes()} bytes")
         return int(blocks)
 
+    @staticmethod
+    def _deferred_deep(cfg: EngineConfig, num_loops: int) -> DeferredDeepConfig | None:
+        if not cfg.deferred_deep_interval:
+            return None
+        r = cfg.deferred_readout_loop
+        if not 1 <= r < num_loops:
+            raise ConfigError(
+                f"deferred_readout_loop ({r}) must be in [1, {num_loops - 1}]: the model runs {num_loops} loops "
+                f"and the deep loops are r+1..{num_loops}"
+            )
+        return DeferredDeepConfig(cfg.deferred_deep_interval, r, cfg.deferred_deep_eager)
+
     # ---- requests ----
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         """Validate and queue a request; raises RequestError for bad input. Thread-safe."""
@@ -234,6 +251,17 @@ class LLMEngine:
                     f"every token at full depth: exit_threshold < 1 and max_loops < {T} are not "
                     f"served (start the engine with spec_tokens=0 for gate exits)"
                 )
+        if self.config.deferred_deep_interval and (
+            params.exit_threshold is not None
+            or params.max_loops is not None
+            or params.min_loops != 1
+            or params.exit_trace is not None
+        ):
+            raise RequestError(
+                f"this engine batches deep loops deferred (deferred_deep_interval="
+                f"{self.config.deferred_deep_interval}), which fixes every token's depth: exit_threshold, "
+                f"min_loops, max_loops and exit_trace are not served"
+            )
         need = self.kv.blocks_needed(len(ids), self.scheduler.max_positions(len(ids), params.max_tokens))
         if need > self.kv.num_blocks:
             raise RequestError(
@@ -337,6 +365,10 @@ class LLMEngine:
         if self.scheduler.spec_policy is not None:
             self.scheduler.spec_policy.observe(self.runner.stats.spec_drafted, self.runner.stats.spec_accepted)
         for e in emitted:
+            if e.awaits_deep:
+                if not e.seq.finished:
+                    self.scheduler.wait_for_deep(e.seq)
+                continue
             if not e.seq.finished:  # else aborted, failed, or stopped on an earlier token, while this one was out
                 try:
                     self._append(e)

@@ -32,6 +32,7 @@ from ..outputs import FinishReason
 from . import decode_state as ds
 from .cuda_graphs import CudaGraphs, Graph, PromptInputs
 from .decode_state import DecodeInputs, DecodeState, NewRow
+from .deferred_deep import DeferredDeep, DeferredDeepConfig
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
 from .penalties import PenaltyState
@@ -75,6 +76,8 @@ class Emitted:
     logits: torch.Tensor | None = None  # only when the runner records logits (tests, debugging)
     # On the first token a speculative step emitted for a request: the drafts it accepted in that step.
     spec_accepted: int | None = None
+    # No token: the request's row waits for its deferred deep chunk (`token` is meaningless).
+    awaits_deep: bool = False
 
 
 @dataclass
@@ -87,6 +90,8 @@ class RunnerStats:
     spec_steps: int = 0  # speculative steps launched
     spec_drafted: int = 0  # draft tokens proposed (spec_tokens per running row and step), counted when read
     spec_accepted: int = 0  # of those, verified and emitted (or cut by a stop on the device)
+    deep_rounds: int = 0  # rounds with deferred deep chunks
+    deep_rows: int = 0  # deep chunk tokens over those rounds (each chunk counts once per deep loop)
 
 
 class LaunchTimer:
@@ -135,6 +140,7 @@ class ModelRunner:
         exit_threshold: float,
         spec_tokens: int = 0,
         spec_draft_loops: int = 1,
+        deferred: DeferredDeepConfig | None = None,
     ):
         self.model, self.kv, self.policy = model, kv, policy
         self.exit_threshold = exit_threshold  # for requests that set none
@@ -165,6 +171,9 @@ class ModelRunner:
             Speculator(model, self.state, kv, self.sampler, spec_tokens, spec_draft_loops, max_model_len)
             if spec_tokens
             else None
+        )
+        self.deferred = (
+            DeferredDeep(deferred, self.state, model.cfg.hidden_size, model.dtype) if deferred is not None else None
         )
         self.graphs: CudaGraphs | None = None  # set by capture_graphs
         self.stats = RunnerStats()
@@ -285,13 +294,19 @@ class ModelRunner:
             seq.slot,
             len(seq.prompt_ids),
             p,
-            p.max_loops or self.num_loops,
-            self.exit_threshold if p.exit_threshold is None else p.exit_threshold,
+            *self._row_depth(p),
             seq.seed,
             seq.block_tables,
             (seq.output_ids[-1], len(seq.output_ids)) if seq.resuming else None,
         )
         return DecodeState.host_row(row, self.num_loops, self.max_blocks)
+
+    def _row_depth(self, p) -> tuple[int, float]:
+        """A request's (max_loops, threshold) row values: its own or the engine's, or under deferred deep
+        batching the mode's fixed depth (add_request refuses requests that set their own)."""
+        if self.deferred is not None:
+            return self.deferred.row_max_loops(), 1.0
+        return p.max_loops or self.num_loops, self.exit_threshold if p.exit_threshold is None else p.exit_threshold
 
     def _take_out(self, plan: SchedulerOutput, gone: list[Sequence]) -> None:
         """Switch the rows of `gone` off and drop their prompt chunks and decode rows from the plan."""
@@ -344,6 +359,10 @@ class ModelRunner:
         graphs, the decode rows are every slot (idle ones masked) and the prompt tokens a token bucket."""
         chunks = plan.prefill
         N = sum(c.n for c in chunks)
+        deep = sum(c.n for c in chunks if c.deep)
+        if deep:
+            self.stats.deep_rounds += 1
+            self.stats.deep_rows += deep
         graph = self.graphs.mixed_graph(N, len(chunks), plan.sampler) if self.graphs is not None else None
         D = graph.rows if graph is not None else len(plan.decode_slots)
         batch = prompt_batch(chunks, self.kv, D, self.max_blocks)
@@ -377,6 +396,8 @@ class ModelRunner:
                 assert embedded is not None  # loop-1 chunks put their tokens in `loop1_ids`
                 parts.append(embedded[used : used + c.n])
                 used += c.n
+            elif c.deep and self.deferred is not None and c.loop == self.deferred.r + 1:
+                parts.append(self.deferred.chunk_input(c.slot, c.n))
             else:
                 assert self._prompt_out is not None  # see its NOTE
                 out, first_row = self._prompt_out
@@ -427,11 +448,14 @@ class ModelRunner:
         """Chunks that end their prompt at the last loop: a resumed request's row starts decoding at the token
         it holds; the others sample their first token and become decode rows. Returns the latter's
         (slots, logits)."""
-        done = [i for i, c in enumerate(chunks) if c.loop == self.num_loops and c.start + c.n == c.seq.prefill_target]
+        T = self.num_loops
+        done = [i for i, c in enumerate(chunks) if c.loop == T and not c.deep and c.start + c.n == c.seq.prefill_target]
         resumed = [chunks[i].slot for i in done if chunks[i].seq.resuming]
         if resumed:
             self.state.activate(self.staging.to_device(resumed, torch.long))
+        # Deferred deep chunks at loop T read their request's boundary token out, as a prompt's first token.
         completing = [i for i in done if not chunks[i].seq.resuming]
+        completing += [i for i, c in enumerate(chunks) if c.loop == T and c.deep]
         if not completing:
             return []
         to = self.staging.to_device
@@ -508,9 +532,15 @@ class ModelRunner:
         lam = self.policy.gate_values(self.model, out) if self.policy.needs_gate else None
         logits = self.model.logits(out)
         tok, lp = self.sampler.sample(idx, logits, mode)
+        marked = None
+        if self.deferred is not None:
+            tok, lp, marked = self.deferred.before_advance(self.state, idx, out, tok, lp)
         src, dst = self.state.advance(idx, lam, tok, lp, rows.kv_slots, rec, self.policy.mode)
         if mode is SamplerMode.PENALIZE:  # the rows that emitted a token this round, from the record
             self.penalties.record(idx, tok, rec[ds.REC_EMITTED].index_select(0, idx) > 0)
+        if self.deferred is not None:
+            assert marked is not None
+            self.deferred.after_advance(idx, marked, rec)
         if self.state.last_exited and self.num_loops > 1:
             self.model.backend.copy_kv_slots(self.kv.kv, src.flatten(), dst.flatten())
         self.state.store_hidden(idx, out)
@@ -529,7 +559,7 @@ class ModelRunner:
             self.stats.host_syncs += 1
         assert launch.host is not None  # set by launch()
         rec = launch.host.numpy()  # pinned host memory (CUDA) or the CPU record itself
-        rounds, slots = np.nonzero(rec[:, ds.REC_EMITTED])
+        rounds, slots = np.nonzero(rec[:, ds.REC_EMITTED])  # with EMIT_DEEP: rows that went to wait
         if launch.speculative:
             assert self.speculator is not None
             self.stats.spec_drafted += self.speculator.K * int(rec[-1, REC_DRAFTED].sum())
@@ -538,6 +568,9 @@ class ModelRunner:
         for r, s in zip(rounds.tolist(), slots.tolist()):
             seq = launch.owners[s]
             assert seq is not None  # a slot that emitted was owned when the launch was planned
+            if rec[r, ds.REC_EMITTED, s] == ds.EMIT_DEEP:
+                out.append(Emitted(seq, -1, 0.0, int(rec[r, ds.REC_DEPTH, s]), awaits_deep=True))
+                continue
             logits = None
             if launch.logits:
                 for owned, lg in launch.logits[r]:

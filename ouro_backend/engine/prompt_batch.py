@@ -51,7 +51,7 @@ def prompt_batch(chunks: list[PrefillChunk], kv: KVCache, decode_rows: int, max_
         b.first_row.append(b.cu[-1] - decode_rows)
         b.positions.extend(range(c.start, end))
         slots = kv.kv_slots(table, c.start, end)
-        if end > len(seq.prompt_ids):
+        if end > len(seq.prompt_ids) and not c.deep:  # a deep chunk writes every position's deep KV
             for i, p in enumerate(range(c.start, end)):
                 d = seq.position_depth(p, T)
                 if d < c.loop:

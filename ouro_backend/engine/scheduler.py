@@ -8,6 +8,8 @@ Each step it plans one launch (`SchedulerOutput`) with explicit kinds of work:
   because a row whose token exits starts the next token at loop 1 in the very next round.
 * PREFILL chunks: prompts run in chunks at full depth (one loop a round), interleaved with decode under
   `max_num_batched_tokens`; the host tracks their loops (they are deterministic).
+* DEFERRED DEEP chunks (`deferred_deep_interval` B > 0, docs/engine.md): a row parked at a boundary gets a
+  chunk of its last B positions at the deep loops (a `PrefillChunk` with `deep=True`), run like a prompt chunk.
 * SPECULATIVE steps (`spec_tokens` > 0, docs/engine.md): a launch with no prompt work may draft K tokens per
   decode row with the first d loops and verify them at full depth, when the speculation policy says it
   pays. A step recomputes each row's current token from loop 1, so a row may enter it mid-token (after
@@ -46,12 +48,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PrefillChunk:
-    """Prompt tokens [start, start + n) of one request, at `loop` this round (they run all T loops)."""
+    """Prompt tokens [start, start + n) of one request, at `loop` this round (they run all T loops).
+
+    `deep`: a deferred deep chunk instead (deferred deep batching): the request's last n positions, from
+    loop r+1 (their retained loop-r states) to T; at loop T it reads out the request's boundary token."""
 
     seq: Sequence
     start: int
     n: int
     loop: int = 1
+    deep: bool = False
 
     @property
     def slot(self) -> int:
@@ -161,6 +167,10 @@ class Scheduler:
         self._dropped: list[str] = []
         # slot -> the prompt chunk in flight; keyed by `Sequence.slot`, which is set while the request runs
         self.chunks: dict[int | None, PrefillChunk] = {}
+        # Deferred deep batching: slot -> the deep chunk of a row that waits for it, not started yet.
+        self.deferred_interval = cfg.deferred_deep_interval if not cfg.deferred_deep_eager else 0
+        self.deep_loop = cfg.deferred_readout_loop + 1
+        self.deep_waiting: dict[int, PrefillChunk] = {}
         self.free_slots = list(range(cfg.max_num_seqs))
         self.owners: list[Sequence | None] = [None] * cfg.max_num_seqs
         self._released: list[int] = []
@@ -184,7 +194,11 @@ class Scheduler:
         return self.max_positions(len(seq.prompt_ids), seq.params.max_tokens)
 
     def _horizon(self, seq: Sequence) -> int:
-        """Positions the device may write for `seq` before the host plans again (see `lookahead`)."""
+        """Positions the device may write for `seq` before the host plans again (see `lookahead`). Deferred
+        deep batching reserves them all at admission: its requests are never preempted (a waiting row's
+        retained states live only in the device's rows)."""
+        if self.deferred_interval:
+            return self._total_len(seq)
         return min(self._total_len(seq), seq.num_tokens + self.lookahead)
 
     def _grow_running(self, growth: list, swap_out: list[SwapOut]) -> None:
@@ -261,6 +275,7 @@ class Scheduler:
         slot = seq.slot
         assert slot is not None  # only running requests are released
         self.chunks.pop(slot, None)
+        self.deep_waiting.pop(slot, None)
         self._released.append(slot)
         self.owners[slot] = None
         heapq.heappush(self.free_slots, slot)
@@ -275,8 +290,16 @@ class Scheduler:
         preempted = self.num_preemptions > before
         if not preempted:  # a step that preempts does not resume anyone (no thrashing)
             self._swap_in(swap_in)
-        # Running requests hold slots (no per-row check on this path).
-        decode = cast("list[int]", [s.slot for s in self.running if s.slot not in self.chunks and not s.in_prefill])
+        # Running requests hold slots (no per-row check on this path). A row parked for its deep chunk is idle:
+        # it takes no decode row, so its chunk can always get budget once enough rows have parked.
+        decode = cast(
+            "list[int]",
+            [
+                s.slot
+                for s in self.running
+                if s.slot not in self.chunks and s.slot not in self.deep_waiting and not s.in_prefill
+            ],
+        )
         budget = self.max_tokens - len(decode)
         prefill: list[PrefillChunk] = []
         for seq in self.running:
@@ -284,6 +307,12 @@ class Scheduler:
             if chunk is not None:  # mid-loops: always continues
                 budget -= chunk.n
                 prefill.append(chunk)
+        for slot, deep in list(self.deep_waiting.items()):  # oldest first; a deep chunk is never split
+            if deep.n <= budget:
+                budget -= deep.n
+                del self.deep_waiting[slot]
+                self.chunks[slot] = deep
+                prefill.append(deep)
         for seq in self.running:
             if seq.slot not in self.chunks and seq.in_prefill and budget > 0:
                 budget -= self._start_chunk(seq, budget, prefill)
@@ -378,14 +407,25 @@ class Scheduler:
         loop on; a chunk past its last loop is done. Call once per launched plan, before the next schedule."""
         for c in plan.prefill:
             if c.loop < self.num_loops:
-                self.chunks[c.slot] = PrefillChunk(c.seq, c.start, c.n, c.loop + 1)
+                self.chunks[c.slot] = PrefillChunk(c.seq, c.start, c.n, c.loop + 1, c.deep)
                 continue
             del self.chunks[c.slot]
+            if c.deep:  # its row has its boundary token and decodes on
+                continue
             c.seq.num_prefilled = c.start + c.n
             if not c.seq.in_prefill:
                 self.kv.release_prefill_planes(c.seq.block_tables)
                 if self.pool.enable_prefix_caching:
                     self._register_prefix(c.seq)
+
+    def wait_for_deep(self, seq: Sequence) -> None:
+        """The device parked `seq`'s row at a boundary (deferred deep batching): queue its deep chunk, the
+        positions of its last B tokens' inputs. Its tokens so far are all appended (records are read in
+        order), so it has generated a multiple of B."""
+        B, n = self.deferred_interval, len(seq.output_ids)
+        assert B and n % B == 0 and seq.slot is not None and seq.status is Status.RUNNING, (B, n, seq.status)
+        start = len(seq.prompt_ids) + n - B
+        self.deep_waiting[seq.slot] = PrefillChunk(seq, start, B, self.deep_loop, deep=True)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is Status.RUNNING:
