@@ -42,6 +42,18 @@ def test_ouro_generate_bad_option_is_a_clear_error(toy_path):
     assert r.returncode == 2 and "kv_layout='diagonal'" in r.stderr
 
 
+def test_ouro_generate_with_deferred_deep_batching(toy_path):
+    """`--deferred-deep-interval B`: token 0 at full depth, then loop 2 with loop 4 at every B-th; a request
+    setting its own depth is refused clearly."""
+    base = ["ouro_backend.entrypoints.cli", "Hello world", "--max-tokens", "9", "--json", "--model", toy_path]
+    base += ["--device", "cpu", "--ignore-eos", "--deferred-deep-interval", "4"]
+    r = run(base)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["exit_depths"] == [4, 2, 2, 2, 4, 2, 2, 2, 4]
+    r = run([*base, "--exit-threshold", "0.5"])
+    assert r.returncode == 2 and "fixes every token's depth" in r.stderr
+
+
 def bench(toy_path, tmp_path, *args: str) -> tuple[dict, str]:
     """Run ouro-bench on the toy (CPU) with `args`; returns its results JSON and stdout."""
     out = tmp_path / "bench.json"
@@ -87,6 +99,25 @@ def test_ouro_bench_smoke(toy_path, tmp_path):
     assert 1.0 <= runs["trace=2.5"]["median"]["mean_exit_depth"] < 4.0
     assert res["baseline"] and res["baseline"][0]["output_tok_s"] > 0
     assert "workload" in stdout  # the table
+
+
+def test_ouro_bench_deferred_deep_rows(toy_path, tmp_path):
+    """A deferred engine runs workload `deferred` (the default then) and reports deep_rows_per_call; the
+    eager control runs no deep chunks; a gated workload on such an engine is refused."""
+    args = ["--output-len", "12", "--concurrency", "3", "--num-requests", "3", "--repeats", "1", "--baseline", "none"]
+    res, _ = bench(toy_path, tmp_path, *args, "--engine-arg", "deferred_deep_interval=4")
+    m = res["runs"][0]["median"]
+    assert res["runs"][0]["workload"] == "deferred" and m["deferred_deep_interval"] == 4
+    assert m["mean_exit_depth"] == (2 * 4 + 9 * 2) / 11  # tokens 1..11: loop 4 at 4 and 8, loop 2 otherwise
+    assert m["deep_rows_per_call"] == 3 * 4  # three requests arrive together: their boundaries are aligned
+    eager_args = ["--engine-arg", "deferred_deep_interval=4", "--engine-arg", "deferred_deep_eager=true"]
+    eager, _ = bench(toy_path, tmp_path, *args, *eager_args)
+    assert eager["runs"][0]["median"]["deep_rows_per_call"] is None
+    r = run(
+        ["ouro_backend.entrypoints.bench", "--model", toy_path, "--engine-arg", "device=cpu", "--workload", "depth=2"]
+        + ["--engine-arg", "deferred_deep_interval=4"]
+    )
+    assert r.returncode == 2 and "--workload deferred only" in r.stderr
 
 
 def test_ouro_bench_depth_workload_finds_its_threshold(toy_path, tmp_path):

@@ -126,7 +126,7 @@ def run_closed_loop(
             p.exit_threshold = float(arg)
         elif kind == "trace":
             p.exit_trace = trace_for_mean(float(arg), T, 16, rng)
-        else:
+        elif kind != "deferred":  # deferred: the engine's deferred deep batching sets every token's depth
             p.exit_threshold = 1.0
         return p
 
@@ -210,6 +210,8 @@ def run_closed_loop(
             "spec_drafted",
             "spec_accepted",
             "num_preemptions",
+            "deep_rounds",
+            "deep_rows",
         )
     }
     spec_k = engine.config.spec_tokens
@@ -267,6 +269,10 @@ def run_closed_loop(
         graph_launches=stats["graph_launches"],
         eager_launches=stats["eager_launches"],
         gpu_s_by_launch=gpu_by_launch(launches),
+        deferred_deep_interval=engine.config.deferred_deep_interval,
+        deferred_deep_eager=engine.config.deferred_deep_eager,
+        # Deferred deep batching: the deep chunk tokens of a round that ran any (N aligned requests: N x B).
+        deep_rows_per_call=stats["deep_rows"] / stats["deep_rounds"] if stats["deep_rounds"] else None,
     )
 
 
@@ -423,7 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--num-requests", type=int, default=None, help="per run (default: --waves x concurrency, >= 4)")
     p.add_argument("--waves", type=int, default=2, help="without --num-requests: requests per run = this x concurrency")
-    p.add_argument("--workload", nargs="+", default=["full"], help="full | threshold=X | depth=D | trace=MEAN")
+    p.add_argument(
+        "--workload",
+        nargs="+",
+        default=["full"],
+        help="full | threshold=X | depth=D | trace=MEAN | deferred (the only one, and the default, of an engine "
+        "with deferred_deep_interval > 0)",
+    )
     p.add_argument(
         "--arrival-rate",
         type=float,
@@ -510,6 +522,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error("trace workloads need exit_mode=trace: run them separately from threshold workloads")
         opts.setdefault("exit_mode", "trace")
     cfg = EngineConfig.from_strings(opts)
+    if cfg.deferred_deep_interval:
+        if args.workload == ["full"]:
+            args.workload = ["deferred"]
+        if args.workload != ["deferred"]:
+            p.error("an engine with deferred_deep_interval > 0 sets every token's depth: --workload deferred only")
+    elif "deferred" in args.workload:
+        p.error("--workload deferred needs --engine-arg deferred_deep_interval=B")
     results = dict(
         label=args.label,
         command=" ".join(["ouro-bench"] + (argv or sys.argv[1:])),
