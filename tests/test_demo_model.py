@@ -64,6 +64,13 @@ def test_heldout_loss_falls_with_depth_and_gate_exits_lose_little():
     assert 1.0 < r["gate"]["0.5"]["mean_depth"] < 4.0
     agree = r["agreement_with_last_loop"]
     assert 0.3 < agree[1] < agree[2] < agree[3] < 1.0, agree  # draft quality rises with the draft's depth
+    # Deferred deep batching's readout: B = 1 is full depth; a longer interval reads out at loop 2 more often,
+    # so its loss moves from full depth's towards loop 2's.
+    deferred = r["deferred_readout"]["intervals"]
+    assert deferred["1"]["ce"] == ce[3] and deferred["1"]["mean_depth"] == 4.0
+    losses = [deferred[b]["ce"] for b in ("1", "4", "8", "16")]
+    assert losses == sorted(losses) and losses[-1] < ce[1], (losses, ce)
+    assert abs(deferred["4"]["mean_depth"] - 2.5) < 0.01
 
 
 @pytest.mark.parametrize("layout", ["last_exited", "shared"])

@@ -4,7 +4,8 @@
 full-depth context): cross-entropy at each loop;
   the cross-entropy when each position exits where the gate says (the engine's `ouro` rule: fp32 hazard,
   exit once 1 - prod(1 - lambda) >= threshold) and the depth histogram that gives; how often loop d's
-  argmax equals the last loop's (the draft/verify agreement of self-speculation);
+  argmax equals the last loop's (the draft/verify agreement of self-speculation); the cross-entropy of
+  deferred deep batching's readout (`deferred_readout`: loop r, and loop T at every B-th prediction);
 * greedy continuations of plain English prompts through the engine: the share of their words (3+ letters)
   found in a system word list, whether they are printable, how much of each is one repeated phrase, and
   the exit depths the gate chose.
@@ -54,9 +55,24 @@ def gate_depths(gate_logits: torch.Tensor, threshold: float) -> torch.Tensor:
     return depth
 
 
+def deferred_readout_depth(num_positions: int, interval: int, readout_loop: int, num_loops: int) -> torch.Tensor:
+    """The readout loop (1-based) of each teacher-forced position under deferred deep batching, for a window
+    whose first token is the prompt: the prediction from position s is output token s, read out at loop T
+    when s % B == 0 (token 0 is the prompt's) and at loop r otherwise. The context is the same as at full
+    depth (deferral changes when the deep loops run, not what they compute), so only the readout differs."""
+    s = torch.arange(num_positions)
+    return torch.where(s % interval == 0, num_loops, readout_loop)
+
+
 @torch.no_grad()
 def heldout_report(
-    model_dir: str, text: str, thresholds: Sequence[float] = (0.5, 0.7, 0.9), window: int = 256, max_windows: int = 1024
+    model_dir: str,
+    text: str,
+    thresholds: Sequence[float] = (0.5, 0.7, 0.9),
+    window: int = 256,
+    max_windows: int = 1024,
+    deferred_intervals: Sequence[int] = (1, 4, 8, 16),
+    readout_loop: int = 2,
 ) -> dict:
     cfg = load_config(model_dir)
     model = LoopedLM(cfg).eval()
@@ -79,7 +95,17 @@ def heldout_report(
             d + 1: round(float((logits[d].argmax(-1) == last).float().mean()), 4) for d in range(T - 1)
         },
         gate={},
+        deferred_readout=dict(readout_loop=readout_loop, intervals={}),
     )
+    full = ce[-1].mean()
+    for B in deferred_intervals:
+        depth = deferred_readout_depth(target.shape[1], B, readout_loop, T).expand_as(target)
+        deferred_ce = ce.gather(0, (depth - 1)[None]).squeeze(0).mean()
+        out["deferred_readout"]["intervals"][str(B)] = dict(
+            ce=round(float(deferred_ce), 4),
+            ce_vs_full=round(float(deferred_ce - full), 4),
+            mean_depth=round(float(depth.float().mean()), 3),
+        )
     for thr in thresholds:
         depth = gate_depths(gates, thr)
         exit_ce = ce.gather(0, (depth - 1)[None]).squeeze(0)
