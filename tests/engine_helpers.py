@@ -37,7 +37,7 @@ def make_recording_engine(toy_path, **kw) -> LLMEngine:
     def recording_collect(rnd):
         emitted = collect(rnd)
         for e in emitted:
-            if not e.seq.finished:  # tokens of a request that already stopped are dropped
+            if not e.seq.finished and not e.awaits_deep:  # tokens of a request that already stopped are dropped
                 eng.recorded.setdefault(e.seq.request_id, []).append(e.logits)
         return emitted
 

@@ -100,8 +100,10 @@ def test_request_id_in_use_by_another_client_is_refused(engine):
         second.add("shared-id", [7, 8], SamplingParams(max_tokens=4))
         other.pump(lambda: "shared-id" in other.rejected)
         assert "already in use" in other.rejected["shared-id"]
+        second.abort("shared-id")  # not the second client's request: it goes on
         n = len(inbox.tokens["shared-id"])
         inbox.pump(lambda: len(inbox.tokens["shared-id"]) > n + 2)  # the first request still streams
+        assert "shared-id" not in inbox.reasons
         client.abort("shared-id")
         inbox.pump(lambda: "shared-id" in inbox.reasons)
     finally:

@@ -154,7 +154,7 @@ class AddRequest:
 
 @dataclass(frozen=True, slots=True)
 class AbortRequest:
-    rid: str  # an unknown or finished request is ignored (the engine does not check whose it is)
+    rid: str  # only a request this client added is aborted; an unknown, finished or foreign one is ignored
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,8 +274,11 @@ class EngineServer:
                     case AddRequest(rid, prompt_ids, params):
                         self._add(peer, rid, prompt_ids, params)
                     case AbortRequest(rid):
-                        self.engine.abort_request(rid)
-                        self._wake.set()
+                        with self._lock:
+                            mine = rid in peer.rids  # a client aborts only its own requests
+                        if mine:
+                            self.engine.abort_request(rid)
+                            self._wake.set()
                     case CountError():
                         self.metrics.add("errors", 1)
         except (EOFError, OSError):
