@@ -319,10 +319,12 @@ def test_fp32_deferred_deep_equals_its_dense_definition(toy_path, oracle, graphs
     )
     eng.runner.record_logits = False
     kv_seen = record_kv_at_finish(eng)
+    from engine_helpers import BATCH_PROMPTS
+
     lengths = [11, 8, 5, 13, 1, 9]
     requests = [
         (f"r{i}", p, SamplingParams(max_tokens=lengths[i], temperature=0.0, ignore_eos=True))
-        for i, p in enumerate(PROMPTS[:6])
+        for i, p in enumerate(BATCH_PROMPTS[:6])
     ]
     run = drive(eng, requests, arrivals={"r1": 2, "r2": 3, "r3": 7})
     check_against_reference(oracle, run, kv_seen, requests, B, kv_atol=1e-3)

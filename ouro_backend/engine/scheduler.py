@@ -167,8 +167,10 @@ class Scheduler:
         self._dropped: list[str] = []
         # slot -> the prompt chunk in flight; keyed by `Sequence.slot`, which is set while the request runs
         self.chunks: dict[int | None, PrefillChunk] = {}
-        # Deferred deep batching: slot -> the deep chunk of a row that waits for it, not started yet.
+        # Deferred deep batching: slot -> the deep chunk of a row that waits for it, not started yet. Its eager
+        # control parks no row (deferred_interval 0) but reserves whole KV too.
         self.deferred_interval = cfg.deferred_deep_interval if not cfg.deferred_deep_eager else 0
+        self.reserve_whole_kv = cfg.deferred_deep_interval > 0
         self.deep_loop = cfg.deferred_readout_loop + 1
         self.deep_waiting: dict[int, PrefillChunk] = {}
         self.free_slots = list(range(cfg.max_num_seqs))
@@ -195,9 +197,10 @@ class Scheduler:
 
     def _horizon(self, seq: Sequence) -> int:
         """Positions the device may write for `seq` before the host plans again (see `lookahead`). Deferred
-        deep batching reserves them all at admission: its requests are never preempted (a waiting row's
-        retained states live only in the device's rows)."""
-        if self.deferred_interval:
+        deep batching and its eager control reserve them all at admission: their requests are never preempted
+        (a parked row's retained states live only in the device's rows, and a recompute would rebuild the
+        positions read out at loop r without their true deep KV)."""
+        if self.reserve_whole_kv:
             return self._total_len(seq)
         return min(self._total_len(seq), seq.num_tokens + self.lookahead)
 
