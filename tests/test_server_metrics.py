@@ -105,7 +105,11 @@ def test_counts_are_counters_and_levels_are_gauges(server, llm):
 
     served(6)
     # Published within about 2 x metrics_interval_s (engine process -> ouro_engine -> server).
-    scraped = wait_for(lambda: (lambda t: t if "ouro_engine_stat_total{" in t[0] else None)(scrape_text(server)))
+    scraped = wait_for(
+        lambda: (lambda t: t if "ouro_engine_stat_total{" in t[0] and "ouro_request_success_total{" in t[0] else None)(
+            scrape_text(server)
+        )
+    )
     assert scraped, f"no ouro_engine_stat_total series on {server.metrics_url}"
     text, types = scraped
     for family in (

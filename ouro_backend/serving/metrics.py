@@ -109,6 +109,8 @@ STAT_COUNTERS = frozenset(
         "spec_steps",
         "spec_drafted",
         "spec_accepted",
+        "deep_rounds",
+        "deep_rows",
         "num_finished",
         "num_aborted",
         "num_failed",
