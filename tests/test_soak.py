@@ -10,8 +10,8 @@ engine process never restarted.
 The toy decodes about 50 tokens/s alone and a few hundred under this load on 2 CPU cores, so to stay within
 minutes the lengths are mostly short: max_tokens 4,096 is drawn for 5% of the requests, and those are always
 cancelled (after 20-200 responses); they grow for hundreds of tokens and get preempted like any other. 400
-requests keep CI within its time. They still hit every path: one run here printed 5 preemptions, 57 aborts
-and a prefix cache hit rate of 0.96 in 67 s (the test prints these counts); more requests add churn time.
+requests keep CI within its time; the test asserts that preemptions, aborts and prefix hits all happened
+(and prints their counts), and more requests add churn time, not paths.
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,13 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from client.genai_perf.run_genai_perf import TokenizerUnavailable, served_checkpoint  # noqa: E402
+from client.genai_perf.run_genai_perf import (  # noqa: E402
+    TokenizerUnavailable,
+    log_tail,
+    metric_stats,
+    run_logged,
+    served_checkpoint,
+)
 
 AIPERF_VERSION = "0.13.0"
 EXPORT = "profile_export_aiperf.json"
@@ -145,13 +150,6 @@ def server_token_counts(raw_export: str) -> list[tuple[int, int]]:
     return counts
 
 
-def _stat(export: dict, key: str) -> dict[str, float] | None:
-    m = export.get(key)
-    if not isinstance(m, dict):
-        return None
-    return {k: m[k] for k in ("avg", "p50", "p90", "p99", "min", "max") if isinstance(m.get(k), (int, float))}
-
-
 def summarize(export: dict) -> dict[str, Any]:
     def avg(key):
         return (export.get(key) or {}).get("avg")
@@ -160,10 +158,10 @@ def summarize(export: dict) -> dict[str, Any]:
         "request_count": avg("request_count"),
         "request_throughput_per_s": avg("request_throughput"),
         "output_token_throughput_per_s": avg("output_token_throughput"),
-        "time_to_first_token_ms": _stat(export, "time_to_first_token"),
-        "inter_token_latency_ms": _stat(export, "inter_token_latency"),
-        "request_latency_ms": _stat(export, "request_latency"),
-        "output_sequence_length": _stat(export, "output_sequence_length"),
+        "time_to_first_token_ms": metric_stats(export, "time_to_first_token"),
+        "inter_token_latency_ms": metric_stats(export, "inter_token_latency"),
+        "request_latency_ms": metric_stats(export, "request_latency"),
+        "output_sequence_length": metric_stats(export, "output_sequence_length"),
         "total_output_tokens": avg("total_output_tokens"),
     }
 
@@ -215,19 +213,7 @@ def run(
     cmd += list(extra or [])
     log_path = os.path.join(artifact_dir, "aiperf.log")
     started = time.time()
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n\n")
-        log.flush()
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=artifact_dir,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            code: Any = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = "timeout"
+    code = run_logged(cmd, log_path, env, artifact_dir, timeout)
     export_json = os.path.join(artifact_dir, EXPORT)
     if not os.path.isfile(export_json) or os.path.getmtime(export_json) < started - 1:
         export_json = ""
@@ -259,8 +245,7 @@ def run(
             report["server_output_sequence_length"] = sum(c[1] for c in counts) / len(counts)
     report["ok"] = code == 0 and bool(export_json) and (report.get("request_count") or 0) > 0
     if not report["ok"]:
-        with open(log_path, errors="replace") as f:
-            report["log_tail"] = f.read()[-3000:]
+        report["log_tail"] = log_tail(log_path)
     return report
 
 

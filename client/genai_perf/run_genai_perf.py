@@ -157,11 +157,36 @@ def _number(x: float) -> str:
     return s + "0" if s.endswith(".") else s
 
 
-def _stat(export: dict, key: str, scale: float = 1.0) -> dict[str, float] | None:
+def metric_stats(export: dict, key: str, scale: float = 1.0) -> dict[str, float] | None:
+    """One metric of a genai-perf / AIPerf JSON export: its avg, percentiles, min and max (x scale)."""
     m = export.get(key)
     if not isinstance(m, dict):
         return None
     return {k: m[k] * scale for k in ("avg", "p50", "p90", "p99", "min", "max") if isinstance(m.get(k), (int, float))}
+
+
+def run_logged(cmd: list[str], log_path: str, env: Mapping[str, str], cwd: str, timeout: float) -> int | str:
+    """Run a profiler with its command line and output in `log_path`, in a session of its own, so that a
+    timeout kills it and whatever it started (perf_analyzer, AIPerf's workers). Its exit code, or
+    "timeout"."""
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n\n")
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(env), cwd=cwd,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return "timeout"
+
+
+def log_tail(log_path: str, chars: int = 3000) -> str:
+    with open(log_path, errors="replace") as f:
+        return f.read()[-chars:]
 
 
 def summarize(export: dict) -> dict[str, Any]:
@@ -173,9 +198,9 @@ def summarize(export: dict) -> dict[str, Any]:
         "request_count": avg("request_count"),
         "request_throughput_per_s": avg("request_throughput"),
         "output_token_throughput_per_s": avg("output_token_throughput"),
-        "time_to_first_token_ms": _stat(export, "time_to_first_token"),
-        "inter_token_latency_ms": _stat(export, "inter_token_latency"),
-        "request_latency_ms": _stat(export, "request_latency"),
+        "time_to_first_token_ms": metric_stats(export, "time_to_first_token"),
+        "inter_token_latency_ms": metric_stats(export, "inter_token_latency"),
+        "request_latency_ms": metric_stats(export, "request_latency"),
         "output_sequence_length": avg("output_sequence_length"),
         "input_sequence_length": avg("input_sequence_length"),
     }
@@ -278,25 +303,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="ouro-pa-bin-") as bin_dir:
         os.symlink(os.path.abspath(binary), os.path.join(bin_dir, "perf_analyzer"))
         env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
-        with open(log_path, "w") as log:
-            log.write(" ".join(cmd) + "\n\n")
-            log.flush()
-            # Its own session, so a timeout ends genai-perf and the perf_analyzer it started.
-            proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=artifact_dir,
-                start_new_session=True,
-            )
-            try:
-                code: Any = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = "timeout"
+        code = run_logged(cmd, log_path, env, artifact_dir, timeout)
     seconds = round(time.time() - started, 2)
     exports = [
         p
@@ -331,8 +338,7 @@ def run(
         and (report.get("output_token_throughput_per_s") or 0) > 0
     )
     if not report["ok"]:
-        with open(log_path, errors="replace") as f:
-            report["log_tail"] = f.read()[-3000:]
+        report["log_tail"] = log_tail(log_path)
     return report
 
 

@@ -66,12 +66,12 @@ class DeferredDeep:
         if self.cfg.eager:
             assert self.held_tok is not None and self.held_lp is not None
             hold = active & (loop == self.r) & ~boundary
-            self.held_tok.index_copy_(0, idx, torch.where(hold, tok, self.held_tok.index_select(0, idx)))
-            self.held_lp.index_copy_(0, idx, torch.where(hold, lp.float(), self.held_lp.index_select(0, idx)))
-            late = active & (loop == self.T) & ~boundary
-            tok = torch.where(late, self.held_tok.index_select(0, idx), tok)
-            lp = torch.where(late, self.held_lp.index_select(0, idx).to(lp.dtype), lp)
-            return tok, lp, late
+            held_tok = torch.where(hold, tok, self.held_tok.index_select(0, idx))
+            held_lp = torch.where(hold, lp.float(), self.held_lp.index_select(0, idx))
+            self.held_tok.index_copy_(0, idx, held_tok)
+            self.held_lp.index_copy_(0, idx, held_lp)
+            late = active & (loop == self.T) & ~boundary  # (r < T: never a row that holds this round)
+            return torch.where(late, held_tok, tok), torch.where(late, held_lp.to(lp.dtype), lp), late
         assert self.retained is not None
         readout = active & (loop == self.r)
         # NOTE: the position of token NGEN's input is the ((NGEN - 1) % B)-th since the last boundary.
@@ -83,15 +83,10 @@ class DeferredDeep:
         return tok, lp, wait
 
     def after_advance(self, idx: torch.Tensor, marked: torch.Tensor, rec: torch.Tensor) -> None:
-        """Mark the record [4, slots] of the rows `before_advance` returned."""
-        if self.cfg.eager:  # emitted at loop T, read out at loop r
-            depth = rec[ds.REC_DEPTH].index_select(0, idx)
-            rec[ds.REC_DEPTH].index_copy_(0, idx, torch.where(marked, float(self.r), depth))
-            return
-        emitted = rec[ds.REC_EMITTED].index_select(0, idx)
-        depth = rec[ds.REC_DEPTH].index_select(0, idx)
-        rec[ds.REC_EMITTED].index_copy_(0, idx, torch.where(marked, float(ds.EMIT_DEEP), emitted))
-        rec[ds.REC_DEPTH].index_copy_(0, idx, torch.where(marked, float(self.r), depth))
+        """Mark the record [4, slots] of the rows `before_advance` returned: eager, their depth is the readout
+        loop r (they emitted at loop T); deferred, they emitted nothing but wait (`EMIT_DEEP`)."""
+        row, value = (ds.REC_DEPTH, self.r) if self.cfg.eager else (ds.REC_EMITTED, ds.EMIT_DEEP)
+        rec[row].index_copy_(0, idx, torch.where(marked, float(value), rec[row].index_select(0, idx)))
 
     def chunk_input(self, slot: int, n: int) -> torch.Tensor:
         """A deep chunk's input at loop r+1: the slot's retained states, oldest first."""

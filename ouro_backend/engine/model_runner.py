@@ -29,6 +29,7 @@ from ..model.attention import AttentionMetadata
 from ..model.ouro import OuroModel
 from ..model.sampler import SamplerMode
 from ..outputs import FinishReason
+from ..sampling_params import SamplingParams
 from . import decode_state as ds
 from .cuda_graphs import CudaGraphs, Graph, PromptInputs
 from .decode_state import DecodeInputs, DecodeState, NewRow
@@ -76,7 +77,7 @@ class Emitted:
     logits: torch.Tensor | None = None  # only when the runner records logits (tests, debugging)
     # On the first token a speculative step emitted for a request: the drafts it accepted in that step.
     spec_accepted: int | None = None
-    # No token: the request's row waits for its deferred deep chunk (`token` is meaningless).
+    # No token: the request's row waits for its deferred deep chunk (`token`, `depth` are meaningless).
     awaits_deep: bool = False
 
 
@@ -301,7 +302,7 @@ class ModelRunner:
         )
         return DecodeState.host_row(row, self.num_loops, self.max_blocks)
 
-    def _row_depth(self, p) -> tuple[int, float]:
+    def _row_depth(self, p: SamplingParams) -> tuple[int, float]:
         """A request's (max_loops, threshold) row values: its own or the engine's, or under deferred deep
         batching the mode's fixed depth (add_request refuses requests that set their own)."""
         if self.deferred is not None:
@@ -569,7 +570,7 @@ class ModelRunner:
             seq = launch.owners[s]
             assert seq is not None  # a slot that emitted was owned when the launch was planned
             if rec[r, ds.REC_EMITTED, s] == ds.EMIT_DEEP:
-                out.append(Emitted(seq, -1, 0.0, int(rec[r, ds.REC_DEPTH, s]), awaits_deep=True))
+                out.append(Emitted(seq, -1, 0.0, 0, awaits_deep=True))
                 continue
             logits = None
             if launch.logits:

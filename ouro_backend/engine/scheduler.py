@@ -167,9 +167,9 @@ class Scheduler:
         self._dropped: list[str] = []
         # slot -> the prompt chunk in flight; keyed by `Sequence.slot`, which is set while the request runs
         self.chunks: dict[int | None, PrefillChunk] = {}
-        # Deferred deep batching: slot -> the deep chunk of a row that waits for it, not started yet. Its eager
-        # control parks no row (deferred_interval 0) but reserves whole KV too.
-        self.deferred_interval = cfg.deferred_deep_interval if not cfg.deferred_deep_eager else 0
+        # Deferred deep batching: slot -> the deep chunk of a row that waits for it, not started yet. B when
+        # rows park for deep chunks (0: off, and in the eager control, which reserves whole KV too).
+        self.deep_chunk_interval = cfg.deferred_deep_interval if not cfg.deferred_deep_eager else 0
         self.reserve_whole_kv = cfg.deferred_deep_interval > 0
         self.deep_loop = cfg.deferred_readout_loop + 1
         self.deep_waiting: dict[int, PrefillChunk] = {}
@@ -425,7 +425,7 @@ class Scheduler:
         """The device parked `seq`'s row at a boundary (deferred deep batching): queue its deep chunk, the
         positions of its last B tokens' inputs. Its tokens so far are all appended (records are read in
         order), so it has generated a multiple of B."""
-        B, n = self.deferred_interval, len(seq.output_ids)
+        B, n = self.deep_chunk_interval, len(seq.output_ids)
         assert B and n % B == 0 and seq.slot is not None and seq.status is Status.RUNNING, (B, n, seq.status)
         start = len(seq.prompt_ids) + n - B
         self.deep_waiting[seq.slot] = PrefillChunk(seq, start, B, self.deep_loop, deep=True)
