@@ -7,7 +7,8 @@ Each input is one ouro-bench run: full depth (no deferred option), or an engine 
 `deferred_deep_interval=B` (and `deferred_deep_eager=true` for the control). A row: interval, concurrency,
 output_tok_s (median of the repeats), ratio_vs_eager_same_readout, ratio_vs_full_depth, deep_rows_per_call
 (deep chunk tokens per round that ran any: N aligned requests give N x B), mean_depth, and the eager
-control's own tok/s.
+control's own tok/s. At B = 1 the control is the full-depth run when no eager B = 1 run is given (the same
+policy: every token is a boundary); `eager_control` says which.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def rows_of(files: list[dict]) -> list[dict]:
         if eager:
             continue
         control = runs.get((B, True, c))
+        # NOTE: at B = 1 every token is a boundary, so the eager same-readout policy is full depth itself.
+        if control is None and B == 1 and c in full:
+            control = dict(output_tok_s=full[c], mean_exit_depth=None, full_depth=True)
         tok_s = m["output_tok_s"]
         rows.append(
             dict(
@@ -45,6 +49,7 @@ def rows_of(files: list[dict]) -> list[dict]:
                 ratio_vs_full_depth=tok_s / full[c] if c in full else None,
                 deep_rows_per_call=m.get("deep_rows_per_call"),
                 mean_depth=m.get("mean_exit_depth"),
+                eager_control="full depth" if control and control.get("full_depth") else "eager" if control else None,
                 eager_output_tok_s=control["output_tok_s"] if control else None,
                 eager_mean_depth=control.get("mean_exit_depth") if control else None,
                 full_depth_output_tok_s=full.get(c),
