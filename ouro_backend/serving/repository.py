@@ -59,6 +59,12 @@ ENGINE_PARAMETERS = [
     ("spec_draft_loops", "loops that draft when spec_tokens > 0; the rest verify (1)"),
     ("spec_auto", "speculate only while the cost model says it pays (true)"),
     ("spec_max_verify_tokens", "no drafts when rows x (spec_tokens + 1) exceeds this (256)"),
+    (
+        "deferred_deep_interval",
+        "deferred deep batching for rollouts: loops after the readout loop run every B tokens, 0 = off (0)",
+    ),
+    ("deferred_readout_loop", "the loop tokens are read out at between deep boundaries (2)"),
+    ("deferred_deep_eager", "deferred deep batching's control: the same readout, deep loops every token (false)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
 ]
 
