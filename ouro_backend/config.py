@@ -210,12 +210,6 @@ class EngineConfig:
     # Decode rounds per launch when no prompt work is pending and nobody waits: one CUDA graph replays
     # them back to back, so the host's launch and bookkeeping are paid once per launch. 1: one a launch.
     decode_rounds_per_launch: int = 4
-    # Admission grouping: while decode rows run, a waiting prompt is held for up to this many milliseconds so
-    # that prompts arriving a few ms apart start in one chunk (a prompt's loops each take a mixed round, and
-    # a lone prompt's rounds cost nearly what a fuller chunk's do). Held requests are admitted at once when
-    # their prompt tokens fill a chunk. Each request's first token comes at most this much plus one decode
-    # launch later. 0: admit at once.
-    admission_wait_ms: float = 0.0
     cpu_kv_cache_bytes: int = 256 << 20  # KV budget on CPU when num_blocks/kv_cache_bytes are unset
     # KV blocks are taken as each request's frontier advances (docs/kv-memory.md). Admission leaves this
     # share of the cache free for running requests to grow into.
@@ -287,9 +281,6 @@ class EngineConfig:
             raise ConfigError(
                 f"preemption_mode={self.preemption_mode!r} is not supported; choose auto, recompute or swap"
             )
-        wait = self.admission_wait_ms
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0.0 <= wait <= 1000.0:
-            raise ConfigError(f"admission_wait_ms must be a number of milliseconds in [0, 1000] (0: off), got {wait!r}")
         if not 0.0 <= self.kv_watermark < 1.0:
             raise ConfigError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
         if not (isinstance(self.request_timeout_s, (int, float)) and self.request_timeout_s >= 0.0):

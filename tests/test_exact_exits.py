@@ -232,36 +232,6 @@ def test_staggered_arrivals_equal_alone(toy_path, layout, mode, async_scheduling
     assert len(decode_depths(run.final.values())) >= 2
 
 
-@pytest.mark.parametrize("async_scheduling", ASYNC)
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_admission_grouping_equals_alone(toy_path, layout, async_scheduling):
-    """`admission_wait_ms`: staggered arrivals held and admitted together still get their alone outputs. The
-    scheduler's clock is its plan count (1 ms a plan), so the holds are the same on any machine."""
-    requests = mixed_requests("ouro")
-    arrivals = {rid: s for (rid, _, _), s in zip(requests, [0, 6, 8, 13, 14, 20, 23])}
-    # A 16-token chunk: the 5-token default would let every prompt here fill it (never held).
-    eng = busy_engine(
-        toy_path, kv_layout=layout, prefill_chunk_size=16, admission_wait_ms=3.0, async_scheduling=async_scheduling
-    )
-    sched, plans, held = eng.scheduler, [0], []
-    sched.clock = lambda: plans[0] / 1e3
-    hold, schedule = sched._hold_admission, sched.schedule
-
-    def counted_hold(decode, budget):
-        held.append(hold(decode, budget))
-        return held[-1]
-
-    def counted_schedule():
-        plans[0] += 1
-        return schedule()
-
-    sched._hold_admission, sched.schedule = counted_hold, counted_schedule
-    run = drive(eng, requests, arrivals)
-    for rid, prompt, params in requests:
-        assert_same(run.final[rid], alone(toy_path, prompt, params, kv_layout=layout), rid)
-    assert sum(held) >= 3, "arrivals into running streams should have been held"
-
-
 # ----------------------------------------------------------------------------------------------- aborts
 @pytest.mark.parametrize("extra_steps", [0, 1, 2, 3])
 @pytest.mark.parametrize("async_scheduling", ASYNC)

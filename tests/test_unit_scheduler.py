@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections import deque
 
-import pytest
 import torch
 
-from ouro_backend.config import ConfigError, EngineConfig, KVLayout
+from ouro_backend.config import EngineConfig, KVLayout
 from ouro_backend.engine.kv_cache import KVCache
 from ouro_backend.engine.scheduler import PrefillChunk, Scheduler, SchedulerOutput
 from ouro_backend.engine.sequence import Sequence, Status, StopChecker
@@ -280,71 +279,6 @@ def test_decode_rows_span_every_running_request_past_its_prompt():
     s.add(c)
     plan = step(s)  # prompt work: one round again
     assert plan.num_rounds == 1 and chunks(plan) == [("c", 2, 0, 2, 1)] and plan.decode_slots == [0, 1]
-
-
-def test_admission_grouping_holds_prompts_until_the_wait_or_a_full_chunk():
-    """`admission_wait_ms`: while decode rows run, waiting prompts are held (and the decode rows get several
-    rounds a launch) until the oldest has waited that long or their prompt tokens fill the chunk; held
-    prompts then start in one chunk each, in one plan. With no decode rows nothing is held."""
-    s2 = make(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=16, decode_rounds_per_launch=4)
-    assert s2.admission_wait_s == 0.0
-    s = make(
-        num_blocks=64, max_num_seqs=4, max_num_batched_tokens=16, decode_rounds_per_launch=4, admission_wait_ms=5.0
-    )
-    now = [100.0]
-    s.clock = lambda: now[0]
-    a = req("a", 4)
-    s.add(a)
-    assert ids(step(s).admitted) == ["a"]  # nothing decodes yet: no hold
-    run_prefill(s, T - 1)
-    emit(a)
-    b, c = req("b", 3, start=200), req("c", 3, start=300)
-    s.add(b)
-    now[0] = 100.004
-    plan = step(s)
-    assert plan.admitted == [] and plan.decode_slots == [0] and plan.num_rounds == 4  # held 4 ms < 5
-    s.add(c)
-    now[0] = 100.006
-    plan = step(s)  # the oldest waited 6 ms: both start in this plan
-    assert ids(plan.admitted) == ["b", "c"] and chunks(plan) == [("b", 1, 0, 3, 1), ("c", 2, 0, 3, 1)]
-    assert plan.num_rounds == 1
-    # Prompt tokens that fill the chunk (16 - 3 decode rows = 13 here) go at once, whatever the wait.
-    run_prefill(s, T - 1)
-    emit(a, b, c)
-    d = req("d", 13, start=400)
-    s.add(d)
-    plan = step(s)
-    assert ids(plan.admitted) == ["d"] and chunks(plan) == [("d", 3, 0, 13, 1)]
-    # Without the option the same arrival starts at once.
-    e = req("e", 4)
-    s2.add(e)
-    step(s2)
-    run_prefill(s2, T - 1)
-    emit(e)
-    s2.add(req("f", 3, start=200))
-    assert ids(step(s2).admitted) == ["f"]
-
-
-@pytest.mark.parametrize("bad", [-1.0, 1001.0, True, "3"])
-def test_admission_wait_is_validated(bad):
-    with pytest.raises(ConfigError, match="admission_wait_ms must be a number of milliseconds in"):
-        EngineConfig(admission_wait_ms=bad).validate()
-
-
-def test_admission_grouping_never_holds_a_recompute_resumption():
-    """A waiting request that has tokens (requeued by a recompute preemption) is admitted at once."""
-    s = make(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=16, admission_wait_ms=1000.0)
-    s.clock = lambda: 0.0
-    a, b, c = req("a", 4), req("b", 4, start=200), req("c", 4, start=300)
-    s.add(a)
-    run_prefill(s)
-    emit(a)
-    s.add(c)
-    assert step(s).admitted == []  # a fresh arrival is held
-    emit(b)  # as a preempted request keeps its tokens
-    s.waiting.appendleft(b)  # recompute requeues at the head
-    plan = step(s)
-    assert ids(plan.admitted) == ["b", "c"] and b.resuming
 
 
 def test_speculative_steps_replace_decode_rounds_when_there_is_no_prompt_work():

@@ -19,10 +19,8 @@ Admission is first-come-first-served, bounded by `max_num_seqs` (the slots) and 
 gets its prompt's blocks and a few launches of decode room, and its decode planes grow as the host learns
 its tokens (docs/kv-memory.md). When running requests cannot grow, the newest are preempted: freed and
 requeued at the head of the queue to be prefilled again at their recorded exit depths (recompute), or
-their KV and decode rows moved to host memory (SWAPPED) until blocks are free again. With
-`admission_wait_ms` > 0, prompts that arrive while decode rows run are held (up to that long, or until they
-fill a chunk) so that they start together. A launch with no prompt work and nobody waiting (or only held
-prompts) runs several decode rounds (`decode_rounds_per_launch`).
+their KV and decode rows moved to host memory (SWAPPED) until blocks are free again. A launch with no prompt
+work and nobody waiting runs several decode rounds (`decode_rounds_per_launch`).
 
 The host follows the device a launch or more behind: `RunnerOutput` tokens are appended by the engine,
 which finishes requests on stop strings, stop tokens, EOS and max_tokens; the next plan releases their
@@ -33,7 +31,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -144,8 +141,6 @@ class Scheduler:
         self.max_tokens = cfg.max_num_batched_tokens
         self.chunk = cfg.prefill_chunk_size or cfg.max_num_batched_tokens
         self.decode_rounds = cfg.decode_rounds_per_launch
-        self.admission_wait_s = cfg.admission_wait_ms / 1e3
-        self.clock = time.monotonic  # admission grouping's time: `add` stamps `Sequence.queued_at` with it
         self.spec_tokens = cfg.spec_tokens
         self.spec_policy = (
             SpecPolicy(cfg.spec_tokens, cfg.spec_draft_loops, num_loops, cfg.spec_auto, cfg.spec_max_verify_tokens)
@@ -183,7 +178,6 @@ class Scheduler:
         self._released: list[int] = []
 
     def add(self, seq: Sequence) -> None:
-        seq.queued_at = self.clock()
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -326,10 +320,9 @@ class Scheduler:
             if seq.slot not in self.chunks and seq.in_prefill and budget > 0:
                 budget -= self._start_chunk(seq, budget, prefill)
         admitted = []
-        holding = self._hold_admission(decode, budget)
         # A step that preempted admits nobody: a request preempted for recompute may still have tokens in
         # flight, and its prefill must reach the last of them.
-        while self.waiting and not holding and not self.swapped and not preempted and self.free_slots and budget > 0:
+        while self.waiting and not self.swapped and not preempted and self.free_slots and budget > 0:
             seq = self.waiting[0]
             seq.prefill_target = len(seq.prompt_ids) + max(0, len(seq.output_ids) - 1)
             hits = self._prefix_hits(seq)
@@ -349,10 +342,9 @@ class Scheduler:
             self._take_slot(seq)
             admitted.append(seq)
             budget -= self._start_chunk(seq, budget, prefill)
-        # Several rounds per launch only when nothing waits on the host: no prompt work, nobody queued (but
-        # those admission grouping holds), and every request's first token read back (TTFT would otherwise
-        # wait for a whole launch more).
-        multi = decode and not prefill and (holding or not self.waiting) and all(s.output_ids for s in self.running)
+        # Several rounds per launch only when nothing waits on the host: no prompt work, nobody queued, and
+        # every request's first token read back (TTFT would otherwise wait for a whole launch more).
+        multi = decode and not prefill and not self.waiting and all(s.output_ids for s in self.running)
         rounds = self.decode_rounds if multi else 1
         released, self._released = self._released, []
         sampler = _sampler_mode(self.running)
@@ -382,16 +374,6 @@ class Scheduler:
             swap_dropped=dropped,
             table_growth=growth,
         )
-
-    def _hold_admission(self, decode: list[int], budget: int) -> bool:
-        """Admission grouping (`admission_wait_ms`): hold the waiting prompts while decode rows run, their
-        oldest has waited less than the wait, and their prompt tokens do not fill this plan's chunk. A request
-        coming back from a recompute preemption is never held."""
-        if not (self.admission_wait_s and decode and self.waiting) or self.waiting[0].resuming:
-            return False
-        if self.clock() - self.waiting[0].queued_at >= self.admission_wait_s:
-            return False
-        return sum(len(s.prompt_ids) for s in self.waiting) < min(self.chunk, budget)
 
     def _prefix_hits(self, seq: Sequence) -> list[bytes]:
         """Cached leading blocks of the prompt, keeping at least its last token to compute (its logits give

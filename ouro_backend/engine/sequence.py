@@ -48,7 +48,6 @@ class Sequence:
         self.spec_drafted = self.spec_accepted = 0  # self-speculation: draft tokens proposed / accepted
         self.trim_chars = 0
         self.arrival_time = time.monotonic()
-        self.queued_at = self.arrival_time  # when the scheduler queued it, on its clock (admission grouping)
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
 

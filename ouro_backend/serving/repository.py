@@ -53,10 +53,6 @@ ENGINE_PARAMETERS = [
     ("async_scheduling", "launch the next round(s) before reading the last launch back (true)"),
     ("decode_rounds_per_launch", "decode rounds one launch (one graph replay) runs when no prompt work waits (4)"),
     (
-        "admission_wait_ms",
-        "ms a prompt arriving while decode runs is held (or until held prompts fill a chunk), to start together (0)",
-    ),
-    (
         "spec_tokens",
         "self-speculative decoding: tokens drafted per step, 0 = off (0); needs last_exited, no gate exits",
     ),
