@@ -20,7 +20,7 @@ from table import dump, print_rows
 
 
 def rows_of(files: list[dict]) -> list[dict]:
-    full: dict[int, float] = {}
+    full: dict[int, dict] = {}  # concurrency -> the full-depth run's median
     runs: dict[tuple[int, bool, int], dict] = {}  # (interval, eager, concurrency) -> median
     for results in files:
         for run in results["runs"]:
@@ -28,17 +28,17 @@ def rows_of(files: list[dict]) -> list[dict]:
             B = m.get("deferred_deep_interval") or 0
             if not B:
                 if run["workload"] == "full":
-                    full[c] = m["output_tok_s"]
+                    full[c] = m
                 continue
             runs[(B, bool(m.get("deferred_deep_eager")), c)] = m
     rows = []
     for (B, eager, c), m in sorted(runs.items()):
         if eager:
             continue
-        control = runs.get((B, True, c))
+        control, kind = runs.get((B, True, c)), "eager"
         # NOTE: at B = 1 every token is a boundary, so the eager same-readout policy is full depth itself.
         if control is None and B == 1 and c in full:
-            control = dict(output_tok_s=full[c], mean_exit_depth=None, full_depth=True)
+            control, kind = full[c], "full depth"
         tok_s = m["output_tok_s"]
         rows.append(
             dict(
@@ -46,13 +46,13 @@ def rows_of(files: list[dict]) -> list[dict]:
                 concurrency=c,
                 output_tok_s=tok_s,
                 ratio_vs_eager_same_readout=tok_s / control["output_tok_s"] if control else None,
-                ratio_vs_full_depth=tok_s / full[c] if c in full else None,
+                ratio_vs_full_depth=tok_s / full[c]["output_tok_s"] if c in full else None,
                 deep_rows_per_call=m.get("deep_rows_per_call"),
                 mean_depth=m.get("mean_exit_depth"),
-                eager_control="full depth" if control and control.get("full_depth") else "eager" if control else None,
+                eager_control=kind if control else None,
                 eager_output_tok_s=control["output_tok_s"] if control else None,
                 eager_mean_depth=control.get("mean_exit_depth") if control else None,
-                full_depth_output_tok_s=full.get(c),
+                full_depth_output_tok_s=full[c]["output_tok_s"] if c in full else None,
             )
         )
     return rows

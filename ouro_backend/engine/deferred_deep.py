@@ -40,19 +40,18 @@ class DeferredDeepConfig:
 
 class DeferredDeep:
     def __init__(self, cfg: DeferredDeepConfig, state: DecodeState, hidden_size: int, dtype: torch.dtype):
-        self.cfg = cfg
-        self.B, self.r, self.T = cfg.interval, cfg.readout_loop, state.num_loops
+        self.B, self.r, self.T, self.eager = cfg.interval, cfg.readout_loop, state.num_loops, cfg.eager
         assert 1 <= self.r < self.T and self.B >= 1
         n, dev = state.num_slots, state.device
         # Per slot, the loop-r outputs of the positions since the request's last boundary, in order.
-        self.retained = None if cfg.eager else torch.zeros(n, self.B, hidden_size, dtype=dtype, device=dev)
+        self.retained = None if self.eager else torch.zeros(n, self.B, hidden_size, dtype=dtype, device=dev)
         # eager: per slot, the token sampled at loop r and its logprob, emitted at loop T.
-        self.held_tok = torch.zeros(n, dtype=torch.long, device=dev) if cfg.eager else None
-        self.held_lp = torch.zeros(n, dtype=torch.float32, device=dev) if cfg.eager else None
+        self.held_tok = torch.zeros(n, dtype=torch.long, device=dev) if self.eager else None
+        self.held_lp = torch.zeros(n, dtype=torch.float32, device=dev) if self.eager else None
 
     def row_max_loops(self) -> int:
         """The `MAX_LOOPS` every decode row runs to."""
-        return self.T if self.cfg.eager else self.r
+        return self.T if self.eager else self.r
 
     def before_advance(
         self, state: DecodeState, idx: torch.Tensor, out: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor
@@ -63,7 +62,7 @@ class DeferredDeep:
         ints = state.ints.index_select(0, idx)
         active, loop, ngen = ints[:, ds.ACTIVE] > 0, ints[:, ds.LOOP], ints[:, ds.NGEN]
         boundary = ngen % self.B == 0
-        if self.cfg.eager:
+        if self.eager:
             assert self.held_tok is not None and self.held_lp is not None
             hold = active & (loop == self.r) & ~boundary
             held_tok = torch.where(hold, tok, self.held_tok.index_select(0, idx))
@@ -85,7 +84,7 @@ class DeferredDeep:
     def after_advance(self, idx: torch.Tensor, marked: torch.Tensor, rec: torch.Tensor) -> None:
         """Mark the record [4, slots] of the rows `before_advance` returned: eager, their depth is the readout
         loop r (they emitted at loop T); deferred, they emitted nothing but wait (`EMIT_DEEP`)."""
-        row, value = (ds.REC_DEPTH, self.r) if self.cfg.eager else (ds.REC_EMITTED, ds.EMIT_DEEP)
+        row, value = (ds.REC_DEPTH, self.r) if self.eager else (ds.REC_EMITTED, ds.EMIT_DEEP)
         rec[row].index_copy_(0, idx, torch.where(marked, float(value), rec[row].index_select(0, idx)))
 
     def chunk_input(self, slot: int, n: int) -> torch.Tensor:
