@@ -579,6 +579,32 @@ def test_repository_matches_protocol():
     assert os.path.isdir(os.path.join(ROOT, "model_repository", "ouro_ensemble", "1"))
 
 
+def test_engine_parameters_list_every_option_with_its_default():
+    """ouro_engine's config.pbtxt documents every EngineConfig field once, and a default given last in
+    brackets is the field's default (a list written by hand drifts: three options once went unlisted)."""
+    import dataclasses
+    import re
+
+    from ouro_backend.serving import repository
+
+    names = [name for name, _ in repository.ENGINE_PARAMETERS]
+    fields = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    assert sorted(names) == sorted(fields) and len(set(names)) == len(names)
+    checked = 0
+    for name, help_text in repository.ENGINE_PARAMETERS:
+        m = re.search(r"\(([^()]*)\)$", help_text)
+        if m is None or m.group(1).startswith("default:"):  # no default, or one the engine derives
+            continue
+        default = fields[name]
+        assert default is not None, (name, "a derived default must read 'default: ...'")
+        parsed = EngineConfig.from_strings({name: m.group(1)})
+        assert getattr(parsed, name) == default, (name, m.group(1), default)
+        checked += 1
+    assert checked >= 15
+    engine = _parse_pbtxt(repository.render()["ouro_engine"])
+    assert set(fields) <= set(engine.parameters)
+
+
 def test_repository_declarations():
     from ouro_backend.serving import repository
 

@@ -25,16 +25,20 @@ INSTANCES = 2
 # other (serving/README.md, "Where served TTFT goes").
 FRONT_INSTANCES = 2
 
-# Engine options listed (empty = the default) in ouro_engine/config.pbtxt; all of EngineConfig works.
+# Engine options listed (empty = the default) in ouro_engine/config.pbtxt: every EngineConfig field, its default
+# last in brackets where it has one (tests/test_serving_unit.py keeps both true).
 ENGINE_PARAMETERS = [
     ("model", "checkpoint dir (HF layout); $OURO_MODEL_PATH overrides; empty: the demo model"),
     ("device", "auto | cpu | cuda | cuda:N"),
     ("dtype", "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16"),
     ("attention_backend", "auto | torch | triton | flash"),
+    ("eos_token_ids", "stop token ids, comma-separated (default: the checkpoint's generation_config.json)"),
     ("kv_layout", "last_exited | shared"),
     ("block_size", "KV block size in tokens (16)"),
     ("gpu_memory_utilization", "fraction of GPU memory for weights + activations + KV (0.90)"),
     ("num_blocks", "explicit KV size in blocks (default: automatic)"),
+    ("kv_cache_bytes", "explicit KV size in bytes, when num_blocks is unset (default: automatic)"),
+    ("cpu_kv_cache_bytes", "KV budget on CPU when num_blocks and kv_cache_bytes are unset (268435456)"),
     ("kv_watermark", "share of KV blocks admission keeps free for running requests to grow (0.01)"),
     (
         "enable_prefix_caching",
@@ -66,6 +70,11 @@ ENGINE_PARAMETERS = [
     ("deferred_readout_loop", "the loop tokens are read out at between deep boundaries (2)"),
     ("deferred_deep_eager", "deferred deep batching's control: the same readout, deep loops every token (false)"),
     ("seed", "seed of unseeded sampling and random_lookahead (0)"),
+    (
+        "request_timeout_s",
+        "a request unfinished this long after it arrived ends with a timeout error, 0 = no limit (600)",
+    ),
+    ("max_waiting_requests", "requests waiting beyond the max_num_seqs running ones; more are refused as busy (256)"),
 ]
 
 
