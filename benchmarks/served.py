@@ -181,6 +181,45 @@ def process_loop(args) -> None:
     print(json.dumps(dict(median=median_of(reps), repeats=reps)))
 
 
+def server_cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds (user + system, all threads) used so far by process `root` (ouro-serve) and its
+    descendants (the tritonserver, each model's Python stubs, the engine processes), summed by role."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, float, list[bytes]]] = {}  # pid -> (ppid, cpu s, argv)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        procs[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks, argv)
+    family, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _, _) in procs.items():
+            if ppid == parent and pid not in family:
+                family.add(pid)
+                frontier.append(pid)
+    out: dict[str, float] = {}
+    for pid in family & procs.keys():
+        _, cpu, argv = procs[pid]
+        exe = os.path.basename(argv[0].decode(errors="replace"))
+        if exe == "triton_python_backend_stub":
+            role = "stub:" + (Path(argv[1].decode(errors="replace")).parts[-3] if len(argv) > 1 else "?")
+        elif any(b"engine_server" in a for a in argv):
+            role = "engine_process"
+        elif pid == root:
+            role = "ouro-serve"
+        else:
+            role = exe or "?"
+        out[role] = out.get(role, 0.0) + cpu
+    return out
+
+
 def wait_ready(url: str, model: str, timeout: float, proc: subprocess.Popen) -> None:
     import tritonclient.grpc as grpc
 
@@ -434,6 +473,7 @@ def main() -> int:
             for i in range(args.repeats):
                 path = out / f"served_{name}_{i}.json"
                 # With --trace load.py notes its ends of each request's hops (the warm-up's are left out).
+                cpu_before, client_before = server_cpu_seconds(server.pid), os.times()
                 subprocess.run(
                     load
                     + ["-n", str(args.requests), "--prompts-file", str(prompt_files[name][1 + i]), "--json", str(path)],
@@ -443,7 +483,16 @@ def main() -> int:
                     if args.trace
                     else None,
                 )
-                per_model[name].append(json.loads(path.read_text()))
+                report = json.loads(path.read_text())
+                # Cores each role kept busy over the timed run (the client's include its processes' start-up).
+                cpu_after, client_after = server_cpu_seconds(server.pid), os.times()
+                dur = report["duration_s"] or 1.0
+                report["cpu_cores"] = {
+                    role: round((t - cpu_before.get(role, 0.0)) / dur, 2) for role, t in sorted(cpu_after.items())
+                }
+                client_s = sum(client_after[i] - client_before[i] for i in (2, 3))  # children's user + system
+                report["cpu_cores"]["client"] = round(client_s / dur, 2)
+                per_model[name].append(report)
             print(
                 f"{name}: {[round(x['output_tokens_per_s']) for x in per_model[name]]} output tok/s, errors "
                 f"{sum(x['errors'] for x in per_model[name])}",
@@ -535,6 +584,8 @@ def main() -> int:
         served_itl_p50_s=s["itl_s"]["p50"],
         served_repeats=[x["output_tokens_per_s"] for x in served],
         served_responses_per_s=s.get("responses_per_s"),
+        served_mean_in_flight=s.get("mean_in_flight"),
+        served_cpu_cores=served[0].get("cpu_cores"),
         tok_s=s["output_tokens_per_s"],
         # The issue's row names (benchmarks/results): the same numbers under short keys.
         served_tok_s=s["output_tokens_per_s"],

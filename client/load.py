@@ -8,11 +8,13 @@ N workers each keep one streaming request in flight (a new one as soon as the pr
 each worker keeps one connection and one ModelStreamInfer stream open for all its requests) until
 `--requests` requests were sent or `--duration` seconds passed (both bound the run; the run also stops at
 `--timeout` for stuck requests). The workers are spread over `--processes` client processes (default one per
-16 workers): one Python process handles only a few thousand responses a second, and a client that falls
-behind would add its own queueing to the times it measures (TTFT and ITL are taken when each response
-reaches the gRPC stream's callback). Reports time to first token, inter-token latency (between streamed
-responses, per token), request latency and throughput, as percentiles: a table on stderr and JSON on stdout
-(or in --json FILE).
+16 workers, at most half the machine's cores): one Python process handles only a few thousand responses a
+second, and a client that falls behind would add its own queueing to the times it measures (TTFT and ITL are
+taken when each response reaches the gRPC stream's callback); on the server's own host, a client that takes
+most of the cores slows the server instead. Every process opens its streams before any request is sent.
+Reports time to first token, inter-token latency (between streamed responses, per token), request latency and
+throughput, as percentiles, and the requests open on average (`mean_in_flight`): a table on stderr and JSON on
+stdout (or in --json FILE).
 
 genai-perf (client/genai_perf/run_genai_perf.py) is the standard benchmark; this tool is kept for what
 genai-perf cannot do: it reads Ouro's own outputs (exact token counts from `num_output_tokens`, where
@@ -59,17 +61,25 @@ def _client_process(
     model: str,
     workers: int,
     issued: Any,
+    start: Any,
     num_requests: int,
-    stop_at: float,
+    duration: float,
     options: dict,
     prompts: list[str],
     protocol: str,
     timeout: float,
 ) -> tuple[list[Result], int]:
     """`workers` threads of this process, each taking the next request number from the shared `issued`
-    counter until `num_requests` were issued or `stop_at` passed -> (their results, threads still running)."""
+    counter until `num_requests` were issued or `duration` passed -> (their results, threads still running).
+
+    NOTE no worker sends before every worker of every process has its stream open: `start` (a barrier of all
+    the client processes) is passed once this process's workers are ready. Spawned processes import and
+    connect at different times; without it the first ones would run alone for a while, the run would hold
+    fewer than `concurrency` requests in flight, and the server would be timed at a lower load."""
     lock = threading.Lock()
     results: list[Result] = []
+    ready = threading.Barrier(workers + 1)  # this process's workers, with their streams open, and this thread
+    stop = [0.0]  # set once the run starts
     trace = None
     if os.environ.get("OURO_REQUEST_TRACE") and protocol == "grpc":  # the server's hop timing, with our ends
         from ouro_backend.serving.request_trace import RequestTrace
@@ -82,15 +92,20 @@ def _client_process(
         try:
             stream = GrpcStream(url, trace) if protocol == "grpc" else None
         except Exception as e:
+            stream = None
+            failed = f"opening the gRPC stream failed: {e}"
+        else:
+            failed = None
+        ready.wait()  # this stream is open
+        ready.wait()  # the go: every process's streams are open
+        if failed is not None:
             with lock:
-                results.append(
-                    Result(start=time.monotonic(), end=time.monotonic(), error=f"opening the gRPC stream failed: {e}")
-                )
+                results.append(Result(start=time.monotonic(), end=time.monotonic(), error=failed))
             return
         try:
             while True:
                 with issued.get_lock():
-                    if issued.value >= num_requests or time.monotonic() >= stop_at:
+                    if issued.value >= num_requests or time.monotonic() >= stop[0]:
                         return
                     i = issued.value
                     issued.value += 1
@@ -104,8 +119,15 @@ def _client_process(
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
     for t in threads:
         t.start()
+    ready.wait()  # every stream of this process is open
+    try:
+        start.wait(timeout=120)  # ... and of every other process
+    except threading.BrokenBarrierError:  # a process died or hung starting: the others run anyway
+        pass
+    stop[0] = time.monotonic() + duration
+    ready.wait()
     for t in threads:
-        t.join(timeout=max(1.0, stop_at + timeout - time.monotonic()))
+        t.join(timeout=max(1.0, stop[0] + timeout - time.monotonic()))
     if trace is not None:
         trace.write()
     with lock:
@@ -133,26 +155,29 @@ def run_load(
     processes = max(1, min(processes, concurrency))
     ctx = multiprocessing.get_context("spawn")  # not fork: gRPC channels the caller holds must not be forked
     issued = ctx.Value("l", 0)  # the next request number, shared by every worker of every process
-    start = time.monotonic()
-    stop_at = start + duration
-    rest = (num_requests, stop_at, options, prompts, protocol, timeout)
+    rest = (num_requests, duration, options, prompts, protocol, timeout)
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     if processes == 1:
-        results, unfinished = _client_process(url, model, concurrency, issued, *rest)
+        results, unfinished = _client_process(url, model, concurrency, issued, threading.Barrier(1), *rest)
     else:
+        start = ctx.Barrier(processes)  # the children start together (see _client_process's NOTE)
         out = ctx.Queue()
-        children = [ctx.Process(target=_child, args=(out, url, model, n, issued, *rest), daemon=True) for n in shares]
+        children = [
+            ctx.Process(target=_child, args=(out, url, model, n, issued, start, *rest), daemon=True) for n in shares
+        ]
         for c in children:
             c.start()
         results, unfinished = [], 0
+        # Start-up (spawning, imports, connecting) counts against no deadline but this one.
+        deadline = time.monotonic() + 120 + duration + timeout + 30
         for _ in children:  # read before joining: a child exits only once its results are taken
-            r, u = out.get(timeout=max(1.0, stop_at + timeout + 30 - time.monotonic()))
+            r, u = out.get(timeout=max(1.0, deadline - time.monotonic()))
             results += r
             unfinished += u
         for c in children:
             c.join(timeout=10)
     # From the first request sent to the last one ended: the client processes' start-up is not the server's.
-    elapsed = max(r.end for r in results) - min(r.start for r in results) if results else time.monotonic() - start
+    elapsed = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
     ok = [r for r in results if r.error is None]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     latency = [r.end - r.start for r in ok]
@@ -184,9 +209,20 @@ def run_load(
         "ttft_s": percentiles(ttft),
         "itl_s": percentiles(itl),
         "latency_s": percentiles(latency),
+        # requests open on average over the run (sum of latencies / duration): below `concurrency` by the
+        # ramp, the tail and the client's own time between a request's end and its worker's next request
+        "mean_in_flight": sum(latency) / elapsed if elapsed else None,
         "unfinished_workers": unfinished,
         "client_processes": processes,
     }
+
+
+def default_processes(concurrency: int, cores: int | None = None) -> int:
+    """One client process per 16 workers, but at most half of this machine's cores: a load generator on the
+    server's own host that takes more starves the server it measures (16 processes for 256 streams kept
+    10.4 of an H200 host's 16 cores busy and cut the server's throughput by 8%: benchmarks/results)."""
+    cores = cores or os.cpu_count() or 2
+    return max(1, min(-(-concurrency // 16), cores // 2))
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -216,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         "--processes",
         type=int,
         default=None,
-        help="client processes the workers are spread over (default: one per 16 workers)",
+        help="client processes the workers are spread over (default: one per 16 workers, at most half of this "
+        "machine's cores)",
     )
     p.add_argument("--requests", "-n", type=int, default=32, help="max requests to send")
     p.add_argument("--duration", type=float, default=120.0, help="stop sending new requests after this (s)")
@@ -260,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts,
         args.protocol,
         args.timeout,
-        processes=args.processes or -(-args.concurrency // 16),
+        processes=args.processes or default_processes(args.concurrency),
     )
     print(format_table(report), file=sys.stderr)
     text = json.dumps(report, indent=2)

@@ -253,3 +253,11 @@ def test_result_decode_rate_needs_two_timed_responses():
     assert not_streamed.summary()["tokens_per_s"] == pytest.approx(8 / 1.001)
     streamed = Result(chunks=[chunk(1, 0.2), chunk(3, 0.5), chunk(4, 1.0), chunk(0, 1.1)], start=0.0, end=1.1)
     assert streamed.ttft == 0.2 and streamed.decode_tokens_per_s == pytest.approx(7 / 0.8)
+
+
+def test_load_generator_default_processes():
+    """One client process per 16 workers, never more than half the cores (the server shares the host)."""
+    from client.load import default_processes
+
+    assert [default_processes(c, cores=16) for c in (1, 16, 17, 64, 256, 1024)] == [1, 1, 2, 4, 8, 8]
+    assert default_processes(256, cores=2) == 1 and default_processes(4, cores=1) == 1

@@ -323,3 +323,4 @@ def test_load_generator(server):
         assert report["requests"] == 12 and report["output_tokens"] == 12 * 8
         assert report["unfinished_workers"] == 0 and report["ttft_s"]["p50"] > 0
         assert report["client_processes"] == processes
+        assert 0 < report["mean_in_flight"] <= 4  # at most the workers' requests are open at once
