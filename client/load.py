@@ -219,8 +219,7 @@ def run_load(
 
 def default_processes(concurrency: int, cores: int | None = None) -> int:
     """One client process per 16 workers, but at most half of this machine's cores: a load generator on the
-    server's own host that takes more starves the server it measures (16 processes for 256 streams kept
-    10.4 of an H200 host's 16 cores busy and cut the server's throughput by 8%: benchmarks/results)."""
+    server's own host that takes more starves the server it measures."""
     cores = cores or os.cpu_count() or 2
     return max(1, min(-(-concurrency // 16), cores // 2))
 
