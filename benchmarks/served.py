@@ -585,6 +585,8 @@ def main() -> int:
         served_repeats=[x["output_tokens_per_s"] for x in served],
         served_responses_per_s=s.get("responses_per_s"),
         served_mean_in_flight=s.get("mean_in_flight"),
+        served_turnaround_p50_ms=1e3 * s["turnaround_s"]["p50"] if s.get("turnaround_s", {}).get("p50") else None,
+        served_tail_s=s.get("tail_s"),
         served_cpu_cores=served[0].get("cpu_cores"),
         tok_s=s["output_tokens_per_s"],
         # The row names (benchmarks/results): the same numbers under short keys.

@@ -70,7 +70,8 @@ def _client_process(
     timeout: float,
 ) -> tuple[list[Result], int]:
     """`workers` threads of this process, each taking the next request number from the shared `issued`
-    counter until `num_requests` were issued or `duration` passed -> (their results, threads still running).
+    counter until `num_requests` were issued or `duration` passed -> (their results, threads still running,
+    each worker's turnarounds: from one request's end to the start of its next, in seconds).
 
     NOTE no worker sends before every worker of every process has its stream open: `start` (a barrier of all
     the client processes) is passed once this process's workers are ready. Spawned processes import and
@@ -78,6 +79,7 @@ def _client_process(
     fewer than `concurrency` requests in flight, and the server would be timed at a lower load."""
     lock = threading.Lock()
     results: list[Result] = []
+    turnarounds: list[float] = []
     ready = threading.Barrier(workers + 1)  # this process's workers, with their streams open, and this thread
     stop = [0.0]  # set once the run starts
     trace = None
@@ -102,6 +104,7 @@ def _client_process(
             with lock:
                 results.append(Result(start=time.monotonic(), end=time.monotonic(), error=failed))
             return
+        previous: Result | None = None
         try:
             while True:
                 with issued.get_lock():
@@ -112,6 +115,9 @@ def _client_process(
                 r = generate(url, model, prompts[i % len(prompts)], options, protocol, timeout, grpc_stream=stream)
                 with lock:
                     results.append(r)
+                    if previous is not None:
+                        turnarounds.append(r.start - previous.end)
+                previous = r
         finally:
             if stream is not None:
                 stream.close()
@@ -131,7 +137,7 @@ def _client_process(
     if trace is not None:
         trace.write()
     with lock:
-        return list(results), sum(t.is_alive() for t in threads)
+        return list(results), sum(t.is_alive() for t in threads), list(turnarounds)
 
 
 def _child(out: Any, *args: Any) -> None:
@@ -158,7 +164,7 @@ def run_load(
     rest = (num_requests, duration, options, prompts, protocol, timeout)
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     if processes == 1:
-        results, unfinished = _client_process(url, model, concurrency, issued, threading.Barrier(1), *rest)
+        results, unfinished, turnarounds = _client_process(url, model, concurrency, issued, threading.Barrier(1), *rest)
     else:
         start = ctx.Barrier(processes)  # the children start together (see _client_process's NOTE)
         out = ctx.Queue()
@@ -167,17 +173,20 @@ def run_load(
         ]
         for c in children:
             c.start()
-        results, unfinished = [], 0
+        results, unfinished, turnarounds = [], 0, []
         # Start-up (spawning, imports, connecting) counts against no deadline but this one.
         deadline = time.monotonic() + 120 + duration + timeout + 30
         for _ in children:  # read before joining: a child exits only once its results are taken
-            r, u = out.get(timeout=max(1.0, deadline - time.monotonic()))
+            r, u, t = out.get(timeout=max(1.0, deadline - time.monotonic()))
             results += r
             unfinished += u
+            turnarounds += t
         for c in children:
             c.join(timeout=10)
     # From the first request sent to the last one ended: the client processes' start-up is not the server's.
     elapsed = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
+    # The run's tail: after the last request was sent, fewer requests are open as they finish.
+    tail = max(r.end for r in results) - max(r.start for r in results) if results else 0.0
     ok = [r for r in results if r.error is None]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     latency = [r.end - r.start for r in ok]
@@ -212,6 +221,8 @@ def run_load(
         # requests open on average over the run (sum of latencies / duration): below `concurrency` by the
         # ramp, the tail and the client's own time between a request's end and its worker's next request
         "mean_in_flight": sum(latency) / elapsed if elapsed else None,
+        "turnaround_s": percentiles(turnarounds),  # a worker's time from one request's end to its next's start
+        "tail_s": tail,
         "unfinished_workers": unfinished,
         "client_processes": processes,
     }

@@ -324,3 +324,5 @@ def test_load_generator(server):
         assert report["unfinished_workers"] == 0 and report["ttft_s"]["p50"] > 0
         assert report["client_processes"] == processes
         assert 0 < report["mean_in_flight"] <= 4  # at most the workers' requests are open at once
+        assert report["turnaround_s"]["p50"] >= 0  # 12 requests over 4 workers: 8 turnarounds
+        assert 0 <= report["tail_s"] <= report["duration_s"]
