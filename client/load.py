@@ -13,8 +13,9 @@ second, and a client that falls behind would add its own queueing to the times i
 taken when each response reaches the gRPC stream's callback); on the server's own host, a client that takes
 most of the cores slows the server instead. Every process opens its streams before any request is sent.
 Reports time to first token, inter-token latency (between streamed responses, per token), request latency and
-throughput, as percentiles, and the requests open on average (`mean_in_flight`): a table on stderr and JSON on
-stdout (or in --json FILE).
+throughput, as percentiles, the requests open on average (`mean_in_flight`), each worker's turnaround from one
+request's end to its next's start and the run's tail after the last request was sent: a table on stderr and
+JSON on stdout (or in --json FILE).
 
 genai-perf (client/genai_perf/run_genai_perf.py) is the standard benchmark; this tool is kept for what
 genai-perf cannot do: it reads Ouro's own outputs (exact token counts from `num_output_tokens`, where
