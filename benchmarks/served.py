@@ -601,7 +601,11 @@ def main() -> int:
         repeats=args.repeats,
     )
     if pa and pa.get("output_tok_s"):
-        summary.update(perf_analyzer_output_tok_s=pa["output_tok_s"], perf_analyzer_ok=pa["ok"])
+        summary.update(
+            perf_analyzer_output_tok_s=pa["output_tok_s"],
+            perf_analyzer_ok=pa["ok"],
+            perf_analyzer_mean_in_flight=pa.get("mean_in_flight"),
+        )
     if gp:
         summary.update(
             genai_perf_output_tok_s=gp["output_token_throughput_per_s"],

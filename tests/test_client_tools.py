@@ -76,6 +76,7 @@ def test_run_perf_defaults_work_when_a_request_outlasts_the_old_time_window(
     assert 0 < ttft["p50"] < r["request_latency_p50_us"] / 1e3 / 5, (ttft, r["request_latency_p50_us"])
     assert "request latency (send to last response)" in err and "first response (TTFT) p50" in err
     assert "first-response latency avg" not in err  # the old label, on the whole request's latency
+    assert 0.5 < r["mean_in_flight"] <= 1.05  # one request at a time, each sent as the previous ends
 
 
 def test_run_perf_failure_prints_a_hint(demo_server, seconds_per_token, tmp_path, capsys):

@@ -254,6 +254,10 @@ def run(
     ]
     for r in runs:  # EOS is ignored, so every request makes exactly max_tokens tokens
         r["output_tok_s"] = r["throughput_infer_per_s"] * max_tokens if r["throughput_infer_per_s"] else None
+        # Requests open on average (Little's law): below the concurrency asked for when perf_analyzer itself
+        # is slow to send the next request after one ends.
+        rate, latency = r.get("throughput_infer_per_s"), r.get("request_latency_avg_us")
+        r["mean_in_flight"] = rate * latency / 1e6 if rate and latency else None
     return {"perf_analyzer": binary, "out_dir": out_dir, "ok": all(r["ok"] for r in runs), "runs": runs}
 
 
@@ -268,7 +272,8 @@ def format_run(r: dict[str, Any]) -> str:
         f"{r['throughput_infer_per_s'] or 0:8.2f} req/s {r['output_tok_s'] or 0:9.1f} output tok/s "
         f"{r['response_throughput_per_s'] or 0:9.1f} resp/s  "
         f"request latency (send to last response) avg {ms(r['request_latency_avg_us'])} ms "
-        f"p50 {ms(r['request_latency_p50_us'])} ms  first response (TTFT) p50 {first} ms"
+        f"p50 {ms(r['request_latency_p50_us'])} ms  first response (TTFT) p50 {first} ms  "
+        f"in flight {r.get('mean_in_flight') or 0:.1f}"
     )
 
 
