@@ -15,6 +15,7 @@ import torch
 
 from ouro_backend import LLMEngine, SamplingParams
 from ouro_backend.config import EngineConfig
+from ouro_backend.engine.model_runner import Emitted
 
 # ------------------------------------------------- from test_engine_oracle.py: logit-recording engine
 ORACLE_PROMPTS = [
@@ -37,7 +38,7 @@ def make_recording_engine(toy_path, **kw) -> LLMEngine:
     def recording_collect(rnd):
         emitted = collect(rnd)
         for e in emitted:
-            if not e.seq.finished and not e.awaits_deep:  # tokens of a request that already stopped are dropped
+            if isinstance(e, Emitted) and not e.seq.finished:  # tokens of a request that already stopped are dropped
                 eng.recorded.setdefault(e.seq.request_id, []).append(e.logits)
         return emitted
 

@@ -23,7 +23,7 @@ from .decode_state import MAX_TRACE
 from .deferred_deep import DeferredDeepConfig
 from .exit_policy import ExitPolicy
 from .kv_cache import KVCache
-from .model_runner import Emitted, Launch, ModelRunner
+from .model_runner import AwaitsDeep, Emitted, Launch, ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence, StopChecker
 from .spec_policy import mean_accepted_length
@@ -365,7 +365,7 @@ class LLMEngine:
         if self.scheduler.spec_policy is not None:
             self.scheduler.spec_policy.observe(self.runner.stats.spec_drafted, self.runner.stats.spec_accepted)
         for e in emitted:
-            if e.awaits_deep:
+            if isinstance(e, AwaitsDeep):
                 if not e.seq.finished:
                     self.scheduler.wait_for_deep(e.seq)
                 continue

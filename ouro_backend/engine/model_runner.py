@@ -77,8 +77,13 @@ class Emitted:
     logits: torch.Tensor | None = None  # only when the runner records logits (tests, debugging)
     # On the first token a speculative step emitted for a request: the drafts it accepted in that step.
     spec_accepted: int | None = None
-    # No token: the request's row waits for its deferred deep chunk (`token`, `depth` are meaningless).
-    awaits_deep: bool = False
+
+
+@dataclass
+class AwaitsDeep:
+    """Not a token: the request's row parked at a boundary and waits for its deferred deep chunk."""
+
+    seq: Sequence
 
 
 @dataclass
@@ -549,7 +554,7 @@ class ModelRunner:
 
     # ---- read-back ----
     @torch.inference_mode()
-    def collect(self, launch: Launch) -> list[Emitted]:
+    def collect(self, launch: Launch) -> list[Emitted | AwaitsDeep]:
         """The launch's tokens, once its records have landed on the host (in round and slot order)."""
         if launch.ready is not None:
             if not launch.ready.query():
@@ -565,30 +570,29 @@ class ModelRunner:
             assert self.speculator is not None
             self.stats.spec_drafted += self.speculator.K * int(rec[-1, REC_DRAFTED].sum())
             self.stats.spec_accepted += int(rec[-1, REC_ACCEPTED].sum())
-        out = []
+        out: list[Emitted | AwaitsDeep] = []
         for r, s in zip(rounds.tolist(), slots.tolist()):
             seq = launch.owners[s]
             assert seq is not None  # a slot that emitted was owned when the launch was planned
             if rec[r, ds.REC_EMITTED, s] == ds.EMIT_DEEP:
-                out.append(Emitted(seq, -1, 0.0, 0, awaits_deep=True))
+                out.append(AwaitsDeep(seq))
                 continue
             logits = None
             if launch.logits:
                 for owned, lg in launch.logits[r]:
                     if s in owned:
                         logits = lg[owned.index(s)].cpu()
-            out.append(
-                Emitted(
-                    seq,
-                    int(rec[r, ds.REC_TOKEN, s]),
-                    float(rec[r, ds.REC_LOGPROB, s]),
-                    int(rec[r, ds.REC_DEPTH, s]),
-                    _DEVICE_STOPS.get(int(rec[r, ds.REC_EMITTED, s])),
-                    logits,
-                )
+            emitted = Emitted(
+                seq,
+                int(rec[r, ds.REC_TOKEN, s]),
+                float(rec[r, ds.REC_LOGPROB, s]),
+                int(rec[r, ds.REC_DEPTH, s]),
+                _DEVICE_STOPS.get(int(rec[r, ds.REC_EMITTED, s])),
+                logits,
             )
             if launch.speculative and r == 0:  # every row a step drafted for emits its token 0
-                out[-1].spec_accepted = int(rec[-1, REC_ACCEPTED, s])
+                emitted.spec_accepted = int(rec[-1, REC_ACCEPTED, s])
+            out.append(emitted)
         return out
 
     # ---- CUDA graphs ----
