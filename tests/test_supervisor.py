@@ -24,6 +24,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -33,7 +34,14 @@ import pytest
 from helpers import ouro_serve_cmd, wait_for
 
 from client.ouro_client import generate, request_options
-from ouro_backend.entrypoints.procfs import child_stubs, group_members, process_argv
+from ouro_backend.entrypoints.procfs import (
+    child_stubs,
+    cpu_seconds,
+    descendants,
+    group_members,
+    process_argv,
+    stub_model,
+)
 from ouro_backend.entrypoints.supervisor import Supervisor
 from ouro_backend.entrypoints.tritonserver import (
     ADMIN_HEADER,
@@ -527,3 +535,25 @@ def test_gives_up_after_consecutive_failed_restarts(toy_path):
     assert "exited with code -9 (SIGKILL)" in said[0]
     assert "exited with code 1 before it was ready" in said[1], said
     assert server.proc is None and server.stale_files() == []
+
+
+def test_procfs_descendants_cpu_seconds_and_stub_model():
+    """What served.py's CPU accounting reads: a busy child is below us and has used CPU time; a stub's
+    argv names its model, another program's does not."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)",
+        ]
+    )
+    try:
+        assert wait_for(lambda: (cpu_seconds(child.pid) or 0) >= 0.25, timeout=30)
+        assert child.pid in descendants(os.getpid()) and os.getpid() in descendants(os.getpid())
+        assert descendants(child.pid) == {child.pid}
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu_seconds(child.pid) is None  # gone (reaped)
+    argv = [b"/opt/tritonserver/backends/python/triton_python_backend_stub", b"/repo/ouro/1/model.py", b"shm"]
+    assert stub_model(argv) == "ouro" and stub_model([b"/usr/bin/python3", b"-m", b"x"]) is None

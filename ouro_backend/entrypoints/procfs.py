@@ -12,15 +12,53 @@ from pathlib import Path
 STUB = "triton_python_backend_stub"  # the Python backend stub's executable name
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, start time, process group) of process `pid` from /proc, or None if it is gone."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rindex(b")") + 2 :].split()
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, start time, process group) of process `pid` from /proc, or None if it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
     return fields[0].decode(), int(fields[1]), int(fields[19]), int(fields[2])
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds process `pid` (all its threads) has used, or None if it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(root: int) -> set[int]:
+    """`root` and every live process below it."""
+    children: dict[int, list[int]] = {}
+    for pid in _pids():
+        st = _proc_stat(pid)
+        if st is not None:
+            children.setdefault(st[1], []).append(pid)
+    family, frontier = {root}, [root]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            if child not in family:
+                family.add(child)
+                frontier.append(child)
+    return family
+
+
+def stub_model(argv: list[bytes]) -> str | None:
+    """The model a Python backend stub serves, from its argv (`triton_python_backend_stub
+    <repository>/<model>/<version>/model.py <shm region> ...`); None if `argv` is not a stub's."""
+    if not argv or os.path.basename(argv[0].decode(errors="replace")) != STUB:
+        return None
+    parts = Path(argv[1].decode(errors="replace")).parts if len(argv) > 1 else ()
+    return parts[-3] if len(parts) >= 3 else "?"
 
 
 def _pids() -> list[int]:
@@ -50,12 +88,9 @@ def child_stubs(server_pid: int) -> dict[int, tuple[int, str]]:
         st = _proc_stat(entry)
         if st is None or st[1] != server_pid or st[0] == "Z":
             continue
-        argv = process_argv(entry)
-        if argv is None:
-            continue
-        if os.path.basename(argv[0].decode(errors="replace")) == STUB:
-            parts = Path(argv[1].decode(errors="replace")).parts if len(argv) > 1 else ()
-            out[entry] = (st[2], parts[-3] if len(parts) >= 3 else "?")
+        model = stub_model(process_argv(entry) or [])
+        if model is not None:
+            out[entry] = (st[2], model)
     return out
 
 
