@@ -182,40 +182,22 @@ def process_loop(args) -> None:
 
 
 def server_cpu_seconds(root: int) -> dict[str, float]:
-    """CPU seconds (user + system, all threads) used so far by process `root` (ouro-serve) and its
-    descendants (the tritonserver, each model's Python stubs, the engine processes), summed by role."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    procs: dict[int, tuple[int, float, list[bytes]]] = {}  # pid -> (ppid, cpu s, argv)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        procs[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks, argv)
-    family, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, _, _) in procs.items():
-            if ppid == parent and pid not in family:
-                family.add(pid)
-                frontier.append(pid)
+    """CPU seconds used so far by process `root` (ouro-serve) and its descendants (the tritonserver, each
+    model's Python stubs, the engine processes), summed by role."""
+    from ouro_backend.entrypoints.procfs import cpu_seconds, descendants, process_argv, stub_model
+
     out: dict[str, float] = {}
-    for pid in family & procs.keys():
-        _, cpu, argv = procs[pid]
-        exe = os.path.basename(argv[0].decode(errors="replace"))
-        if exe == "triton_python_backend_stub":
-            role = "stub:" + (Path(argv[1].decode(errors="replace")).parts[-3] if len(argv) > 1 else "?")
+    for pid in descendants(root):
+        argv, cpu = process_argv(pid) or [b""], cpu_seconds(pid)
+        if cpu is None:
+            continue
+        model = stub_model(argv)
+        if model is not None:
+            role = f"stub:{model}"
         elif any(b"engine_server" in a for a in argv):
             role = "engine_process"
-        elif pid == root:
-            role = "ouro-serve"
         else:
-            role = exe or "?"
+            role = "ouro-serve" if pid == root else os.path.basename(argv[0].decode(errors="replace")) or "?"
         out[role] = out.get(role, 0.0) + cpu
     return out
 
@@ -445,6 +427,7 @@ def main() -> int:
     try:
         wait_ready(f"localhost:{grpc_port}", "ouro", 600, server)
         per_model = {}
+        timed_from: float | None = None  # when the first timed load began (the trace summary starts there)
         for name in args.models:
             load = [
                 sys.executable,
@@ -474,6 +457,7 @@ def main() -> int:
                 path = out / f"served_{name}_{i}.json"
                 # With --trace load.py notes its ends of each request's hops (the warm-up's are left out).
                 cpu_before, client_before = server_cpu_seconds(server.pid), os.times()
+                timed_from = timed_from or time.perf_counter()  # the trace's clock (CLOCK_MONOTONIC on Linux)
                 subprocess.run(
                     load
                     + ["-n", str(args.requests), "--prompts-file", str(prompt_files[name][1 + i]), "--json", str(path)],
@@ -572,7 +556,7 @@ def main() -> int:
         streams=args.concurrency,
     )
     if args.trace:
-        summary["engine_rounds"] = summarize(str(out / "engine_trace.json"))
+        summary["engine_rounds"] = summarize(str(out / "engine_trace.json"), since=timed_from)  # no warm-up
         summary["request_hops"] = request_trace.summarize(str(out / "request_trace"))
         if process_res:
             summary["process_rounds"] = summarize(str(out / "process_trace.json"))
@@ -585,9 +569,9 @@ def main() -> int:
         served_repeats=[x["output_tokens_per_s"] for x in served],
         served_responses_per_s=s.get("responses_per_s"),
         served_mean_in_flight=s.get("mean_in_flight"),
-        served_turnaround_p50_ms=1e3 * s["turnaround_s"]["p50"] if s.get("turnaround_s", {}).get("p50") else None,
+        served_turnaround_p50_ms=None if s["turnaround_s"]["p50"] is None else 1e3 * s["turnaround_s"]["p50"],
         served_tail_s=s.get("tail_s"),
-        served_cpu_cores=served[0].get("cpu_cores"),
+        served_cpu_cores=s["cpu_cores"],
         tok_s=s["output_tokens_per_s"],
         # The issue's row names (benchmarks/results): the same numbers under short keys.
         served_tok_s=s["output_tokens_per_s"],

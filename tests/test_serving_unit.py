@@ -703,3 +703,16 @@ def test_engine_counts_travel_as_increments_and_levels_as_values():
     restarted = MetricsBuffer().take(dict(base, launches=2, rounds=4))
     owner.merge(restarted)
     assert owner.take().stat_counters == {"launches": 10, "rounds": 24, "host_syncs": 1}
+
+
+def test_round_trace_summary_since_leaves_out_earlier_steps(tmp_path):
+    """served.py summarizes the timed run only: steps that started before `since` (the warm-up) are out."""
+    from ouro_backend.engine.round_trace import COLUMNS, summarize
+
+    rows = [[0.0, 0.5, 128, 0, 1, 1, 1], [10.0, 0.25, 0, 4, 4, 16, 4], [11.0, 0.25, 0, 4, 4, 16, 4]]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"columns": COLUMNS, "rows": rows}))
+    everything, timed = summarize(str(path)), summarize(str(path), since=5.0)
+    assert everything["steps"] == 3 and everything["prefill_steps"] == 1
+    assert timed["steps"] == 2 and timed["prefill_steps"] == 0
+    assert timed["mean_running"] == 4.0 and timed["span_s"] == 1.25

@@ -58,13 +58,15 @@ class RoundTrace:
         log.info("round trace: %d steps written to %s", len(self.rows), self.path)
 
 
-def summarize(path: str) -> dict:
+def summarize(path: str, since: float | None = None) -> dict:
     """A trace file in numbers: steps, busy and wall time, steps with prompt work, the median full decode
-    round (the most rows seen, no prompt work) and the mean number of running requests (time-weighted)."""
+    round (the most rows seen, no prompt work) and the mean number of running requests (time-weighted).
+    `since`: only the steps that started at or after this time.perf_counter() (a run's timed part; on Linux
+    the clock is the system's monotonic one, so another process on the machine can give it)."""
     with open(path) as f:
         trace = json.load(f)
     col = {name: i for i, name in enumerate(trace["columns"])}
-    rows = trace["rows"]
+    rows = trace["rows"] if since is None else [r for r in trace["rows"] if r[col["start_s"]] >= since]
     if not rows:
         return dict(steps=0)
     step, prefill, running = col["step_s"], col["prefill_tokens"], col["running"]
