@@ -82,7 +82,8 @@ def _client_process(
     results: list[Result] = []
     turnarounds: list[float] = []
     ready = threading.Barrier(workers + 1)  # this process's workers, with their streams open, and this thread
-    stop = [0.0]  # set once the run starts
+    go = threading.Event()  # set with `stop_at` once every process is ready
+    stop_at = 0.0
     trace = None
     if os.environ.get("OURO_REQUEST_TRACE") and protocol == "grpc":  # the server's hop timing, with our ends
         from ouro_backend.serving.request_trace import RequestTrace
@@ -100,7 +101,7 @@ def _client_process(
         else:
             failed = None
         ready.wait()  # this stream is open
-        ready.wait()  # the go: every process's streams are open
+        go.wait()
         if failed is not None:
             with lock:
                 results.append(Result(start=time.monotonic(), end=time.monotonic(), error=failed))
@@ -109,7 +110,7 @@ def _client_process(
         try:
             while True:
                 with issued.get_lock():
-                    if issued.value >= num_requests or time.monotonic() >= stop[0]:
+                    if issued.value >= num_requests or time.monotonic() >= stop_at:
                         return
                     i = issued.value
                     issued.value += 1
@@ -131,10 +132,10 @@ def _client_process(
         start.wait(timeout=120)  # ... and of every other process
     except threading.BrokenBarrierError:  # a process died or hung starting: the others run anyway
         pass
-    stop[0] = time.monotonic() + duration
-    ready.wait()
+    stop_at = time.monotonic() + duration
+    go.set()
     for t in threads:
-        t.join(timeout=max(1.0, stop[0] + timeout - time.monotonic()))
+        t.join(timeout=max(1.0, stop_at + timeout - time.monotonic()))
     if trace is not None:
         trace.write()
     with lock:
@@ -185,9 +186,10 @@ def run_load(
         for c in children:
             c.join(timeout=10)
     # From the first request sent to the last one ended: the client processes' start-up is not the server's.
-    elapsed = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
+    last_end = max((r.end for r in results), default=0.0)
+    elapsed = last_end - min(r.start for r in results) if results else 0.0
     # The run's tail: after the last request was sent, fewer requests are open as they finish.
-    tail = max(r.end for r in results) - max(r.start for r in results) if results else 0.0
+    tail = last_end - max(r.start for r in results) if results else 0.0
     ok = [r for r in results if r.error is None]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     latency = [r.end - r.start for r in ok]
