@@ -52,9 +52,8 @@ QUESTIONS = [
     "Is it raining?",
 ]
 MAX_TOKENS = [1, 3, 9, 27, 81, 243]  # log-spaced; 4,096 is drawn apart (LONG_SHARE), always cancelled
-# NOTE the long requests make the cache short: a few at once, each cancelled after 100-300 responses, hold
-# enough blocks that running requests cannot all grow (preemption). Cancelled earlier and rarer (20-200, 5%),
-# a run could end with a single preemption or none.
+# NOTE the long requests are what make the cache short (the test asserts a preemption): a few at once, each
+# cancelled only after 100-300 responses, hold enough blocks that the running requests cannot all grow.
 LONG_MAX_TOKENS, LONG_SHARE = 4096, 0.08
 STOPS = [None, ["th"], ["a", "qz"]]
 
