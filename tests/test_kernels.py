@@ -466,6 +466,7 @@ LINEAR_CONFIGS = [
     K.LinearConfig(16, 16, 3, 4, 1, dot=False),  # fma, serial split-K over 3 uneven slices
     K.LinearConfig(16, 8, 2, 4, 1, dot=False),  # fma, whole chunks: w read one chunk ahead, split-K
     K.LinearConfig(16, 8, 1, 4, 1, dot=False, prefetch=False),  # fma, whole chunks, no read-ahead
+    K.LinearConfig(16, 8, 9, 4, 1, dot=False),  # fma, one chunk per split: the slice read before the wait
     K.LinearConfig(16, 32, 2, 4, 2, dot=True),  # tensor-core tile
     K.LinearConfig(16, 16, 2, 4, 2, dot=True),  # K not a multiple of BLOCK_K (masked loads), split-K
 ]

@@ -7,7 +7,9 @@ in flight, and the tail of its last programs. This kernel attacks those:
 
 - it is launched with programmatic dependent launch (`_common.pdl_launch`), so it starts while the kernel
   before it finishes; on the CUDA-core path each program reads its first chunk of w before it waits for that
-  kernel (`pdl_enter`; w is read-only, the one thing it may touch early) and then stays one chunk ahead;
+  kernel (`pdl_enter`; w is read-only, the one thing it may touch early) and then stays one chunk ahead. A
+  config whose split of K is a single chunk (BLOCK_K x SPLIT_K >= K) holds its whole slice of w before the
+  wait: after a latency-bound kernel (attention, a norm) its weights have streamed by the time x is ready;
 - ``silu_x``: x is the gate/up projection's output [M, 2K] and the result is ``silu_mul(x) @ w.T``. On the
   CUDA-core path the activation is applied as x is loaded (bitwise the same x as `activation.silu_mul`),
   which removes a kernel and a round trip of the activation per layer; the tensor-core path runs
@@ -98,6 +100,7 @@ def _linear_kernel(
     DOT_PREC: tl.constexpr,
     SILU_X: tl.constexpr,
     PREFETCH: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
     PDL: tl.constexpr,
     INTERP: tl.constexpr,
     LIBDEVICE: tl.constexpr,
@@ -138,7 +141,9 @@ def _linear_kernel(
         col = tl.arange(0, BLOCK_M)[None, :]
         for k in range(k_lo, k_hi, BLOCK_K):
             k_mask = (k + offs_k) < k_hi
-            if PREFETCH:  # one chunk ahead; the last chunk reloads itself (a clamp, not a mask)
+            if PREFETCH and ONE_CHUNK:  # the split's only chunk, read before the wait: nothing ahead
+                w = w_next.to(tl.float32)
+            elif PREFETCH:  # one chunk ahead; the last chunk reloads itself (a clamp, not a mask)
                 w = w_next.to(tl.float32)
                 w_next = tl.load(w_ptrs + (tl.minimum(k + BLOCK_K, k_hi - BLOCK_K) - k))
             else:
@@ -213,9 +218,8 @@ DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]]
         (16, _dot(32, 128, 1, 4, 4)),
         (64, None),
     ),
-    (2048, 2048): (  # o
-        (1, _fma(8, 512, 1, 4)),
-        (2, _fma(16, 512, 2, 8)),
+    (2048, 2048): (  # o: after attention, a program holds its whole slice of w before the wait (one chunk)
+        (4, _fma(8, 2048, 1, 4)),
         (8, _dot(64, 128, 4, 4, 3)),
         (16, _dot(32, 128, 4, 4, 4)),
         (48, None),
@@ -268,6 +272,7 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
         DOT_PREC="ieee" if dtype == torch.float32 else "tf32",
         SILU_X=silu_x and not dot,
         PREFETCH=cfg.prefetch and not dot and K % cfg.block_k == 0,
+        ONE_CHUNK=triton.cdiv(chunks, cfg.split_k) == 1,
     )
 
 
