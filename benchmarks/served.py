@@ -237,6 +237,12 @@ def main() -> int:
     )
     p.add_argument("--skip-perf-analyzer", action="store_true")
     p.add_argument(
+        "--perf-analyzer-max-threads",
+        type=int,
+        default=None,
+        help="perf_analyzer's --max-threads (default: perf_analyzer's own, 16)",
+    )
+    p.add_argument(
         "--perf-analyzer-prompts",
         type=int,
         default=4096,
@@ -503,6 +509,11 @@ def main() -> int:
                     str(pa_prompts),
                     "--out-dir",
                     str(out / "perf_analyzer"),
+                    *(
+                        []
+                        if args.perf_analyzer_max_threads is None
+                        else ["--", "--max-threads", str(args.perf_analyzer_max_threads)]
+                    ),
                 ],
                 capture_output=True,
                 text=True,
@@ -589,6 +600,7 @@ def main() -> int:
             perf_analyzer_output_tok_s=pa["output_tok_s"],
             perf_analyzer_ok=pa["ok"],
             perf_analyzer_mean_in_flight=pa.get("mean_in_flight"),
+            perf_analyzer_max_threads=args.perf_analyzer_max_threads or 16,
         )
     if gp:
         summary.update(

@@ -20,3 +20,14 @@ for side in base after; do
   (cd $d && PYTHONPATH=$d python3 -m ouro_backend.entrypoints.bench $B --concurrency 64 --num-requests 512 \
     --repeats 1 --workload full depth=1.6 --label $side --out $OUT/c64_$side.json) 2>&1 | grep -v Warn | tee -a $OUT/bench.log | tail -4
 done
+
+# A second call (same tree): speculation at C1 with the change (plain and speculative in the same call), and
+# the 2.6B shape's C1, base then after.
+CHANGES=0.012 SPEC_SETS="spec_tokens=4,spec_draft_loops=1" CONCURRENCY=1 REPEATS=2 OUT=$OUT/spec \
+  timeout 270 bash benchmarks/spec_h200.sh; tail -3 $OUT/spec/*.log
+B26="--shape ouro-2.6b --baseline none --input-len 128 --output-len 64 --concurrency 1 --repeats 3 --workload full"
+for side in base after; do
+  d=$PWD; [ $side = base ] && d=$PWD/.base
+  (cd $d && PYTHONPATH=$d timeout 140 python3 -m ouro_backend.entrypoints.bench $B26 --label $side \
+    --out $OUT/c1_26b_$side.json) 2>&1 | grep -v Warn | tee -a $OUT/bench26.log | grep "rep \|^full"
+done
