@@ -497,6 +497,23 @@ def test_linear_matches_twin(dtype, silu_x, cfg, M):
         assert torch.equal(K.linear(x, w, silu_x=silu_x, config=cfg), y)
 
 
+def test_linear_one_chunk_path_is_the_one_tested_and_the_one_o_uses():
+    """The single-chunk read-ahead (``ONE_CHUNK``) is what the split-9 config above runs, and what the table
+    picks for the o projection at 1-4 rows; qkv's config there still walks its chunks one ahead."""
+    one = K.LinearConfig(16, 8, 9, 4, 1, dot=False)
+    assert one in LINEAR_CONFIGS
+    assert K.projections.launch_constants(one, 1, 72, torch.bfloat16, False)["ONE_CHUNK"]
+    for M in (1, 4):
+        o = K.config_for(2048, 2048, M)
+        assert o is not None and K.projections.launch_constants(o, M, 2048, torch.bfloat16, False)["ONE_CHUNK"]
+    qkv = K.config_for(6144, 2048, 1)
+    assert qkv is not None and not K.projections.launch_constants(qkv, 1, 2048, torch.bfloat16, False)["ONE_CHUNK"]
+    # beyond MAX_FMA_M rows the tensor-core path runs, which has no read-ahead: never ONE_CHUNK
+    whole = K.LinearConfig(16, 64, 1, 4, 1, dot=False)
+    assert K.projections.launch_constants(whole, 1, 64, torch.bfloat16, False)["ONE_CHUNK"]
+    assert not K.projections.launch_constants(whole, 12, 64, torch.bfloat16, False)["ONE_CHUNK"]
+
+
 def test_linear_fused_silu_is_bitwise_the_activation_kernel():
     """silu_x applies exactly `silu_mul`'s rounding: fused == silu_mul then the same kernel, bitwise."""
     gen = torch.Generator().manual_seed(72)

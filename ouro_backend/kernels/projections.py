@@ -9,7 +9,8 @@ in flight, and the tail of its last programs. This kernel attacks those:
   before it finishes; on the CUDA-core path each program reads its first chunk of w before it waits for that
   kernel (`pdl_enter`; w is read-only, the one thing it may touch early) and then stays one chunk ahead. A
   config whose split of K is a single chunk (BLOCK_K x SPLIT_K >= K) holds its whole slice of w before the
-  wait: after a latency-bound kernel (attention, a norm) its weights have streamed by the time x is ready;
+  wait (``ONE_CHUNK``): after a long latency-bound kernel (decode attention) its weights have streamed by
+  the time x is ready (the table uses it for o; after a norm it did not pay, docs/engine.md);
 - ``silu_x``: x is the gate/up projection's output [M, 2K] and the result is ``silu_mul(x) @ w.T``. On the
   CUDA-core path the activation is applied as x is loaded (bitwise the same x as `activation.silu_mul`),
   which removes a kernel and a round trip of the activation per layer; the tensor-core path runs
@@ -141,7 +142,7 @@ def _linear_kernel(
         col = tl.arange(0, BLOCK_M)[None, :]
         for k in range(k_lo, k_hi, BLOCK_K):
             k_mask = (k + offs_k) < k_hi
-            if PREFETCH and ONE_CHUNK:  # the split's only chunk, read before the wait: nothing ahead
+            if ONE_CHUNK:  # the split's only chunk, read before the wait: nothing ahead
                 w = w_next.to(tl.float32)
             elif PREFETCH:  # one chunk ahead; the last chunk reloads itself (a clamp, not a mask)
                 w = w_next.to(tl.float32)
@@ -262,6 +263,7 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
     chunks = triton.cdiv(K, cfg.block_k)
     assert triton.cdiv(chunks, cfg.split_k) * (cfg.split_k - 1) < chunks, f"{cfg.name}: a split of K={K} is empty"
     assert not dot or (cfg.block_n >= 16 and cfg.block_k >= 16), f"{cfg.name}: tl.dot needs BLOCK_N, BLOCK_K >= 16"
+    prefetch = cfg.prefetch and not dot and K % cfg.block_k == 0
     return dict(
         BLOCK_M=min(MAX_M, max(16 if dot else 1, next_pow2(M))),
         BLOCK_N=cfg.block_n,
@@ -271,8 +273,8 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
         USE_DOT=dot,
         DOT_PREC="ieee" if dtype == torch.float32 else "tf32",
         SILU_X=silu_x and not dot,
-        PREFETCH=cfg.prefetch and not dot and K % cfg.block_k == 0,
-        ONE_CHUNK=triton.cdiv(chunks, cfg.split_k) == 1,
+        PREFETCH=prefetch,
+        ONE_CHUNK=prefetch and triton.cdiv(chunks, cfg.split_k) == 1,  # (only the read-ahead path uses it)
     )
 
 
