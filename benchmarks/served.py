@@ -240,7 +240,7 @@ def main() -> int:
         "--perf-analyzer-max-threads",
         type=int,
         default=None,
-        help="perf_analyzer's --max-threads (default: perf_analyzer's own, 16)",
+        help="perf_analyzer's --max-threads (default: perf_analyzer's own, 16 in concurrency mode)",
     )
     p.add_argument(
         "--perf-analyzer-prompts",
@@ -600,6 +600,7 @@ def main() -> int:
             perf_analyzer_output_tok_s=pa["output_tok_s"],
             perf_analyzer_ok=pa["ok"],
             perf_analyzer_mean_in_flight=pa.get("mean_in_flight"),
+            # unset: perf_analyzer's own default, 16 in concurrency mode (its --help)
             perf_analyzer_max_threads=args.perf_analyzer_max_threads or 16,
         )
     if gp:

@@ -24,7 +24,7 @@ done
 # A second call (same tree): speculation at C1 with the change (plain and speculative in the same call), and
 # the 2.6B shape's C1, base then after.
 CHANGES=0.012 SPEC_SETS="spec_tokens=4,spec_draft_loops=1" CONCURRENCY=1 REPEATS=2 OUT=$OUT/spec \
-  timeout 270 bash benchmarks/spec_h200.sh; tail -3 $OUT/spec/*.log
+  timeout 270 bash benchmarks/spec_h200.sh; tail -n 3 $OUT/spec/*.log  # (ran as 'tail -3', which printed an error instead)
 B26="--shape ouro-2.6b --baseline none --input-len 128 --output-len 64 --concurrency 1 --repeats 3 --workload full"
 for side in base after; do
   d=$PWD; [ $side = base ] && d=$PWD/.base
