@@ -288,6 +288,40 @@ def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits):
     torch.testing.assert_close(got.float(), ref.float(), **tol)
 
 
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 4)])
+def test_rope_kv_attention_prefetch_kv_is_bitwise_the_same(dtype, splits):
+    """``prefetch_kv`` (the metadata, the rotation and each split's first tile read before the PDL wait, the
+    rest of the tiles in the loop) gives bitwise the output and caches of the plain path: rows of 3 tiles
+    (one split), of one tile, a first token, a pad row, and (4 splits) splits with no keys at all."""
+    gen = torch.Generator().manual_seed(131 + splits)
+    H, kvh, hd, bs = 4, 2, 16, 4
+    seq_lens = [150, 9, 1, 0]
+    q, kc, vc, cu, sl, bt = _make_batch([1, 1, 1, 1], seq_lens, H, kvh, hd, bs, dtype, gen)
+    positions = torch.tensor([max(L - 1, 0) for L in seq_lens], dtype=torch.int64, device=DEV)
+    slots = torch.tensor(
+        [int(bt[r, (L - 1) // bs]) * bs + (L - 1) % bs if L else -1 for r, L in enumerate(seq_lens)],
+        dtype=torch.int64,
+        device=DEV,
+    )
+    k = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
+    v = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
+    cache = K.build_cos_sin_cache(256, hd, 10000.0, device=DEV)
+    caches = [(kc.clone(), vc.clone()) for _ in range(2)]
+    outs = []
+    for prefetch, (kcx, vcx) in zip((False, True), caches):
+        if HAS_CUDA:  # NOTE prefetch_kv's promise: the kernel before it writes nothing it reads early
+            torch.cuda.synchronize()
+        outs.append(
+            K.rope_kv_attention(
+                q, k, v, positions, cache, kcx, vcx, slots, cu, sl, bt, 0.3, num_splits=splits, prefetch_kv=prefetch
+            )
+        )
+    assert torch.isfinite(outs[0]).all() and (outs[0][3] == 0).all()
+    assert torch.equal(outs[0], outs[1])
+    for a, b in zip(caches[0], caches[1]):  # (unused slots hold NaN)
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+
+
 # ---------------------------------------------------------------------------------------------------
 # KV writes and copies
 # ---------------------------------------------------------------------------------------------------

@@ -90,6 +90,7 @@ def configs():
                 BLOCK_N=bn,
                 NUM_SPLITS=splits,
                 ROPE=rope_in,
+                PREFETCH_KV=rope_in,  # as the engine launches it
                 DOT_PREC="ieee" if fp32 else "tf32",
                 INTERP=False,
             )
@@ -139,6 +140,7 @@ def configs():
         BLOCK_N=bn,
         NUM_SPLITS=1,
         ROPE=False,
+        PREFETCH_KV=False,
         DOT_PREC="tf32",
         INTERP=False,
     )

@@ -90,7 +90,7 @@ class FusedAttention(TritonBackend):
     def rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
         return rope_kv_attention(
             q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens,
-            meta.block_tables, scale,
+            meta.block_tables, scale, prefetch_kv=True,
         )  # fmt: skip
 
 

@@ -263,24 +263,29 @@ def _paged_attn_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     ROPE: tl.constexpr,
+    PREFETCH_KV: tl.constexpr,
     DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)
     # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R). One program = BLOCK_Q query tokens of one row x the
     # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
+    # PREFETCH_KV (decode with RoPE; the caller's promise that the kernel launched just before this one
+    # writes none of them): the row's metadata, the rotation and the split's first tile of cached keys
+    # and values are read before the PDL wait, through L2 (.cg), so they load under that kernel's tail.
+    # NOTE every kernel launched before the previous one has finished by then (`_common.pdl_enter`).
+    if not PREFETCH_KV:
+        pdl_enter(PDL)
+    CACHE: tl.constexpr = ".cg" if PREFETCH_KV else ""
     pid0 = tl.program_id(0)
     kvh = tl.program_id(1)
     row = tl.program_id(2)
     q_tile = pid0 // NUM_SPLITS
     split = pid0 % NUM_SPLITS
 
-    q_start = tl.load(cu_q_ptr + row)
-    n_q = tl.load(cu_q_ptr + row + 1) - q_start
-    if q_tile * BLOCK_Q >= n_q:
-        return
-    seq_len = tl.load(seq_lens_ptr + row)
+    q_start = tl.load(cu_q_ptr + row, cache_modifier=CACHE)
+    n_q = tl.load(cu_q_ptr + row + 1, cache_modifier=CACHE) - q_start
+    seq_len = tl.load(seq_lens_ptr + row, cache_modifier=CACHE)
     ctx = seq_len - n_q  # position of the row's first query token
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -295,21 +300,34 @@ def _paged_attn_kernel(
     offs_d = tl.arange(0, HD_PAD)
     d_mask = offs_d < HEAD_DIM
     offs_d64 = offs_d.to(tl.int64)
-    q = tl.load(
-        q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d64[None, :] * stride_qd,
-        mask=row_valid[:, None] & d_mask[None, :],
-        other=0.0,
-    )
     # keys this tile needs: [0, kv_end); this split takes [kv_lo, kv_hi)
     last_q = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, n_q) - 1
     kv_end = ctx + last_q + 1
     chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     kv_lo = split * chunk
     kv_hi = tl.minimum(kv_lo + chunk, kv_end)
+    bt_row = bt_ptr + row.to(tl.int64) * stride_bt
+    kvh64 = kvh.to(tl.int64)
+    if PREFETCH_KV:
+        k0, v0, offs_n0, n_mask0 = _kv_tile(
+            kc_ptr, vc_ptr, bt_row, kv_lo, kv_hi, ctx, kvh64, offs_d64, d_mask, stride_kb, stride_ks, stride_kh,
+            stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, BLOCK_N, ROPE, CACHE,
+        )  # fmt: skip
+        cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
+        pdl_enter(PDL)
+    if q_tile * BLOCK_Q >= n_q:
+        return
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d64[None, :] * stride_qd,
+        mask=row_valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     if ROPE:  # decode (one query a row): RoPE on q here; the row's new K/V (position ctx) stay in registers
+        if not PREFETCH_KV:
+            cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
         q, k_new, v_new = _rope_decode(
-            q, q_ptr, tok, head, row_valid, offs_d64, d_mask, q_start, kvh, pos_ptr, cs_ptr, kn_ptr, vn_ptr,
-            kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs, stride_knn, stride_knh, stride_knd,
+            q, q_ptr, tok, head, row_valid, offs_d64, d_mask, q_start, kvh, cos, sin, kn_ptr, vn_ptr,
+            kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_knn, stride_knh, stride_knd,
             stride_vnn, stride_vnh, stride_vnd, HEAD_DIM, INTERP,
         )  # fmt: skip
     if INTERP:
@@ -318,39 +336,22 @@ def _paged_attn_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows stay NaN-free
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
-    bt_row = bt_ptr + row.to(tl.int64) * stride_bt
-    kvh64 = kvh.to(tl.int64)
     v_dtype: tl.constexpr = vc_ptr.dtype.element_ty
 
-    for start in range(kv_lo, kv_hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < kv_hi
-        if ROPE:  # the cache does not hold the new position yet: it is added after the loop
-            n_mask = n_mask & (offs_n != ctx)
-        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        in_blk = (offs_n % BLOCK_SIZE).to(tl.int64)
-        k_off = blk * stride_kb + in_blk * stride_ks + kvh64 * stride_kh
-        v_off = blk * stride_vb + in_blk * stride_vs + kvh64 * stride_vh
-        kv_mask_t = d_mask[:, None] & n_mask[None, :]
-        k = tl.load(kc_ptr + k_off[None, :] + offs_d64[:, None] * stride_kd, mask=kv_mask_t, other=0.0)
-        v = tl.load(
-            vc_ptr + v_off[:, None] + offs_d64[None, :] * stride_vd, mask=n_mask[:, None] & d_mask[None, :], other=0.0
+    start0 = kv_lo
+    if PREFETCH_KV:  # the first tile, read before the wait (an empty split's is all masked: a no-op)
+        m_i, l_i, acc = _online_softmax_step(
+            q, k0, v0, offs_n0, n_mask0, q_pos, m_i, l_i, acc, qk_scale, v_dtype, DOT_PREC, INTERP
         )
-        if INTERP:
-            k = k.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if INTERP:
-            pv = tl.dot(round_f32(p, v_dtype, INTERP), v.to(tl.float32), input_precision=DOT_PREC)
-        else:
-            pv = tl.dot(p.to(v_dtype), v, input_precision=DOT_PREC)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        start0 = kv_lo + BLOCK_N
+    for start in range(start0, kv_hi, BLOCK_N):
+        k, v, offs_n, n_mask = _kv_tile(
+            kc_ptr, vc_ptr, bt_row, start, kv_hi, ctx, kvh64, offs_d64, d_mask, stride_kb, stride_ks, stride_kh,
+            stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, BLOCK_N, ROPE, "",
+        )  # fmt: skip
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, offs_n, n_mask, q_pos, m_i, l_i, acc, qk_scale, v_dtype, DOT_PREC, INTERP
+        )
 
     if ROPE:  # noqa: SIM102 (a constexpr branch around a runtime one)
         if (kv_lo <= ctx) & (ctx < kv_hi):  # this split holds the new position: one more online-softmax step
@@ -413,6 +414,60 @@ def _paged_attn_kernel(
 
 
 @triton.jit
+def _kv_tile(
+    kc_ptr, vc_ptr, bt_row, start, kv_hi, ctx, kvh64, offs_d64, d_mask, stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROPE: tl.constexpr,
+    CACHE: tl.constexpr,
+):  # fmt: skip
+    """Cached keys (transposed, [HD_PAD, BLOCK_N]) and values ([BLOCK_N, HD_PAD]) of positions
+    [start, start + BLOCK_N) below kv_hi, with the positions and their mask; with ROPE the new position ctx
+    is masked out (the cache does not hold it yet)."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < kv_hi
+    if ROPE:
+        n_mask = n_mask & (offs_n != ctx)
+    blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0, cache_modifier=CACHE).to(tl.int64)
+    in_blk = (offs_n % BLOCK_SIZE).to(tl.int64)
+    k_off = blk * stride_kb + in_blk * stride_ks + kvh64 * stride_kh
+    v_off = blk * stride_vb + in_blk * stride_vs + kvh64 * stride_vh
+    k = tl.load(
+        kc_ptr + k_off[None, :] + offs_d64[:, None] * stride_kd,
+        mask=d_mask[:, None] & n_mask[None, :],
+        other=0.0,
+        cache_modifier=CACHE,
+    )
+    v = tl.load(
+        vc_ptr + v_off[:, None] + offs_d64[None, :] * stride_vd,
+        mask=n_mask[:, None] & d_mask[None, :],
+        other=0.0,
+        cache_modifier=CACHE,
+    )
+    return k, v, offs_n, n_mask
+
+
+@triton.jit
+def _online_softmax_step(
+    q, k, v, offs_n, n_mask, q_pos, m_i, l_i, acc, qk_scale, v_dtype: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    """One tile of flash attention's online softmax (scores in log2 units): the new (m, l, acc)."""
+    if INTERP:
+        k = k.to(tl.float32)
+    s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
+    visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if INTERP:
+        pv = tl.dot(round_f32(p, v_dtype, INTERP), v.to(tl.float32), input_precision=DOT_PREC)
+    else:
+        pv = tl.dot(p.to(v_dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _combine_splits(
     o_part_ptr, lse_part_ptr, out_ptr, num_tokens, tok, head, row_valid, offs_d64, d_mask,
     stride_on, stride_oh, stride_od, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -446,23 +501,32 @@ def _combine_splits(
 
 
 @triton.jit
+def _rope_cos_sin(
+    pos_ptr, cs_ptr, n, offs_d64, d_mask, stride_cs, HEAD_DIM: tl.constexpr, CACHE: tl.constexpr
+):  # fmt: skip
+    """The cos and signed sin of decode token n's position, per element of a head (`_rope_decode`'s)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    pos = tl.load(pos_ptr + n, cache_modifier=CACHE).to(tl.int64)
+    lo = offs_d64 < HALF
+    i = tl.where(lo, offs_d64, offs_d64 - HALF)  # rotate_half: d pairs with d +- HALF
+    cos = tl.load(cs_ptr + pos * stride_cs + i, mask=d_mask, other=0.0)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=d_mask, other=0.0)
+    return cos, tl.where(lo, -sin, sin)  # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
+
+
+@triton.jit
 def _rope_decode(
-    q, q_ptr, tok, head, row_valid, offs_d64, d_mask, n, kvh,
-    pos_ptr, cs_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_cs,
+    q, q_ptr, tok, head, row_valid, offs_d64, d_mask, n, kvh, cos, sin,
+    kn_ptr, vn_ptr, kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd,
     stride_knn, stride_knh, stride_knd, stride_vnn, stride_vnh, stride_vnd,
     HEAD_DIM: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """`rope.rope_and_write_kv`'s values for decode token n, bitwise: returns q rotated (the tile's G heads)
-    and the token's rotated k and raw v of kv head ``kvh`` as the cache stores them. Needs no FP contraction
-    in fp32, as the rope kernels are compiled."""
+    and the token's rotated k and raw v of kv head ``kvh`` as the cache stores them (``cos``, ``sin``: from
+    `_rope_cos_sin`). Needs no FP contraction in fp32, as the rope kernels are compiled."""
     HALF: tl.constexpr = HEAD_DIM // 2
-    pos = tl.load(pos_ptr + n).to(tl.int64)
     lo = offs_d64 < HALF
-    i = tl.where(lo, offs_d64, offs_d64 - HALF)  # rotate_half: d pairs with d +- HALF
     partner = tl.where(lo, offs_d64 + HALF, offs_d64 - HALF)
-    cos = tl.load(cs_ptr + pos * stride_cs + i, mask=d_mask, other=0.0)
-    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=d_mask, other=0.0)
-    sin = tl.where(lo, -sin, sin)  # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
     q_dt: tl.constexpr = q_ptr.dtype.element_ty
     qmask = row_valid[:, None] & d_mask[None, :]
     xp_ptrs = q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + partner[None, :] * stride_qd
@@ -585,13 +649,19 @@ def rope_kv_attention(
     out: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
+    prefetch_kv: bool = False,
 ) -> torch.Tensor:
     """`rope.rope_and_write_kv` then `paged_attention`, for decode (one query token a row) in one launch:
     each program rotates its q heads and the row's new k (``k``, ``v``: ``[N, kvh, hd]``) bitwise as the rope
     kernel does; the split holding the new position adds it to its softmax from registers (one more online
     step after the tiles, which skip it) and writes the rotated k and raw v to the caches at ``slot_mapping``.
     The caches are bitwise those of the two calls, the output equal up to the order of the softmax sums;
-    q itself is not rotated in place (nothing reads it after)."""
+    q itself is not rotated in place (nothing reads it after).
+
+    ``prefetch_kv``: the caller promises that the kernel launched just before this one (in the model, the
+    qkv projection) writes neither the caches nor ``positions``, ``slot_mapping``, ``cu_seqlens_q``,
+    ``seq_lens`` or ``block_tables``; each program then reads those and its first tile of cached keys and
+    values before its programmatic-dependent-launch wait. Same results either way."""
     out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
     N, H, hd = q.shape
     assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
@@ -606,7 +676,10 @@ def rope_kv_attention(
             scale, out=out,
         )  # fmt: skip
     rope = (positions, cos_sin_cache, k, v, slot_mapping)
-    _launch(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, 1, out, rope, num_splits)
+    _launch(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, 1, out, rope, num_splits,
+        prefetch_kv=prefetch_kv,
+    )  # fmt: skip
     return out
 
 
@@ -625,8 +698,9 @@ def _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, ou
 
 def _launch(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, out, rope,
-    num_splits=None, block_m=None, block_n=None, num_warps=None, num_stages=None,
+    num_splits=None, block_m=None, block_n=None, num_warps=None, num_stages=None, prefetch_kv=False,
 ) -> None:  # fmt: skip
+    assert rope is not None or not prefetch_kv, "prefetch_kv is for decode with RoPE (rope_kv_attention)"
     N, H, hd = q.shape
     nb, bs, kvh, _ = k_cache.shape
     R = seq_lens.shape[0]
@@ -687,6 +761,7 @@ def _launch(
         BLOCK_N=bn,
         NUM_SPLITS=num_splits,
         ROPE=rope is not None,
+        PREFETCH_KV=prefetch_kv,
         DOT_PREC=dot_prec,
         INTERP=kernel_is_interpreted(_paged_attn_kernel),
         num_warps=nw,

@@ -50,11 +50,13 @@ class TritonBackend:
         scale: float,
     ) -> torch.Tensor:
         """RoPE, the KV write and attention; decode rounds (one query a row) of up to FUSED_ROPE_MAX_ROWS rows
-        in one kernel (`rope_kv_attention`), others as two."""
+        in one kernel (`rope_kv_attention`), others as two. NOTE the model calls this right after the qkv
+        projection, which writes none of the caches or metadata: the fused kernel may read them before its
+        PDL wait (``prefetch_kv``)."""
         if meta.max_seqlen_q == 1 and q.shape[0] == meta.seq_lens.shape[0] <= FUSED_ROPE_MAX_ROWS:
             return rope_kv_attention(
                 q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q,
-                meta.seq_lens, meta.block_tables, scale,
+                meta.seq_lens, meta.block_tables, scale, prefetch_kv=True,
             )  # fmt: skip
         return TritonBackend.rope_then_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale)
 
