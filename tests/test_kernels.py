@@ -246,6 +246,17 @@ def test_paged_attention_matches_dense_causal_sdpa():
     torch.testing.assert_close(out.cpu(), dense, rtol=1e-5, atol=2e-5)
 
 
+def _decode_positions_and_slots(seq_lens, bt, bs):
+    """Decode rows' positions (the last of each row's seq_len) and their KV slots (-1: a pad row)."""
+    positions = torch.tensor([max(L - 1, 0) for L in seq_lens], dtype=torch.int64, device=DEV)
+    slots = torch.tensor(
+        [int(bt[r, (L - 1) // bs]) * bs + (L - 1) % bs if L else -1 for r, L in enumerate(seq_lens)],
+        dtype=torch.int64,
+        device=DEV,
+    )
+    return positions, slots
+
+
 @pytest.mark.parametrize(
     "H,kvh,dtype,splits",
     [(4, 2, torch.float32, 1), (4, 2, torch.float32, 3), (2, 2, torch.bfloat16, 2), (4, 1, torch.bfloat16, 5)],
@@ -259,12 +270,7 @@ def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits):
     hd, bs = 16, 4
     seq_lens = [9, 1, 20, 0]  # rows: context 8, a first token, context 19 (5 blocks), a pad row
     q, kc, vc, cu, sl, bt = _make_batch([1, 1, 1, 1], seq_lens, H, kvh, hd, bs, dtype, gen)
-    positions = torch.tensor([max(L - 1, 0) for L in seq_lens], dtype=torch.int64, device=DEV)
-    slots = torch.tensor(
-        [int(bt[r, (L - 1) // bs]) * bs + (L - 1) % bs if L else -1 for r, L in enumerate(seq_lens)],
-        dtype=torch.int64,
-        device=DEV,
-    )
+    positions, slots = _decode_positions_and_slots(seq_lens, bt, bs)
     kc.view(-1, kvh, hd)[slots[:3]] = float("nan")  # the new positions: not written yet
     vc.view(-1, kvh, hd)[slots[:3]] = float("nan")
     k = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
@@ -297,12 +303,7 @@ def test_rope_kv_attention_prefetch_kv_is_bitwise_the_same(dtype, splits):
     H, kvh, hd, bs = 4, 2, 16, 4
     seq_lens = [150, 9, 1, 0]
     q, kc, vc, cu, sl, bt = _make_batch([1, 1, 1, 1], seq_lens, H, kvh, hd, bs, dtype, gen)
-    positions = torch.tensor([max(L - 1, 0) for L in seq_lens], dtype=torch.int64, device=DEV)
-    slots = torch.tensor(
-        [int(bt[r, (L - 1) // bs]) * bs + (L - 1) % bs if L else -1 for r, L in enumerate(seq_lens)],
-        dtype=torch.int64,
-        device=DEV,
-    )
+    positions, slots = _decode_positions_and_slots(seq_lens, bt, bs)
     k = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
     v = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
     cache = K.build_cos_sin_cache(256, hd, 10000.0, device=DEV)
