@@ -106,12 +106,12 @@ def cast_rne(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
 # under the previous kernel's tail. NOTE the contract every PDL kernel keeps: it calls `pdl_enter` (which
 # waits for the previous kernel to finish and its writes to be visible) before it reads anything the
 # previous kernel wrote or writes anything another kernel reads, in every program, before any early
-# return. What may be read before it: read-only data (weights), and data no kernel since the one before the
-# previous wrote - a kernel starts only once the one before it has passed its own `pdl_enter` (or, launched
-# without PDL, has started), so every kernel before that one has finished; such reads go through L2
-# (``cache_modifier=".cg"``). Which data that is depends on the launch order, so a kernel reads more than
-# weights early only when its caller says so (`attention.rope_kv_attention`'s ``prefetch_kv``). Kernels
-# launched without PDL are ordered as usual.
+# return. What may be read before it: read-only data (weights), and data the previous kernel does not write.
+# A kernel starts only once the previous one has passed its own `pdl_enter` (or, launched without PDL, has
+# started), so every kernel before that one has finished; such reads bypass L1 (``cache_modifier=".cg"``).
+# Only the caller knows which kernel runs just before, so a kernel reads more than weights early only when
+# its caller says so (`attention.rope_kv_attention`'s ``prefetch_kv``). Kernels launched without PDL are
+# ordered as usual.
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except Exception:  # pragma: no cover - a Triton without grid dependency control
