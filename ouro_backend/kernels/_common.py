@@ -109,6 +109,7 @@ def cast_rne(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
 # return. What may be read before it: read-only data (weights), and data the previous kernel does not write.
 # A kernel starts only once the previous one has passed its own `pdl_enter` (or, launched without PDL, has
 # started), so every kernel before that one has finished; such reads bypass L1 (``cache_modifier=".cg"``).
+# (That assumes every kernel launched with PDL waits before it lets the next one start, as `pdl_enter` does.)
 # Only the caller knows which kernel runs just before, so a kernel reads more than weights early only when
 # its caller says so (`attention.rope_kv_attention`'s ``prefetch_kv``). Kernels launched without PDL are
 # ordered as usual.

@@ -313,7 +313,7 @@ def _paged_attn_kernel(
             kc_ptr, vc_ptr, bt_row, kv_lo, kv_hi, ctx, kvh64, offs_d64, d_mask, stride_kb, stride_ks, stride_kh,
             stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, BLOCK_N, ROPE, CACHE,
         )  # fmt: skip
-        cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
+        cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, n_q > 0, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
         pdl_enter(PDL)
     if q_tile * BLOCK_Q >= n_q:
         return
@@ -324,7 +324,7 @@ def _paged_attn_kernel(
     )
     if ROPE:  # decode (one query a row): RoPE on q here; the row's new K/V (position ctx) stay in registers
         if not PREFETCH_KV:
-            cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
+            cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, n_q > 0, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
         q, k_new, v_new = _rope_decode(
             q, q_ptr, tok, head, row_valid, offs_d64, d_mask, q_start, kvh, cos, sin, kn_ptr, vn_ptr,
             kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_knn, stride_knh, stride_knd,
@@ -502,15 +502,16 @@ def _combine_splits(
 
 @triton.jit
 def _rope_cos_sin(
-    pos_ptr, cs_ptr, n, offs_d64, d_mask, stride_cs, HEAD_DIM: tl.constexpr, CACHE: tl.constexpr
+    pos_ptr, cs_ptr, n, has_query, offs_d64, d_mask, stride_cs, HEAD_DIM: tl.constexpr, CACHE: tl.constexpr
 ):  # fmt: skip
-    """The cos and signed sin of decode token n's position, per element of a head (`_rope_decode`'s)."""
+    """The cos and signed sin of decode token n's position, per element of a head (`_rope_decode`'s); a row
+    without a query (``has_query`` false) reads no position."""
     HALF: tl.constexpr = HEAD_DIM // 2
-    pos = tl.load(pos_ptr + n, cache_modifier=CACHE).to(tl.int64)
+    pos = tl.load(pos_ptr + n, mask=has_query, other=0, cache_modifier=CACHE).to(tl.int64)
     lo = offs_d64 < HALF
     i = tl.where(lo, offs_d64, offs_d64 - HALF)  # rotate_half: d pairs with d +- HALF
-    cos = tl.load(cs_ptr + pos * stride_cs + i, mask=d_mask, other=0.0)
-    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=d_mask, other=0.0)
+    cos = tl.load(cs_ptr + pos * stride_cs + i, mask=d_mask, other=0.0, cache_modifier=CACHE)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=d_mask, other=0.0, cache_modifier=CACHE)
     return cos, tl.where(lo, -sin, sin)  # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
 
 
@@ -659,9 +660,9 @@ def rope_kv_attention(
     q itself is not rotated in place (nothing reads it after).
 
     ``prefetch_kv``: the caller promises that the kernel launched just before this one (in the model, the
-    qkv projection) writes neither the caches nor ``positions``, ``slot_mapping``, ``cu_seqlens_q``,
-    ``seq_lens`` or ``block_tables``; each program then reads those and its first tile of cached keys and
-    values before its programmatic-dependent-launch wait. Same results either way."""
+    qkv projection) writes neither the caches nor ``positions``, ``cos_sin_cache``, ``cu_seqlens_q``,
+    ``seq_lens`` or ``block_tables``; each program then reads those (its first tile of cached keys and
+    values only) before its programmatic-dependent-launch wait. Same results either way."""
     out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
     N, H, hd = q.shape
     assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
