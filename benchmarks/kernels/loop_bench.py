@@ -2,8 +2,9 @@
 ``--context`` tokens), captured as a CUDA graph and replayed alone, under variants of the kernels:
 
 - ``variants``: the defaults against `kernels.rope_kv_attention` at every row count (``fused_attention``),
-  RoPE + the KV write as their own kernel before attention (``unfused_attention``) and cuBLAS projections
-  (``cublas``), with each output's largest difference to the defaults'.
+  the same without its reads ahead of the PDL wait (``fused_no_prefetch_kv``), RoPE + the KV write as their
+  own kernel before attention (``unfused_attention``) and cuBLAS projections (``cublas``), with each
+  output's largest difference to the defaults'.
 - ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
   and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
   the loop with the other shapes as chosen so far (one pass of coordinate descent from the table).
@@ -86,12 +87,21 @@ class Loop:
 class FusedAttention(TritonBackend):
     """`rope_kv_attention` for every decode round, whatever its rows (the default stops at a row count)."""
 
-    @staticmethod
-    def rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
+    prefetch_kv = True
+
+    @classmethod
+    def rope_kv_attention(cls, q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
         return rope_kv_attention(
             q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens,
-            meta.block_tables, scale, prefetch_kv=True,
+            meta.block_tables, scale, prefetch_kv=cls.prefetch_kv,
         )  # fmt: skip
+
+
+class FusedAttentionNoPrefetch(FusedAttention):
+    """The same with nothing read before the attention kernel's PDL wait: up to 16 rows (where the default
+    fuses too) the difference to ``default`` is what ``prefetch_kv`` gains or loses in the loop."""
+
+    prefetch_kv = False
 
 
 def run_variants(loop: Loop, rows: list[int], replays: int) -> dict:
@@ -99,8 +109,12 @@ def run_variants(loop: Loop, rows: list[int], replays: int) -> dict:
     default = loop.m.backend
     for M in rows:
         inputs, ref = loop.inputs(M), None
-        for name in ("default", "fused_attention", "unfused_attention", "cublas"):
-            backends = {"fused_attention": FusedAttention, "unfused_attention": UnfusedAttention}
+        for name in ("default", "fused_attention", "fused_no_prefetch_kv", "unfused_attention", "cublas"):
+            backends = {
+                "fused_attention": FusedAttention,
+                "fused_no_prefetch_kv": FusedAttentionNoPrefetch,
+                "unfused_attention": UnfusedAttention,
+            }
             loop.m.backend = backends.get(name, default)
             os.environ["OURO_LINEAR"] = "cublas" if name == "cublas" else ""
             ms, out = loop.time(inputs, replays)
