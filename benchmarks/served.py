@@ -600,8 +600,7 @@ def main() -> int:
             perf_analyzer_output_tok_s=pa["output_tok_s"],
             perf_analyzer_ok=pa["ok"],
             perf_analyzer_mean_in_flight=pa.get("mean_in_flight"),
-            # unset: perf_analyzer's own default, 16 in concurrency mode (its --help)
-            perf_analyzer_max_threads=args.perf_analyzer_max_threads or 16,
+            perf_analyzer_max_threads=args.perf_analyzer_max_threads,  # None: perf_analyzer's own default
         )
     if gp:
         summary.update(

@@ -313,7 +313,9 @@ def _paged_attn_kernel(
             kc_ptr, vc_ptr, bt_row, kv_lo, kv_hi, ctx, kvh64, offs_d64, d_mask, stride_kb, stride_ks, stride_kh,
             stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, BLOCK_N, ROPE, CACHE,
         )  # fmt: skip
+    if ROPE:
         cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, n_q > 0, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
+    if PREFETCH_KV:
         pdl_enter(PDL)
     if q_tile * BLOCK_Q >= n_q:
         return
@@ -323,8 +325,6 @@ def _paged_attn_kernel(
         other=0.0,
     )
     if ROPE:  # decode (one query a row): RoPE on q here; the row's new K/V (position ctx) stay in registers
-        if not PREFETCH_KV:
-            cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, n_q > 0, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
         q, k_new, v_new = _rope_decode(
             q, q_ptr, tok, head, row_valid, offs_d64, d_mask, q_start, kvh, cos, sin, kn_ptr, vn_ptr,
             kc_ptr, vc_ptr, stride_qn, stride_qh, stride_qd, stride_knn, stride_knh, stride_knd,

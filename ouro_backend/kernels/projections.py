@@ -10,7 +10,7 @@ in flight, and the tail of its last programs. This kernel attacks those:
   kernel (`pdl_enter`; w is read-only, the one thing it may touch early) and then stays one chunk ahead. A
   config whose split of K is a single chunk (BLOCK_K x SPLIT_K >= K) holds its whole slice of w before the
   wait (``ONE_CHUNK``): after a long latency-bound kernel (decode attention) its weights have streamed by
-  the time x is ready (the table uses it for o; after a norm it did not pay, docs/engine.md);
+  the time x is ready (which projections use it: the table; why: docs/engine.md);
 - ``silu_x``: x is the gate/up projection's output [M, 2K] and the result is ``silu_mul(x) @ w.T``. On the
   CUDA-core path the activation is applied as x is loaded (bitwise the same x as `activation.silu_mul`),
   which removes a kernel and a round trip of the activation per layer; the tensor-core path runs
