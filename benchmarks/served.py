@@ -270,6 +270,13 @@ def main() -> int:
         help="replace the model (benchmarks/stand_in_engine.py) to measure the serving path alone "
         "(implies --skip-direct)",
     )
+    p.add_argument(
+        "--stand-in-round-ms",
+        type=float,
+        default=0.0,
+        help="with --stand-in: each engine launch takes this long (a GPU round's time), so the engine emits at "
+        "a fixed rate and the path's CPU per token shows at a load it carries (0: launches cost nothing)",
+    )
     p.add_argument("--client-processes", type=int, default=None, help="client/load.py --processes")
     p.add_argument(
         "--trace",
@@ -422,6 +429,7 @@ def main() -> int:
         from ouro_backend.serving.engine_server import RUNNER_ENV
 
         server_env[RUNNER_ENV] = "benchmarks.stand_in_engine:StandInRunner"
+        server_env["OURO_STAND_IN_ROUND_MS"] = str(args.stand_in_round_ms)
         server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     server = subprocess.Popen(
         serve,
@@ -564,6 +572,7 @@ def main() -> int:
         workload="full" if args.exit_threshold >= 1 else args.exit_threshold,
         target_depth=args.depth,
         stand_in_engine=args.stand_in,
+        stand_in_round_ms=args.stand_in_round_ms if args.stand_in else None,
         streams=args.concurrency,
     )
     if args.trace:

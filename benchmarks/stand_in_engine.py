@@ -7,7 +7,10 @@ row emits one token per launch and a prompt's last chunk emits its first token, 
 tokens as fast as the host can take them and the serving path's own ceiling shows.
 
 The engine process loads it through `OURO_ENGINE_RUNNER=benchmarks.stand_in_engine:StandInRunner`
-(ouro_backend/serving/engine_server.py), with this checkout on its PYTHONPATH.
+(ouro_backend/serving/engine_server.py), with this checkout on its PYTHONPATH. With
+`OURO_STAND_IN_ROUND_MS=T` (served.py --stand-in-round-ms) a launch takes T ms, as a GPU round would, after the
+host work it overlaps: the engine then emits at a fixed rate (rows / T), so what the serving path spends per
+token can be read off at a load it carries, not only at its ceiling.
 
 Tokens: ids of the checkpoint's vocabulary other than its EOS ids, in a fixed pseudo-random order per
 request position, so detokenization does real work; depth = the model's loops; no EOS, so a request ends
@@ -16,13 +19,17 @@ at max_tokens (the device's `length` rule, as the real runner reports it).
 
 from __future__ import annotations
 
+import os
 import random
+import time
 from dataclasses import dataclass, field
 
 from ouro_backend.engine.model_runner import Emitted, Launch, LaunchTimer, RunnerStats
 from ouro_backend.engine.scheduler import SchedulerOutput
 from ouro_backend.engine.sequence import Sequence
 from ouro_backend.outputs import FinishReason
+
+ROUND_MS_ENV = "OURO_STAND_IN_ROUND_MS"
 
 
 @dataclass
@@ -46,6 +53,7 @@ class StandInRunner:
         self._tokens = [t for t in range(3, engine.model_config.vocab_size) if t not in eos]
         random.Random(0).shuffle(self._tokens)
         self._made: dict[int, tuple[Sequence, int]] = {}  # id(seq) -> (seq, tokens emitted for it)
+        self._round_s = float(os.environ.get(ROUND_MS_ENV, "0") or 0) / 1e3
 
     def _emit(self, seq: Sequence) -> Emitted | None:
         entry = self._made.get(id(seq))
@@ -61,6 +69,7 @@ class StandInRunner:
         return Emitted(seq, token, -1.0, self.num_loops, stop)
 
     def launch(self, plan: SchedulerOutput) -> Launch:
+        t0 = time.perf_counter()
         owners = list(plan.owners)
         emitted = []
         for c in plan.prefill:
@@ -72,6 +81,8 @@ class StandInRunner:
             emitted.append(self._emit(seq))
         if self.overlap is not None:
             self.overlap()
+        if self._round_s:  # the rest of the round, as the GPU's
+            time.sleep(max(0.0, self._round_s - (time.perf_counter() - t0)))
         self.stats.launches += 1
         self.stats.rounds += 1
         self.last_round = dict(
