@@ -1,9 +1,7 @@
 """Host cost of building one streamed response's tensors (CPU, no server): the client's tensors straight
-from the response's fields (`protocol.client_response_arrays`), against the engine's tensors post-processed
-(`engine_response_arrays` + `postprocess_arrays`, the ensemble's path and the `ouro` front's). The direct
-path is 6x cheaper here, yet served through `ouro` on the H200 it lowered throughput (more, smaller
-responses; ouro_backend/serving/README.md), so the front keeps the other one: microseconds here are not
-the whole story.
+from the response's fields (`protocol.client_response_arrays`, the `ouro` front's path), against the engine's
+tensors post-processed (`engine_response_arrays` + `postprocess_arrays`, the ensemble's path). Served, the
+saving shows as the front stubs' CPU per token (ouro_backend/serving/README.md).
 
     python benchmarks/response_cost.py [--tokens 2] [--calls 5000]
 """

@@ -20,6 +20,7 @@ from ouro_backend.serving.options import (
     front_parameters,
     parse_engine_args,
     resolve_model_path,
+    tensor_arrays,
     typed_options,
 )
 from ouro_backend.serving.protocol import (
@@ -501,6 +502,25 @@ def test_tokenize_arrays(tokenizer):
     out = protocol.tokenize_arrays(tokenizer, "Hello world")
     assert out["input_ids"].dtype == np.int32 and out["input_ids"].shape[0] == 1
     assert out["input_ids"][0].tolist() == tokenizer.encode("Hello world", add_special_tokens=False).ids
+
+
+def test_tensor_arrays_reads_each_tensor_once_and_keeps_the_known_names():
+    class Tensor:  # the two methods of a Python-backend tensor that tensor_arrays uses
+        def __init__(self, name, value):
+            self._name, self._value, self.reads = name, np.asarray(value), 0
+
+        def name(self):
+            return self._name
+
+        def as_numpy(self):
+            self.reads += 1
+            return self._value
+
+    tensors = [Tensor("text_input", [[b"hi"]]), Tensor("max_tokens", [[7]]), Tensor("not_ours", [[1]])]
+    out = tensor_arrays(tensors, CLIENT_INPUTS)
+    assert set(out) == {"text_input", "max_tokens"} and out["max_tokens"].tolist() == [[7]]
+    assert [t.reads for t in tensors] == [1, 1, 0]
+    assert tensor_arrays([], CLIENT_INPUTS) == {}
 
 
 # ---------------------------------------------------------------------------------------------- options

@@ -135,7 +135,7 @@ class EngineModel(StreamingModel):
             self.on_engine_message(index, msg)
 
     def parse(self, request: Any) -> tuple[protocol.ParsedRequest, list[int], str] | None:
-        inputs = tensor_arrays(self.pb.get_input_tensor_by_name, request, protocol.ENGINE_INPUTS)
+        inputs = tensor_arrays(request.inputs(), protocol.ENGINE_INPUTS)
         protocol.check_parameters(request.parameters(), self.model_name)
         parsed = protocol.parse_request(
             inputs, specs=protocol.ENGINE_INPUTS, prompt_input="input_ids", model=self.model_name

@@ -123,7 +123,7 @@ class FrontModel(StreamingModel):
         return client
 
     def parse(self, request: Any) -> tuple[protocol.ParsedRequest, list[int], str]:
-        inputs = tensor_arrays(self.pb.get_input_tensor_by_name, request, protocol.CLIENT_INPUTS)
+        inputs = tensor_arrays(request.inputs(), protocol.CLIENT_INPUTS)
         protocol.check_parameters(request.parameters(), self.model_name)
         self._connect_all()  # the tokenizer comes with the connections
         protocol.check_prompt_bytes(inputs, "text_input", *self._prompt_limit)
@@ -133,9 +133,9 @@ class FrontModel(StreamingModel):
         return parsed, ids, f"{self.model_name}-{uuid.uuid4().hex}"
 
     def response_arrays(self, fields: dict, rid: str) -> dict:
-        # Through the engine's tensors and `postprocessing`'s function: the same text as the ensemble's by
-        # construction (why not the cheaper direct path: serving/README.md, "Why `ouro` is not a BLS front").
-        return protocol.postprocess_arrays(self._tokenizer, protocol.engine_response_arrays(**fields))
+        # Straight from the fields, with the function `postprocessing` ends in: the ensemble's text by
+        # construction, without building and reading back the engine's tensors (serving/README.md).
+        return protocol.client_response_arrays(self._tokenizer, **fields)
 
     def count_error(self) -> None:
         """The metrics live in `ouro_engine`: an engine process counts this error for it."""

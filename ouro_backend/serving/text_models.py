@@ -50,9 +50,7 @@ class _TokenizerModel(abc.ABC):
         responses = []
         for request in requests:
             try:
-                arrays = self.process(
-                    tensor_arrays(self.pb.get_input_tensor_by_name, request, self.input_specs), request
-                )
+                arrays = self.process(tensor_arrays(request.inputs(), self.input_specs), request)
                 responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in arrays.items()]))
             except RequestError as e:
                 responses.append(
