@@ -1,7 +1,8 @@
 """What one streamed response costs in a Triton Python stub alone, without our code: a decoupled model sends
 N responses of the front's two tensors (text_output, exit_depths) on one gRPC stream as fast as `send()`
 returns, and reports its wall and process CPU time per send; the client (tritonclient, gRPC streaming)
-reports the end-to-end time per response. Also times building the tensors and the response in the stub.
+reports the end-to-end time per response. Also times building the tensors and the response in the stub, and
+`is_cancelled()` (what the front's cancel watcher asks of every open request).
 
     python benchmarks/results/2026-12-04-cpu-front-direct/send_cost.py [--n 20000] [--out send_cost.json]
 """
@@ -70,6 +71,13 @@ class TritonPythonModel:
         return None
 
     def run(self, sender, n, k):
+        if k == 1:  # what the front's cancel watcher asks of every open request each interval
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(2000):
+                sender.is_cancelled()
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            row = dict(wall_us=round(wall / 2000 * 1e6, 1), stub_cpu_us=round(cpu / 2000 * 1e6, 1))
+            print("SENDCOST is_cancelled " + json.dumps(row), flush=True)
         lock = threading.Lock()
         t0, c0 = time.perf_counter(), time.process_time()
 
