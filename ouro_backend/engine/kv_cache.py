@@ -42,6 +42,10 @@ class KVCache:
         self.layout = KVLayout(layout)
         self.block_size = block_size
         self.num_loops = num_loops
+        # The planes decode rows write: all of them (LAST_EXITED) or the last (SHARED).
+        self._decode_planes = (
+            range(num_loops) if self.layout is KVLayout.LAST_EXITED else range(num_loops - 1, num_loops)
+        )
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
         # [layers, K/V, blocks, block_size, kv_heads, head_dim]: a layer's K (or V) is one contiguous pool.
         self.kv = torch.zeros(num_layers, 2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
@@ -60,8 +64,7 @@ class KVCache:
 
     def decode_planes(self) -> range:
         """The planes decode rows write: all of them (LAST_EXITED) or the last (SHARED)."""
-        T = self.num_loops
-        return range(T) if self.layout is KVLayout.LAST_EXITED else range(T - 1, T)
+        return self._decode_planes
 
     def _plane_len(self, plane: int, prompt_len: int, horizon: int) -> int:
         """Positions plane `plane` covers for a request that may write positions < horizon."""
@@ -81,9 +84,15 @@ class KVCache:
         return [[b[p] for b in shared] + [next(new) for _ in range(n)] for p, n in enumerate(counts)]
 
     def growth_needed(self, tables: list[list[int]], horizon: int) -> int:
-        """Blocks the decode planes need to cover positions < horizon."""
-        want = self.blocks_for(horizon)
-        return sum(max(0, want - len(tables[p])) for p in self.decode_planes())
+        """Blocks the decode planes need to cover positions < horizon. (Every step asks it of every decoding
+        request, and most steps the answer is 0: kept to one plain loop.)"""
+        want = -(-horizon // self.block_size)
+        need = 0
+        for p in self._decode_planes:
+            short = want - len(tables[p])
+            if short > 0:
+                need += short
+        return need
 
     def grow(self, tables: list[list[int]], horizon: int) -> list[tuple[int, int, int]]:
         """Extend the decode planes to cover positions < horizon; returns (plane, index, block) per new block,

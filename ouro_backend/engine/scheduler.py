@@ -211,7 +211,11 @@ class Scheduler:
             if seq.status is not Status.RUNNING or seq.in_prefill:
                 continue  # preempted below, or its prompt's blocks were given at admission
             horizon = self._horizon(seq)
-            while self.kv.growth_needed(seq.block_tables, horizon) > self.pool.num_available:
+            need = self.kv.growth_needed(seq.block_tables, horizon)
+            if not need:  # most steps: its tables already reach the horizon
+                continue
+            # NOTE preempting others frees blocks but leaves seq's tables, so `need` stands
+            while need > self.pool.num_available:
                 victim = next(s for s in reversed(self.running) if not s.in_prefill and s.slot not in self.chunks)
                 self._preempt(victim, swap_out)
                 if victim is seq:

@@ -185,7 +185,7 @@ def run_closed_loop(
         rounds.append(
             (dt, st["prefill_tokens"], st["decode_rows"], sum(len(o.new_token_ids) for o in step_outs), st["running"])
         )
-        peak_kv = max(peak_kv, engine.stats()["kv_usage"])
+        peak_kv = max(peak_kv, engine.kv.pool.usage)  # (stats() builds every statistic: not per step)
         for o in step_outs:
             if o.finished:
                 finished += 1
