@@ -216,11 +216,12 @@ def test_take_evicts_least_recently_released_first_and_only_what_is_needed():
     assert pool.num_free == 0 and pool.num_idle_blocks == 12 and pool.num_available == 12
     assert pool.take(3) == [4, 5, 6]  # one entry frees 4 >= 3
     assert cached(pool, keys) == [keys[0], keys[2]]
-    assert pool.num_free == 1 and pool.num_idle_blocks == 8
+    assert pool.num_free == 1 and pool.num_idle_blocks == 8 and pool.num_cached_blocks == 8
     assert pool.take(1) == [7]  # enough free: nothing goes
     assert pool.num_entries == 2
     assert pool.take(5) == [0, 1, 2, 3, 8]  # 0 free: entries 0 then 2 go (4, then 8 >= 5)
     assert pool.num_entries == 0 and pool.num_free == 3 and pool.num_idle_blocks == 0
+    assert pool.num_cached_blocks == 0
 
 
 def test_acquire_refreshes_recency():

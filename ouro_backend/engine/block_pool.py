@@ -40,8 +40,10 @@ class BlockPool:
         self._free: deque[int] = deque(range(num_blocks))
         self._entries: dict[bytes, _Entry] = {}
         self._idle: OrderedDict[bytes, None] = OrderedDict()  # keys with refs == 0, least recently used first
-        # NOTE: the blocks of the idle entries, kept in step with `_idle` (read on every admission).
+        # NOTE: the blocks of the idle entries, kept in step with `_idle` (read on every admission), and of
+        # all entries, kept in step with `_entries` (read with every metrics report).
         self._num_idle_blocks = 0
+        self._num_cached_blocks = 0
         self.queried_tokens = self.hit_tokens = 0
 
     # ---- blocks ----
@@ -121,6 +123,7 @@ class BlockPool:
         if key in self._entries:
             return False
         self._entries[key] = _Entry(blocks, refs=1)
+        self._num_cached_blocks += len(blocks)
         return True
 
     def release(self, keys: list[bytes]) -> None:
@@ -151,7 +154,7 @@ class BlockPool:
     @property
     def num_cached_blocks(self) -> int:
         """Blocks the cache entries own (held or idle)."""
-        return sum(len(e.blocks) for e in self._entries.values())
+        return self._num_cached_blocks
 
     @property
     def num_entries(self) -> int:
@@ -163,6 +166,7 @@ class BlockPool:
             key, _ = self._idle.popitem(last=False)
             blocks = self._entries.pop(key).blocks
             self._num_idle_blocks -= len(blocks)
+            self._num_cached_blocks -= len(blocks)
             self._free.extend(blocks)
 
     def clear_cache(self) -> None:
