@@ -42,8 +42,7 @@ class KVCache:
         self.layout = KVLayout(layout)
         self.block_size = block_size
         self.num_loops = num_loops
-        # The planes decode rows write: all of them (LAST_EXITED) or the last (SHARED).
-        self._decode_planes = (
+        self._decode_planes = (  # see decode_planes()
             range(num_loops) if self.layout is KVLayout.LAST_EXITED else range(num_loops - 1, num_loops)
         )
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
@@ -84,9 +83,9 @@ class KVCache:
         return [[b[p] for b in shared] + [next(new) for _ in range(n)] for p, n in enumerate(counts)]
 
     def growth_needed(self, tables: list[list[int]], horizon: int) -> int:
-        """Blocks the decode planes need to cover positions < horizon. (Every step asks it of every decoding
-        request, and most steps the answer is 0: kept to one plain loop.)"""
-        want = -(-horizon // self.block_size)
+        """Blocks the decode planes need to cover positions < horizon. NOTE the scheduler asks it of every
+        decoding request on every step: a plain loop over `decode_planes`, fixed at construction."""
+        want = self.blocks_for(horizon)
         need = 0
         for p in self._decode_planes:
             short = want - len(tables[p])
