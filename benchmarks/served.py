@@ -9,10 +9,10 @@ greedy, EOS ignored, full depth (or the gate with --exit-threshold).
    genai-perf (client/genai_perf/run_genai_perf.py: synthetic prompts of --input-len tokens, the same
    concurrency, output length and request count), so the three tools measure one server.
 
-With --stand-in the model is replaced (benchmarks/stand_in_engine.py: every launch costs nothing and each
-running request gets a token per launch), so the run measures the serving path alone: the engine process's
-bookkeeping, the socket and protocol, the front, detokenization, Triton's stubs and the client; there is no
-engine-direct side then.
+With --stand-in the model is replaced (benchmarks/stand_in_engine.py: a launch costs nothing, or
+--stand-in-round-ms, and each running request gets a token per launch), so the run measures the serving
+path alone: the engine process's bookkeeping, the socket and protocol, the front, detokenization, Triton's
+stubs and the client; there is no engine-direct side then.
 
 With --trace the served engine records its rounds (ouro_backend/engine/round_trace.py): a
 served run that falls behind engine-direct shows whether the engine was slower per round or had fewer
@@ -426,10 +426,11 @@ def main() -> int:
         server_env.update(trace_env("engine_trace.json") or {})
         server_env[request_trace.ENV] = str((out / "request_trace").resolve())
     if args.stand_in:
+        from benchmarks.stand_in_engine import ROUND_MS_ENV
         from ouro_backend.serving.engine_server import RUNNER_ENV
 
         server_env[RUNNER_ENV] = "benchmarks.stand_in_engine:StandInRunner"
-        server_env["OURO_STAND_IN_ROUND_MS"] = str(args.stand_in_round_ms)
+        server_env[ROUND_MS_ENV] = str(args.stand_in_round_ms)
         server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     server = subprocess.Popen(
         serve,

@@ -8,9 +8,10 @@ tokens as fast as the host can take them and the serving path's own ceiling show
 
 The engine process loads it through `OURO_ENGINE_RUNNER=benchmarks.stand_in_engine:StandInRunner`
 (ouro_backend/serving/engine_server.py), with this checkout on its PYTHONPATH. With
-`OURO_STAND_IN_ROUND_MS=T` (served.py --stand-in-round-ms) a launch takes T ms, as a GPU round would, after the
-host work it overlaps: the engine then emits at a fixed rate (rows / T), so what the serving path spends per
-token can be read off at a load it carries, not only at its ceiling.
+`OURO_STAND_IN_ROUND_MS=T` (served.py --stand-in-round-ms) a launch lasts T ms in all, the host work it
+overlaps included (longer only if that work takes longer), as a GPU round would: the engine then emits at
+a fixed rate (rows / T), so what the serving path spends per token can be read off at a load it carries,
+not only at its ceiling.
 
 Tokens: ids of the checkpoint's vocabulary other than its EOS ids, in a fixed pseudo-random order per
 request position, so detokenization does real work; depth = the model's loops; no EOS, so a request ends
