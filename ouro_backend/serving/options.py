@@ -205,6 +205,6 @@ def decoupled_model_config(pb_utils: Any, args: dict, default_name: str) -> tupl
 
 def tensor_arrays(tensors: Iterable[Any], names: Container[str]) -> dict:
     """The numpy arrays of those `tensors` (a request's ``inputs()``) whose name is among `names`.
-    NOTE one pass over the tensors: ``pb_utils.get_input_tensor_by_name`` walks ``inputs()`` again for every
-    name it is asked for, which made parsing a request cost a walk per known input."""
-    return {t.name(): t.as_numpy() for t in tensors if t.name() in names}
+    NOTE one pass over the tensors, each name read once (``pb_utils.get_input_tensor_by_name`` walks
+    ``inputs()`` once per name it is asked for)."""
+    return {name: t.as_numpy() for t in tensors if (name := t.name()) in names}
