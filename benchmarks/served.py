@@ -52,7 +52,8 @@ def make_prompts(model: str, length: int, count: int, seed: int = 0) -> list[tup
         # Decoding and re-encoding random ids yields more tokens: trim until the text is `length` tokens or less.
         n = length
         while True:
-            text = tok.decode(ids[:n])
+            # perf_analyzer reads its input data's strings up to the first NUL: a prompt must have none
+            text = tok.decode(ids[:n]).replace("\x00", "")
             enc = tok.encode(text, add_special_tokens=False).ids
             if len(enc) <= length:
                 out.append((text, enc))
@@ -610,6 +611,7 @@ def main() -> int:
             perf_analyzer_output_tok_s=pa["output_tok_s"],
             perf_analyzer_ok=pa["ok"],
             perf_analyzer_mean_in_flight=pa.get("mean_in_flight"),
+            perf_analyzer_measured_in_flight=pa.get("measured_in_flight"),
             perf_analyzer_max_threads=args.perf_analyzer_max_threads,  # None: perf_analyzer's own default
         )
     if gp:

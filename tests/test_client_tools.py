@@ -77,6 +77,10 @@ def test_run_perf_defaults_work_when_a_request_outlasts_the_old_time_window(
     assert "request latency (send to last response)" in err and "first response (TTFT) p50" in err
     assert "first-response latency avg" not in err  # the old label, on the whole request's latency
     assert 0.5 < r["mean_in_flight"] <= 1.05  # one request at a time, each sent as the previous ends
+    assert 0.5 < r["measured_in_flight"] <= 1.05, r["measured_in_flight"]  # the same, from the export
+    # one unmeasured request first: perf_analyzer was told, and the export holds the measured ones only
+    assert r["warmup_requests"] == 1 and "--warmup-request-count 1" in open(r["log"]).readline()
+    assert len(json.load(open(r["profile_export"]))["experiments"][0]["requests"]) == r["request_count"]
 
 
 def test_run_perf_failure_prints_a_hint(demo_server, seconds_per_token, tmp_path, capsys):
@@ -131,11 +135,48 @@ def test_first_response_latency_from_profile_export(tmp_path):
 
 
 @pytest.mark.unit
+def test_measured_in_flight_from_profile_export(tmp_path):
+    """Requests open on average over the measurement windows, each request clipped to them: what perf_analyzer
+    really kept in flight, where its own numbers only allow Little's law."""
+    ms = 1_000_000
+    export = {
+        "experiments": [
+            {
+                "window_boundaries": [1000 * ms, 2000 * ms, 3000 * ms],
+                "requests": [
+                    {"timestamp": 0, "response_timestamps": [500 * ms, 1500 * ms]},  # 0.5 s inside
+                    {"timestamp": 1000 * ms, "response_timestamps": [1200 * ms, 3000 * ms]},  # 2 s
+                    {"timestamp": 2500 * ms, "response_timestamps": [2600 * ms, 3500 * ms]},  # 0.5 s
+                    {"timestamp": 3100 * ms, "response_timestamps": [3200 * ms]},  # after the windows
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(export))
+    assert run_perf.measured_in_flight(str(path)) == pytest.approx(1.5)  # (0.5 + 2 + 0.5) s over 2 s
+    assert run_perf.measured_in_flight(str(tmp_path / "missing.json")) is None
+
+
+@pytest.mark.unit
 def test_run_perf_window_options(capsys):
     assert run_perf.default_request_count(1) == 3 and run_perf.default_request_count(16) == 32
+    assert run_perf.default_warmup_count(1) == 1 and run_perf.default_warmup_count(64) == 256
     with pytest.raises(SystemExit):
         run_perf.main(["--measurement-interval", "5000", "--measurement-request-count", "4"])
     assert "excludes" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_served_benchmark_prompts_have_no_nul():
+    """benchmarks/served.py decodes random token ids into prompts; perf_analyzer reads its input data's strings
+    up to the first NUL, so a prompt that began with one reached the server empty ("text_input is empty"),
+    and that one error ended the whole perf_analyzer run. Seed 2,000,429 (perf_analyzer's prompt 429 of a
+    served.py run on the demo model) decoded to a text starting with NUL."""
+    from benchmarks.served import make_prompt
+
+    text, ids = make_prompt(str(DEMO_MODEL), 128, seed=2_000_429)
+    assert text and "\x00" not in text and 0 < len(ids) <= 128
 
 
 # ---- 2. run_genai_perf.py: the served model's tokenizer by default ----

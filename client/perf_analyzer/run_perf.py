@@ -6,9 +6,12 @@
 
 For each model and concurrency: `perf_analyzer -m MODEL -i grpc --streaming --input-data FILE
 --concurrency-range C --measurement-mode count_windows --measurement-request-count N
---profile-export-file FILE`. A measurement window lasts until N requests (default max(3, 2 x C)) have
-finished, however long a request takes; `--measurement-interval MS` uses fixed time windows instead, which
-fail ("No valid requests recorded within time interval") when no request finishes inside one.
+--warmup-request-count W --profile-export-file FILE`. A measurement window lasts until N requests (default
+max(3, 2 x C)) have finished, however long a request takes; `--measurement-interval MS` uses fixed time
+windows instead, which fail ("No valid requests recorded within time interval") when no request finishes
+inside one.
+W (default 4 x C; 1 at C1) requests run unmeasured first: perf_analyzer opens its C requests gradually (on an H200
+at C64 it kept 20 in flight for its first 2-3 s), and without them that start counts in its first window.
 
 What is measured, per run:
 * request latency: perf_analyzer's latency, from sending a request to its last response (perf_analyzer
@@ -61,6 +64,13 @@ def default_request_count(concurrency: int) -> int:
     return max(3, 2 * concurrency)
 
 
+def default_warmup_count(concurrency: int) -> int:
+    """Unmeasured requests before the first window: four per stream of requests, one at C1. perf_analyzer
+    does not open all C requests at once: on an H200 at C64 it kept 20 in flight for its first 2-3 s, and
+    without a warm-up that start is part of its first window."""
+    return 4 * concurrency if concurrency > 1 else 1
+
+
 def _percentile(sorted_values: list[float], p: float) -> float:
     """perf_analyzer's rule: the value at rank round(p/100 x (n-1))."""
     return sorted_values[int(p / 100.0 * (len(sorted_values) - 1) + 0.5)]
@@ -92,6 +102,28 @@ def first_response_latency(profile_export: str) -> dict[str, float] | None:
     ttft.sort()
     stats = {f"p{p}": _percentile(ttft, p) for p in (50, 90, 99)}
     return {"avg": sum(ttft) / len(ttft), **stats, "min": ttft[0], "max": ttft[-1], "count": len(ttft)}
+
+
+def measured_in_flight(profile_export: str) -> float | None:
+    """Requests open on average over perf_analyzer's measurement windows, from its profile export (each
+    request's send time and last response), or None without windows."""
+    try:
+        with open(profile_export) as f:
+            export = json.load(f)
+    except (OSError, ValueError):
+        return None
+    for experiment in export.get("experiments") or []:
+        bounds = experiment.get("window_boundaries") or []
+        if len(bounds) < 2:
+            continue
+        lo, hi = bounds[0], bounds[-1]
+        open_ns = 0
+        for r in experiment.get("requests") or []:
+            times = r.get("response_timestamps") or []
+            if times:
+                open_ns += max(0, min(times[-1], hi) - max(r["timestamp"], lo))
+        return open_ns / (hi - lo)
+    return None
 
 
 def failure_hint(res: dict[str, Any], out: str, url: str) -> str:
@@ -129,9 +161,11 @@ def run_one(
     extra: list[str],
     measurement_request_count: int | None = None,
     max_tokens: int | None = None,
+    warmup_request_count: int | None = None,
 ) -> dict[str, Any]:
     """One perf_analyzer run. measurement_ms: fixed time windows of that length; None: count windows of
-    measurement_request_count requests (default: default_request_count(concurrency))."""
+    measurement_request_count requests (default: default_request_count(concurrency)). warmup_request_count:
+    unmeasured requests first (default: default_warmup_count(concurrency); 0: none)."""
     stem = os.path.join(out_dir, f"{model}_c{concurrency}")
     csv, export, log = stem + ".csv", stem + ".profile_export.json", stem + ".log"
     if measurement_ms:
@@ -139,6 +173,7 @@ def run_one(
     else:
         count = measurement_request_count or default_request_count(concurrency)
         window = ["--measurement-mode", "count_windows", "--measurement-request-count", str(count)]
+    warmup = default_warmup_count(concurrency) if warmup_request_count is None else warmup_request_count
     cmd = [
         binary,
         "-m",
@@ -161,6 +196,7 @@ def run_one(
         csv,
         "--profile-export-file",
         export,
+        *(["--warmup-request-count", str(warmup)] if warmup else []),
         *extra,
     ]
     if os.path.exists(export):
@@ -184,6 +220,7 @@ def run_one(
             if measurement_ms
             else {"mode": "count_windows", "requests_per_window": int(window[-1])}
         ),
+        "warmup_requests": warmup,
         "log": log,
         "profile_export": export if os.path.exists(export) else None,
     }
@@ -191,6 +228,7 @@ def run_one(
         m = re.search(pattern, out)
         res[key] = float(m.group(1)) if m else None
     res["first_response_latency_ms"] = first_response_latency(export) if res["profile_export"] else None
+    res["measured_in_flight"] = measured_in_flight(export) if res["profile_export"] else None
     error_lines = [
         ln.strip()
         for ln in out.splitlines()
@@ -220,6 +258,7 @@ def run(
     extra: list[str] | None = None,
     prompts: list[str] | None = None,
     measurement_request_count: int | None = None,
+    warmup_request_count: int | None = None,
 ) -> dict[str, Any]:
     """measurement_ms None (default): count windows; a number: time windows of that many ms."""
     binary, env = locate()
@@ -248,6 +287,7 @@ def run(
             extra or [],
             measurement_request_count,
             max_tokens,
+            warmup_request_count,
         )
         for m in models
         for c in concurrency
@@ -273,7 +313,7 @@ def format_run(r: dict[str, Any]) -> str:
         f"{r['response_throughput_per_s'] or 0:9.1f} resp/s  "
         f"request latency (send to last response) avg {ms(r['request_latency_avg_us'])} ms "
         f"p50 {ms(r['request_latency_p50_us'])} ms  first response (TTFT) p50 {first} ms  "
-        f"in flight {r.get('mean_in_flight') or 0:.1f}"
+        f"in flight {r.get('mean_in_flight') or 0:.1f} (measured {r.get('measured_in_flight') or 0:.1f})"
     )
 
 
@@ -298,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="time windows of this many ms instead of count windows; a window in which no request "
         "finishes fails the run, so make it several times a request's duration",
+    )
+    p.add_argument(
+        "--warmup-request-count",
+        type=int,
+        default=None,
+        help="unmeasured requests before the first window (default: 4 x concurrency, 1 at concurrency 1; 0: "
+        "none): perf_analyzer opens its requests gradually at first",
     )
     p.add_argument("--max-trials", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per perf_analyzer run")
@@ -334,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             args.extra,
             prompts,
             args.measurement_request_count,
+            args.warmup_request_count,
         )
     except PerfAnalyzerUnavailable as e:
         print(f"perf_analyzer unavailable: {e}", file=sys.stderr)
