@@ -244,6 +244,12 @@ def main() -> int:
         help="perf_analyzer's --max-threads (default: perf_analyzer's own, 16 in concurrency mode)",
     )
     p.add_argument(
+        "--perf-analyzer-warmup",
+        type=int,
+        default=None,
+        help="run_perf.py --warmup-request-count (default: its own, 4 x concurrency; 0: none)",
+    )
+    p.add_argument(
         "--perf-analyzer-prompts",
         type=int,
         default=4096,
@@ -521,6 +527,11 @@ def main() -> int:
                     str(out / "perf_analyzer"),
                     *(
                         []
+                        if args.perf_analyzer_warmup is None
+                        else ["--warmup-request-count", str(args.perf_analyzer_warmup)]
+                    ),
+                    *(
+                        []
                         if args.perf_analyzer_max_threads is None
                         else ["--", "--max-threads", str(args.perf_analyzer_max_threads)]
                     ),
@@ -613,6 +624,7 @@ def main() -> int:
             perf_analyzer_mean_in_flight=pa.get("mean_in_flight"),
             perf_analyzer_measured_in_flight=pa.get("measured_in_flight"),
             perf_analyzer_max_threads=args.perf_analyzer_max_threads,  # None: perf_analyzer's own default
+            perf_analyzer_warmup_requests=pa.get("warmup_requests"),
         )
     if gp:
         summary.update(
