@@ -10,8 +10,9 @@ For each model and concurrency: `perf_analyzer -m MODEL -i grpc --streaming --in
 max(3, 2 x C)) have finished, however long a request takes; `--measurement-interval MS` uses fixed time
 windows instead, which fail ("No valid requests recorded within time interval") when no request finishes
 inside one.
-W (default 4 x C; 1 at C1) requests run unmeasured first: perf_analyzer opens its C requests gradually (on an H200
-at C64 it kept 20 in flight for its first 2-3 s), and without them that start counts in its first window.
+W (default 4 x C; 1 at C1) requests run unmeasured first: a run's first seconds need not be steady (on an H200
+at C64 perf_analyzer kept 20 requests in flight for its first 2-3 s), and without them that start counts in
+its first window.
 
 What is measured, per run:
 * request latency: perf_analyzer's latency, from sending a request to its last response (perf_analyzer
@@ -65,9 +66,9 @@ def default_request_count(concurrency: int) -> int:
 
 
 def default_warmup_count(concurrency: int) -> int:
-    """Unmeasured requests before the first window: four per stream of requests, one at C1. perf_analyzer
-    does not open all C requests at once: on an H200 at C64 it kept 20 in flight for its first 2-3 s, and
-    without a warm-up that start is part of its first window."""
+    """Unmeasured requests before the first window: four per stream of requests, one at C1. A run's first
+    seconds need not be steady: on an H200 at C64 perf_analyzer kept 20 requests in flight for its first
+    2-3 s, and without a warm-up that start is part of its first window."""
     return 4 * concurrency if concurrency > 1 else 1
 
 
@@ -344,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="unmeasured requests before the first window (default: 4 x concurrency, 1 at concurrency 1; 0: "
-        "none): perf_analyzer opens its requests gradually at first",
+        "none): a run's first seconds need not be steady",
     )
     p.add_argument("--max-trials", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per perf_analyzer run")
