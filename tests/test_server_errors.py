@@ -16,6 +16,7 @@ from helpers import wait_for
 from server_common import PROMPT, metrics
 
 from client.ouro_client import build_inputs, generate, request_options
+from ouro_backend.entrypoints.tritonserver import ServerError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -133,3 +134,13 @@ def test_error_metric_counts_errors_of_every_model(server):
     top_k.set_data_from_numpy(np.array([[-5]], np.int64))
     assert "top_k" in grpc_error(server, "ouro_engine", None, None, raw_inputs=[ids, top_k])  # ouro_engine
     assert wait_for(lambda: metrics(server).get("ouro_request_errors_total", 0) >= before + 3), metrics(server)
+
+
+def test_a_start_that_is_not_ready_names_each_models_state(server, monkeypatch):
+    """When a start times out, the error says where each model is (the repository index), not only the log:
+    a start that hangs then names the model that holds it. Here on the running server, readiness forced
+    false."""
+    monkeypatch.setattr(server, "is_ready", lambda: False)
+    with pytest.raises(ServerError, match=r"not ready after 1s \(models: .*ouro READY, ouro_engine READY"):
+        server.wait_ready(timeout=1)
+    assert {"ouro", "ouro_engine", "preprocessing", "postprocessing"} <= set(server.model_states())

@@ -507,7 +507,34 @@ class TritonServer:
                 self.mark_ready()
                 return
             time.sleep(0.5)
-        raise ServerError(f"tritonserver not ready after {timeout:.0f}s; log {self.log_file}:\n{self.log_tail()}")
+        raise ServerError(
+            f"tritonserver not ready after {timeout:.0f}s ({self.model_states_text()}); "
+            f"log {self.log_file}:\n{self.log_tail()}"
+        )
+
+    def model_states(self) -> dict[str, str] | None:
+        """Each model's state from the repository index (``READY``, ``LOADING``, ``UNAVAILABLE: reason``...),
+        or None when the HTTP endpoint does not answer it (not up yet, or the index is restricted and this
+        server's admin key unknown)."""
+        headers = {ADMIN_HEADER: self.admin_key} if self.admin_key else {}
+        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=2) as r:
+                index = json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        return {
+            m.get("name", "?"): m.get("state", "?") + (f": {m['reason']}" if m.get("reason") else "")
+            for m in index
+            if isinstance(m, dict)
+        }
+
+    def model_states_text(self) -> str:
+        """`model_states` in one phrase, for errors."""
+        states = self.model_states()
+        if states is None:
+            return "its HTTP endpoint does not answer the repository index"
+        return "models: " + ", ".join(f"{name} {state}" for name, state in sorted(states.items()))
 
     def log_text(self) -> str:
         try:
