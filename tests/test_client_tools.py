@@ -129,9 +129,9 @@ def test_first_response_latency_from_profile_export(tmp_path):
     }
     path = tmp_path / "export.json"
     path.write_text(json.dumps(export))
-    stats = run_perf.first_response_latency(str(path))
+    stats = run_perf.first_response_latency(run_perf.load_export(str(path)))
     assert stats["count"] == 2 and stats["min"] == 10.0 and stats["max"] == 30.0 and stats["avg"] == 20.0
-    assert run_perf.first_response_latency(str(tmp_path / "missing.json")) is None
+    assert run_perf.load_export(str(tmp_path / "missing.json")) is None
 
 
 @pytest.mark.unit
@@ -154,8 +154,8 @@ def test_measured_in_flight_from_profile_export(tmp_path):
     }
     path = tmp_path / "export.json"
     path.write_text(json.dumps(export))
-    assert run_perf.measured_in_flight(str(path)) == pytest.approx(1.5)  # (0.5 + 2 + 0.5) s over 2 s
-    assert run_perf.measured_in_flight(str(tmp_path / "missing.json")) is None
+    assert run_perf.measured_in_flight(run_perf.load_export(str(path))) == pytest.approx(1.5)  # 3 s over 2 s
+    assert run_perf.measured_in_flight({"experiments": [{"requests": []}]}) is None  # no windows
 
 
 @pytest.mark.unit

@@ -10,9 +10,8 @@ For each model and concurrency: `perf_analyzer -m MODEL -i grpc --streaming --in
 max(3, 2 x C)) have finished, however long a request takes; `--measurement-interval MS` uses fixed time
 windows instead, which fail ("No valid requests recorded within time interval") when no request finishes
 inside one.
-W (default 4 x C; 1 at C1) requests run unmeasured first: a run's first seconds need not be steady (on an H200
-at C64 perf_analyzer kept 20 requests in flight for its first 2-3 s), and without them that start counts in
-its first window.
+W (default 4 x C; 1 at C1) requests run unmeasured first, so that a run's unsteady start does not count in
+its first window (README.md, "Warm-up", says what one looked like).
 
 What is measured, per run:
 * request latency: perf_analyzer's latency, from sending a request to its last response (perf_analyzer
@@ -66,9 +65,7 @@ def default_request_count(concurrency: int) -> int:
 
 
 def default_warmup_count(concurrency: int) -> int:
-    """Unmeasured requests before the first window: four per stream of requests, one at C1. A run's first
-    seconds need not be steady: on an H200 at C64 perf_analyzer kept 20 requests in flight for its first
-    2-3 s, and without a warm-up that start is part of its first window."""
+    """Unmeasured requests before the first window: four per concurrent request, one at C1."""
     return 4 * concurrency if concurrency > 1 else 1
 
 
@@ -77,16 +74,20 @@ def _percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[int(p / 100.0 * (len(sorted_values) - 1) + 0.5)]
 
 
-def first_response_latency(profile_export: str) -> dict[str, float] | None:
+def load_export(profile_export: str) -> dict | None:
+    """perf_analyzer's profile export (read once per run: 9 MB at C64), or None if missing or unreadable."""
+    try:
+        with open(profile_export) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def first_response_latency(export: dict) -> dict[str, float] | None:
     """TTFT stats in ms (avg, p50, p90, p99, min, max, count) from a perf_analyzer profile export: each
     request's first response timestamp minus its send timestamp, over the requests whose last response
     falls inside the measurement windows (the ones perf_analyzer's own numbers count). None if there are
-    no such requests or no export."""
-    try:
-        with open(profile_export) as f:
-            export = json.load(f)
-    except (OSError, ValueError):
-        return None
+    no such requests."""
     ttft = []
     for experiment in export.get("experiments") or []:
         bounds = experiment.get("window_boundaries") or []
@@ -105,14 +106,9 @@ def first_response_latency(profile_export: str) -> dict[str, float] | None:
     return {"avg": sum(ttft) / len(ttft), **stats, "min": ttft[0], "max": ttft[-1], "count": len(ttft)}
 
 
-def measured_in_flight(profile_export: str) -> float | None:
+def measured_in_flight(export: dict) -> float | None:
     """Requests open on average over perf_analyzer's measurement windows, from its profile export (each
     request's send time and last response), or None without windows."""
-    try:
-        with open(profile_export) as f:
-            export = json.load(f)
-    except (OSError, ValueError):
-        return None
     for experiment in export.get("experiments") or []:
         bounds = experiment.get("window_boundaries") or []
         if len(bounds) < 2:
@@ -228,8 +224,9 @@ def run_one(
     for key, pattern in _FIELDS.items():
         m = re.search(pattern, out)
         res[key] = float(m.group(1)) if m else None
-    res["first_response_latency_ms"] = first_response_latency(export) if res["profile_export"] else None
-    res["measured_in_flight"] = measured_in_flight(export) if res["profile_export"] else None
+    exported = load_export(export) if res["profile_export"] else None
+    res["first_response_latency_ms"] = first_response_latency(exported) if exported else None
+    res["measured_in_flight"] = measured_in_flight(exported) if exported else None
     error_lines = [
         ln.strip()
         for ln in out.splitlines()
@@ -286,9 +283,9 @@ def run(
             max_trials,
             timeout,
             extra or [],
-            measurement_request_count,
-            max_tokens,
-            warmup_request_count,
+            measurement_request_count=measurement_request_count,
+            max_tokens=max_tokens,
+            warmup_request_count=warmup_request_count,
         )
         for m in models
         for c in concurrency
@@ -381,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             args.exit_threshold,
             args.extra,
             prompts,
-            args.measurement_request_count,
-            args.warmup_request_count,
+            measurement_request_count=args.measurement_request_count,
+            warmup_request_count=args.warmup_request_count,
         )
     except PerfAnalyzerUnavailable as e:
         print(f"perf_analyzer unavailable: {e}", file=sys.stderr)
