@@ -128,11 +128,13 @@ def oracle(toy_weights):
 def _serve(srv, request):
     """Start a TritonServer, yield it, and check its shutdown: exit code 0, no Python traceback in the log
     (its log path is printed at start, its tail after a failure)."""
+    from server_common import START_TIMEOUT_S
+
     from ouro_backend.entrypoints.tritonserver import ServerError
 
     print(f"\ntritonserver log: {srv.log_file}", flush=True)
     try:
-        srv.start(timeout=240)  # under the 300 s test timeout of the modules that use it: a hang raises ServerError
+        srv.start(timeout=START_TIMEOUT_S)
     except ServerError:
         srv.stop()
         raise

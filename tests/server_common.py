@@ -24,6 +24,9 @@ if DEVICE != "cpu":
     # A fixed KV size: automatic sizing would give the test process's offline engine 90% of the GPU and
     # leave the server's engine none.
     ENGINE_ARGS["num_blocks"] = 4096
+# A test server's start timeout: under the 300 s test timeout of the server modules, so that a start that
+# hangs ends in TritonServer's ServerError (each model's state and the log's tail), not a bare Timeout.
+START_TIMEOUT_S = 240
 # Tokens the engine may still make between a client's cancel and the abort (one watcher interval and a
 # round): the toy makes a few hundred tokens/s on 2 CPU cores, thousands on a GPU.
 MAX_AFTER_CANCEL = 200 if DEVICE == "cpu" else 1000

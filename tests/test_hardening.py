@@ -19,6 +19,7 @@ import urllib.request
 import numpy as np
 import pytest
 from helpers import find_engine_process, processes
+from server_common import START_TIMEOUT_S
 
 from client.ouro_client import GrpcStream, request_options
 from ouro_backend import LLM, SamplingParams
@@ -56,7 +57,7 @@ def server(toy_path):
     )
     print(f"\ntritonserver log: {srv.log_file}", flush=True)
     try:
-        srv.start(timeout=240)  # under the module's 300 s test timeout: a start that hangs raises ServerError
+        srv.start(timeout=START_TIMEOUT_S)
         yield srv
     finally:
         srv.stop()

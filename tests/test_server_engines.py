@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from helpers import wait_for
-from server_common import DEVICE, ENGINE_ARGS, PROMPT, PROMPTS, ROOT, offline, server_or_skip
+from server_common import DEVICE, ENGINE_ARGS, PROMPT, PROMPTS, ROOT, START_TIMEOUT_S, offline, server_or_skip
 
 from client.ouro_client import GrpcStream, generate, request_options
 from ouro_backend.entrypoints.tritonserver import ServerError
@@ -34,7 +34,7 @@ def test_engine_process_death_ends_requests_with_errors(toy_path, llm):
     import signal
 
     srv = server_or_skip(model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1")  # this host only
-    srv.start(timeout=240)  # under the module's 300 s test timeout: a start that hangs raises ServerError
+    srv.start(timeout=START_TIMEOUT_S)
     try:
         pid = int(re.search(r"engine 0 ready on \S+ \(process (\d+)\)", srv.log_text()).group(1))
         opts = request_options(max_tokens=1500, ignore_eos=True, temperature=0.0, stream=True)
@@ -84,7 +84,7 @@ def test_request_trace_times_every_hop(toy_path, llm, tmp_path):
     srv = server_or_skip(
         model=toy_path, engine_args=ENGINE_ARGS, address="127.0.0.1", env={request_trace.ENV: str(trace_dir)}
     )
-    srv.start(timeout=240)  # under the module's 300 s test timeout: a start that hangs raises ServerError
+    srv.start(timeout=START_TIMEOUT_S)
     client_trace = request_trace.RequestTrace(str(trace_dir), "client")
     try:
         opts = request_options(max_tokens=8, temperature=0.0, stream=True)
@@ -135,7 +135,7 @@ def test_every_device_serves_and_a_killed_engine_comes_back(toy_path, llm):
         address="127.0.0.1",
         devices=f"{DEVICE},{DEVICE}" if DEVICE == "cpu" else "cuda:0,cuda:0",
     )
-    srv.start(timeout=240)  # under the module's 300 s test timeout: a start that hangs raises ServerError
+    srv.start(timeout=START_TIMEOUT_S)
     try:
         pids = {int(i): int(p) for i, p in re.findall(r"engine (\d) ready on \S+ \(process (\d+)\)", srv.log_text())}
         assert sorted(pids) == [0, 1], srv.log_tail()
