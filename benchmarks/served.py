@@ -507,6 +507,11 @@ def main() -> int:
         served = per_model[args.models[0]]
         pa = None
         if not args.skip_perf_analyzer:
+            pa_options = []  # run_perf.py's own options, then perf_analyzer's after "--"
+            if args.perf_analyzer_warmup is not None:
+                pa_options += ["--warmup-request-count", str(args.perf_analyzer_warmup)]
+            if args.perf_analyzer_max_threads is not None:
+                pa_options += ["--", "--max-threads", str(args.perf_analyzer_max_threads)]
             r = subprocess.run(
                 [
                     sys.executable,
@@ -525,16 +530,7 @@ def main() -> int:
                     str(pa_prompts),
                     "--out-dir",
                     str(out / "perf_analyzer"),
-                    *(
-                        []
-                        if args.perf_analyzer_warmup is None
-                        else ["--warmup-request-count", str(args.perf_analyzer_warmup)]
-                    ),
-                    *(
-                        []
-                        if args.perf_analyzer_max_threads is None
-                        else ["--", "--max-threads", str(args.perf_analyzer_max_threads)]
-                    ),
+                    *pa_options,
                 ],
                 capture_output=True,
                 text=True,

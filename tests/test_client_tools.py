@@ -165,6 +165,14 @@ def test_run_perf_window_options(capsys):
     with pytest.raises(SystemExit):
         run_perf.main(["--measurement-interval", "5000", "--measurement-request-count", "4"])
     assert "excludes" in capsys.readouterr().err
+    # perf_analyzer 2.50 hangs on a warm-up of fewer requests than the concurrency: refused before it runs
+    with pytest.raises(SystemExit):
+        run_perf.main(["--concurrency", "1", "8", "--warmup-request-count", "4"])
+    assert "--warmup-request-count 4 is below the concurrency 8" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="below the concurrency 4"):
+        run_perf.run(concurrency=(4,), warmup_request_count=2)
+    for taken in (None, 0, 64, 256):
+        run_perf.check_warmup(taken, 64)
 
 
 @pytest.mark.unit

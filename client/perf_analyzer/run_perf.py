@@ -69,6 +69,16 @@ def default_warmup_count(concurrency: int) -> int:
     return 4 * concurrency if concurrency > 1 else 1
 
 
+def check_warmup(warmup_request_count: int | None, concurrency: int) -> None:
+    """Raises ValueError for a warm-up perf_analyzer cannot finish: 2.50 hangs when it is fewer requests than
+    the concurrency (C4 with 2, C8 with 4; C4 with 4 or 16 finished)."""
+    if warmup_request_count is not None and 0 < warmup_request_count < concurrency:
+        raise ValueError(
+            f"--warmup-request-count {warmup_request_count} is below the concurrency {concurrency}: perf_analyzer "
+            f"hangs then; give 0 (none) or at least {concurrency}"
+        )
+
+
 def _percentile(sorted_values: list[float], p: float) -> float:
     """perf_analyzer's rule: the value at rank round(p/100 x (n-1))."""
     return sorted_values[int(p / 100.0 * (len(sorted_values) - 1) + 0.5)]
@@ -259,6 +269,8 @@ def run(
     warmup_request_count: int | None = None,
 ) -> dict[str, Any]:
     """measurement_ms None (default): count windows; a number: time windows of that many ms."""
+    for c in concurrency:
+        check_warmup(warmup_request_count, c)
     binary, env = locate()
     check(binary, env)
     out_dir = out_dir or tempfile.mkdtemp(prefix="ouro-perf-")
@@ -342,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="unmeasured requests before the first window (default: 4 x concurrency, 1 at concurrency 1; 0: "
-        "none): a run's first seconds need not be steady",
+        "none; else at least the concurrency): a run's first seconds need not be steady",
     )
     p.add_argument("--max-trials", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per perf_analyzer run")
@@ -364,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         args.num_prompts = len(prompts)
     if args.measurement_interval is not None and args.measurement_request_count is not None:
         p.error("--measurement-interval (time windows) excludes --measurement-request-count (count windows)")
+    try:
+        for c in args.concurrency:
+            check_warmup(args.warmup_request_count, c)
+    except ValueError as e:
+        p.error(str(e))
     try:
         report = run(
             args.url,
