@@ -1,7 +1,8 @@
 """CPU emulation of the engine's CUDA-graph path, run on the `mixed-rows` branch's tree: a capture remembers the
 round function and its record, a replay zeroes the record and runs the function again, and the read-back
 copies the record (on a GPU the pinned copy does). Runs tests/test_gpu.py's mixed-row scenario (24 requests,
-32 slots, chunks of 5) and prints how many finished. From the branch's tree, with the toy checkpoint:
+32 slots, chunks of 5) and prints how many finished
+(tokens are not compared with the oracle here). From the branch's tree, with the toy checkpoint:
 
     python3 -m ouro_backend.model.toy --out /tmp/toyckpt
     PYTHONPATH=$PWD OURO_LINEAR=kernel python3 fake_graphs.py /tmp/toyckpt [layout]   # ONLY=16|32|none: one graph size
@@ -72,8 +73,6 @@ if __name__ == "__main__":
     graphs = eng.runner.graphs
     picked = graphs.mixed_graph
     used = []
-    import os
-
     only = os.environ.get("ONLY")
 
     def rec_(*a):
