@@ -168,19 +168,24 @@ class CudaGraphs:
                 for t in reversed(self.token_buckets):
                     pre = self.prompt_inputs(t, R)
                     g, rec, (out, logits) = self._capture(
-                        lambda rec: self._shared_outputs(*mixed_step(idx, pre, rec[0], mode)), 1
+                        lambda rec, pre=pre, mode=mode: self._shared_outputs(*mixed_step(idx, pre, rec[0], mode)), 1
                     )
                     self.mixed[(t, mode)] = Graph(g, t, R, rec, logits, out, R)
                 for rounds in sorted({1, rounds_per_launch}, reverse=True):
                     for b in reversed(self.row_buckets):
                         g, rec, (_, logits) = self._capture(
-                            lambda rec: self._shared_outputs(None, decode_steps(self._rows[:b], rec, mode)), rounds
+                            lambda rec, b=b, mode=mode: self._shared_outputs(
+                                None, decode_steps(self._rows[:b], rec, mode)
+                            ),
+                            rounds,
                         )
                         self.decode[(b, rounds, mode)] = Graph(g, 0, b, rec, logits)
             if spec_step is not None:  # idle rows of a bucket are masked by the state, as above
                 for mode in (SamplerMode.GREEDY, SamplerMode.SAMPLE):  # penalized batches never speculate
                     for b in reversed(self.row_buckets):
-                        g, rec, _ = self._capture(lambda rec: spec_step(self._rows[:b], rec, mode), spec_rounds)
+                        g, rec, _ = self._capture(
+                            lambda rec, b=b, mode=mode: spec_step(self._rows[:b], rec, mode), spec_rounds
+                        )
                         self.spec[(b, mode)] = Graph(g, 0, b, rec, None)
         torch.cuda.synchronize(dev)
         self.memory = torch.cuda.memory_reserved(dev) - before
