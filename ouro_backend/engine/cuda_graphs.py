@@ -19,6 +19,7 @@ import contextlib
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -162,33 +163,42 @@ class CudaGraphs:
         # Reserved, not allocated: what a graph uses inside itself is free to the allocator after its
         # capture yet stays in the graphs' pool for its replays.
         before = torch.cuda.memory_reserved(dev)
+        # NOTE each round function binds its bucket and mode when it is made (`partial`), not when it is called.
         with _collector_paused():
             R, idx = self.max_rows, self._all_rows
             for mode in SamplerMode:
                 for t in reversed(self.token_buckets):
                     pre = self.prompt_inputs(t, R)
-                    g, rec, (out, logits) = self._capture(
-                        lambda rec, pre=pre, mode=mode: self._shared_outputs(*mixed_step(idx, pre, rec[0], mode)), 1
-                    )
+                    g, rec, (out, logits) = self._capture(partial(self._mixed_round, mixed_step, idx, pre, mode), 1)
                     self.mixed[(t, mode)] = Graph(g, t, R, rec, logits, out, R)
                 for rounds in sorted({1, rounds_per_launch}, reverse=True):
                     for b in reversed(self.row_buckets):
-                        g, rec, (_, logits) = self._capture(
-                            lambda rec, b=b, mode=mode: self._shared_outputs(
-                                None, decode_steps(self._rows[:b], rec, mode)
-                            ),
-                            rounds,
-                        )
+                        fn = partial(self._decode_rounds, decode_steps, self._rows[:b], mode)
+                        g, rec, (_, logits) = self._capture(fn, rounds)
                         self.decode[(b, rounds, mode)] = Graph(g, 0, b, rec, logits)
             if spec_step is not None:  # idle rows of a bucket are masked by the state, as above
                 for mode in (SamplerMode.GREEDY, SamplerMode.SAMPLE):  # penalized batches never speculate
                     for b in reversed(self.row_buckets):
                         g, rec, _ = self._capture(
-                            lambda rec, b=b, mode=mode: spec_step(self._rows[:b], rec, mode), spec_rounds
+                            partial(self._spec_round, spec_step, self._rows[:b], mode), spec_rounds
                         )
                         self.spec[(b, mode)] = Graph(g, 0, b, rec, None)
         torch.cuda.synchronize(dev)
         self.memory = torch.cuda.memory_reserved(dev) - before
+
+    def _mixed_round(
+        self, mixed_step: MixedStep, idx: torch.Tensor, pre: PromptInputs, mode: SamplerMode, rec: torch.Tensor
+    ) -> tuple:
+        return self._shared_outputs(*mixed_step(idx, pre, rec[0], mode))
+
+    def _decode_rounds(
+        self, decode_steps: DecodeSteps, rows: torch.Tensor, mode: SamplerMode, rec: torch.Tensor
+    ) -> tuple:
+        return self._shared_outputs(None, decode_steps(rows, rec, mode))
+
+    @staticmethod
+    def _spec_round(spec_step: SpecStep, rows: torch.Tensor, mode: SamplerMode, rec: torch.Tensor) -> torch.Tensor:
+        return spec_step(rows, rec, mode)
 
     def _shared_outputs(self, out: torch.Tensor | None, logits: torch.Tensor | None) -> tuple:
         """Inside a capture: copy the graph's outputs into the shared buffers (module docstring)."""
