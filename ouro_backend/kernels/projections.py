@@ -213,7 +213,7 @@ def _dot(bn: int, bk: int, split: int = 1, warps: int = 4, stages: int = 4) -> L
 # down (SiLU-mul fused on the CUDA-core path).
 DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]] = {
     (6144, 2048): (  # qkv
-        (1, _fma(16, 256, 1, 4)),
+        (1, _fma(4, 256, 1, 4)),
         (2, None),
         (8, _dot(64, 128, 2, 4, 3)),
         (16, _dot(32, 128, 1, 4, 4)),

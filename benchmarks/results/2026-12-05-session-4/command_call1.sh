@@ -26,4 +26,4 @@ for side in base after; do
     --workload full depth=1.8 --label c1_$side --out $R/c1_$side.json) 2>&1 | grep -v Warn > $R/c1_$side.log; tail -4 $R/c1_$side.log
 done; t
 [ $(left) -gt 40 ] && PYTHONPATH=$PWD timeout $(cap 200) python3 benchmarks/kernels/loop_bench.py tune --rows 1 --top 6 \
-  --sweep benchmarks/results/2026-12-05-h100-session-3/kernels/ahead_candidates.json --out $R/tune.json > $R/tune.log 2>&1; grep "M=" $R/tune.log | tail -5; t
+  --sweep benchmarks/results/2026-12-05-session-4/kernels/ahead_candidates.json --out $R/tune.json > $R/tune.log 2>&1; grep "M=" $R/tune.log | tail -5; t

@@ -13,13 +13,13 @@ cap() { local a=$1 l; l=$(left); [ $a -gt $l ] && a=$l; echo $a; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $R/host.txt; nproc >> $R/host.txt
 PYTHONPATH=$PWD timeout 100 ncu --clock-control none -k regex:_linear_kernel --launch-skip 8 --launch-count 4 \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-  python3 benchmarks/results/2026-12-05-h100-session-3/kernels/ncu_proj.py > $R/ncu_proj.txt 2>&1; echo "rc=$?" >> $R/ncu_proj.txt
+  python3 benchmarks/results/2026-12-05-session-4/kernels/ncu_proj.py > $R/ncu_proj.txt 2>&1; echo "rc=$?" >> $R/ncu_proj.txt
 grep -E "_linear_kernel|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|rc=" $R/ncu_proj.txt | head -60; t; pack
 D=$PWD/.wt-mixed-rows
-(cd $D && PYTHONPATH=$D timeout $(cap 90) python3 $OLDPWD/benchmarks/results/2026-12-05-h100-session-3/mixed_rows/mixed_diag.py last_exited > $R/diag.log 2>&1; echo "rc=$?" >> $R/diag.log)
+(cd $D && PYTHONPATH=$D timeout $(cap 90) python3 $OLDPWD/benchmarks/results/2026-12-05-session-4/mixed_rows/mixed_diag.py last_exited > $R/diag.log 2>&1; echo "rc=$?" >> $R/diag.log)
 tail -c 1200 $R/diag.log; t; pack
 if ! grep -q "finished 24 of 24" $R/diag.log; then
-  (cd $D && CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=$D timeout $(cap 60) python3 $OLDPWD/benchmarks/results/2026-12-05-h100-session-3/mixed_rows/mixed_diag.py last_exited > $R/diag_blocking.log 2>&1; echo "rc=$?" >> $R/diag_blocking.log)
+  (cd $D && CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=$D timeout $(cap 60) python3 $OLDPWD/benchmarks/results/2026-12-05-session-4/mixed_rows/mixed_diag.py last_exited > $R/diag_blocking.log 2>&1; echo "rc=$?" >> $R/diag_blocking.log)
   tail -c 2000 $R/diag_blocking.log; t; pack
 fi
 source .device-bundle/activate.sh
