@@ -1,6 +1,6 @@
 """Soak: the real server (`ouro-serve`, toy model, a small KV cache) under churn.
 
-400 requests (OURO_SOAK_REQUESTS; 1,000 for a longer soak) from 32 concurrent clients: max_tokens from 1 to
+300 requests (OURO_SOAK_REQUESTS; 1,000 for a longer soak) from 32 concurrent clients: max_tokens from 1 to
 4,096, prompts with and without a long shared prefix (prefix caching on), stop strings, gRPC streaming and HTTP
 SSE, and 30% cancelled at a random point (gRPC stream cancel or HTTP disconnect). The cache holds far less than
 32 requests' worth, so requests are preempted and resumed all along. Afterwards: every uncancelled request's
@@ -9,7 +9,7 @@ engine process never restarted.
 
 The toy decodes about 50 tokens/s alone and a few hundred under this load on 2 CPU cores, so to stay within
 minutes the lengths are mostly short: max_tokens 4,096 is drawn for 5% of the requests, and those are always
-cancelled (after 20-200 responses); they grow for hundreds of tokens and get preempted like any other. 400
+cancelled (after 20-200 responses); they grow for hundreds of tokens and get preempted like any other. 300
 requests keep CI within its time; the test asserts that preemptions, aborts and prefix hits all happened
 (and prints their counts), and more requests add churn time, not paths.
 """
@@ -36,7 +36,7 @@ from client.ouro_client import build_inputs, generate, request_options
 # that. The limit only ends a hung run: the test checks every request's outcome, not its speed.
 pytestmark = pytest.mark.timeout(2400)
 
-NUM_REQUESTS = int(os.environ.get("OURO_SOAK_REQUESTS", "400"))
+NUM_REQUESTS = int(os.environ.get("OURO_SOAK_REQUESTS", "300"))
 CLIENTS = 32
 CANCEL_SHARE = 0.3
 SHARED_PREFIX = (
