@@ -72,6 +72,7 @@ def test_run_perf_defaults_work_when_a_request_outlasts_the_old_time_window(
     assert r["request_count"] >= 9  # three windows (stability) of at least three requests
     # perf_analyzer's latency is the whole request (to the last response); the first response comes far earlier.
     ttft = r["first_response_latency_ms"]
+    assert ttft is not None and r["warnings"] == [], r["warnings"]
     assert abs(ttft["count"] - r["request_count"]) <= 1, (ttft, r["request_count"])
     assert 0 < ttft["p50"] < r["request_latency_p50_us"] / 1e3 / 5, (ttft, r["request_latency_p50_us"])
     assert "request latency (send to last response)" in err and "first response (TTFT) p50" in err
@@ -132,6 +133,28 @@ def test_first_response_latency_from_profile_export(tmp_path):
     stats = run_perf.first_response_latency(run_perf.load_export(str(path)))
     assert stats["count"] == 2 and stats["min"] == 10.0 and stats["max"] == 30.0 and stats["avg"] == 20.0
     assert run_perf.load_export(str(tmp_path / "missing.json")) is None
+
+
+@pytest.mark.unit
+def test_an_empty_profile_export_is_a_warning_not_a_missing_number(tmp_path, capsys):
+    """perf_analyzer once exited 0 with a full report and a 0-byte profile export (under CPU contention): the
+    run keeps its own numbers and says why it has no first-response latency. The binary here is a script that
+    prints such a report and leaves such an export."""
+    fake = tmp_path / "perf_analyzer"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --profile-export-file ] && : > "$2"; shift; done\n'
+        'printf "  Client: \\n    Request count: 9\\n    Throughput: 0.2 infer/sec\\n"\n'
+        'printf "    Avg latency: 5000000 usec\\n"\n'
+    )
+    fake.chmod(0o755)
+    r = run_perf.run_one(
+        str(fake), dict(os.environ), "127.0.0.1:1", "ouro", 1, str(tmp_path / "in.json"), str(tmp_path),
+        None, 5, 30, [],
+    )  # fmt: skip
+    assert r["ok"] and r["request_count"] == 9 and r["first_response_latency_ms"] is None
+    assert r["profile_export"] and os.path.getsize(r["profile_export"]) == 0
+    assert len(r["warnings"]) == 1 and "unreadable (size 0 bytes): no first-response latency" in r["warnings"][0]
 
 
 @pytest.mark.unit

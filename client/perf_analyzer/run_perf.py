@@ -242,6 +242,13 @@ def run_one(
         for ln in out.splitlines()
         if (_ERRORS.search(ln) or NO_VALID_REQUESTS in ln) and "Failed to init NVML" not in ln and "error_" not in ln
     ]
+    res["warnings"] = []
+    if code == 0 and exported is None:  # seen once under CPU contention: a full report and a 0-byte export
+        size = os.path.getsize(export) if res["profile_export"] else None
+        res["warnings"].append(
+            f"perf_analyzer left its profile export {export} unreadable (size {size} bytes): no first-response "
+            f"latency or measured in-flight for this run; its own throughput and latency stand"
+        )
     res["errors"] = error_lines[:10]
     res["ok"] = code == 0 and not error_lines and (res["request_count"] or 0) > 0
     if not res["ok"]:
@@ -404,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in report["runs"]:
         print(format_run(r), file=sys.stderr)
     for r in report["runs"]:
+        for w in r.get("warnings", []):
+            print(f"run_perf: {r['model']} c={r['concurrency']}: {w}", file=sys.stderr)
         if not r["ok"]:
             print(
                 f"run_perf: {r['model']} c={r['concurrency']} failed (exit {r['exit_code']}): {r['hint']}\n"
