@@ -244,10 +244,10 @@ def run_one(
     ]
     res["warnings"] = []
     if code == 0 and exported is None:  # seen once under CPU contention: a full report and a 0-byte export
-        size = os.path.getsize(export) if res["profile_export"] else None
+        state = f"unreadable ({os.path.getsize(export)} bytes)" if res["profile_export"] else "missing"
         res["warnings"].append(
-            f"perf_analyzer left its profile export {export} unreadable (size {size} bytes): no first-response "
-            f"latency or measured in-flight for this run; its own throughput and latency stand"
+            f"perf_analyzer left its profile export {export} {state}: no first-response latency or measured "
+            f"in-flight for this run; its own throughput and latency stand"
         )
     res["errors"] = error_lines[:10]
     res["ok"] = code == 0 and not error_lines and (res["request_count"] or 0) > 0
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in report["runs"]:
         print(format_run(r), file=sys.stderr)
     for r in report["runs"]:
-        for w in r.get("warnings", []):
+        for w in r["warnings"]:
             print(f"run_perf: {r['model']} c={r['concurrency']}: {w}", file=sys.stderr)
         if not r["ok"]:
             print(
