@@ -502,6 +502,7 @@ LINEAR_CONFIGS = [
     K.LinearConfig(16, 8, 2, 4, 1, dot=False),  # fma, whole chunks: w read one chunk ahead, split-K
     K.LinearConfig(16, 8, 1, 4, 1, dot=False, prefetch=False),  # fma, whole chunks, no read-ahead
     K.LinearConfig(16, 8, 9, 4, 1, dot=False),  # fma, one chunk per split: the slice read before the wait
+    K.LinearConfig(16, 16, 3, 4, 1, dot=False, defer_sum=True),  # fma, one row: one reduction after the loop
     K.LinearConfig(16, 32, 2, 4, 2, dot=True),  # tensor-core tile
     K.LinearConfig(16, 16, 2, 4, 2, dot=True),  # K not a multiple of BLOCK_K (masked loads), split-K
 ]
@@ -547,6 +548,14 @@ def test_linear_one_chunk_path_is_the_one_tested_and_the_one_o_uses():
     whole = K.LinearConfig(16, 64, 1, 4, 1, dot=False)
     assert K.projections.launch_constants(whole, 1, 64, torch.bfloat16, False)["ONE_CHUNK"]
     assert not K.projections.launch_constants(whole, 12, 64, torch.bfloat16, False)["ONE_CHUNK"]
+
+
+def test_linear_deferred_sum_is_a_one_row_path():
+    """``defer_sum`` (the config above) runs at one row only; more rows take the per-chunk reduction."""
+    ds = K.LinearConfig(16, 16, 3, 4, 1, dot=False, defer_sum=True)
+    assert ds in LINEAR_CONFIGS
+    assert K.projections.launch_constants(ds, 1, 72, torch.bfloat16, True)["DEFER_SUM"]
+    assert not K.projections.launch_constants(ds, 3, 72, torch.bfloat16, True)["DEFER_SUM"]
 
 
 def test_linear_fused_silu_is_bitwise_the_activation_kernel():

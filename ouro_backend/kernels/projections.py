@@ -102,6 +102,7 @@ def _linear_kernel(
     SILU_X: tl.constexpr,
     PREFETCH: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
+    DEFER_SUM: tl.constexpr,
     PDL: tl.constexpr,
     INTERP: tl.constexpr,
     LIBDEVICE: tl.constexpr,
@@ -140,6 +141,8 @@ def _linear_kernel(
     else:  # CUDA cores, one x row at a time; the K reduction stays inside a warp (w's layout)
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         col = tl.arange(0, BLOCK_M)[None, :]
+        if DEFER_SUM:  # (one x row) products summed per lane across chunks; one reduction after the loop
+            acc_w = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             k_mask = (k + offs_k) < k_hi
             if ONE_CHUNK:  # the split's only chunk, read before the wait: nothing ahead
@@ -149,11 +152,18 @@ def _linear_kernel(
                 w_next = tl.load(w_ptrs + (tl.minimum(k + BLOCK_K, k_hi - BLOCK_K) - k))
             else:
                 w = _load_w(w_ptrs, k_mask[None, :], EVEN_K).to(tl.float32)
-            for i in tl.static_range(BLOCK_M):
-                row = tl.minimum(pid_m * BLOCK_M + i, M - 1).to(tl.int64)
+            if DEFER_SUM:
+                row = tl.minimum(pid_m, M - 1).to(tl.int64)
                 xi = _load_x(x_ptr + row * stride_xm + k + offs_k, k_mask, K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
-                acc_t += tl.where(col == i, tl.sum(w * xi[None, :], axis=1)[:, None], 0.0)
+                acc_w += w * xi[None, :]
+            else:
+                for i in tl.static_range(BLOCK_M):
+                    row = tl.minimum(pid_m * BLOCK_M + i, M - 1).to(tl.int64)
+                    xi = _load_x(x_ptr + row * stride_xm + k + offs_k, k_mask, K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
+                    acc_t += tl.where(col == i, tl.sum(w * xi[None, :], axis=1)[:, None], 0.0)
             w_ptrs += BLOCK_K
+        if DEFER_SUM:
+            acc_t += tl.sum(acc_w, axis=1)[:, None]
         acc = tl.trans(acc_t)
     y_dtype: tl.constexpr = y_ptr.dtype.element_ty
     offs_m64 = offs_m.to(tl.int64)
@@ -185,12 +195,13 @@ class LinearConfig:
     num_stages: int = 3
     dot: bool = True  # tl.dot (any M) or multiply + tl.sum per x row (M <= MAX_FMA_M, else dot)
     prefetch: bool = True  # CUDA-core path: w's first chunk read before the PDL wait, then one chunk ahead
+    defer_sum: bool = False  # CUDA-core path at one row: per-lane partial products, one warp reduction at the end
 
     @property
     def name(self) -> str:
         return (
             f"{'dot' if self.dot else 'fma'}_n{self.block_n}_k{self.block_k}_s{self.split_k}"
-            f"_w{self.num_warps}_st{self.num_stages}{'' if self.prefetch else '_nopf'}"
+            f"_w{self.num_warps}_st{self.num_stages}{'' if self.prefetch else '_nopf'}{'_ds' if self.defer_sum else ''}"
         )
 
 
@@ -275,6 +286,7 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
         SILU_X=silu_x and not dot,
         PREFETCH=prefetch,
         ONE_CHUNK=prefetch and triton.cdiv(chunks, cfg.split_k) == 1,  # (only the read-ahead path uses it)
+        DEFER_SUM=cfg.defer_sum and not dot and M == 1,
     )
 
 
