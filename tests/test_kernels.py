@@ -9,7 +9,9 @@ interpreter. Shapes are tiny; the whole file runs in well under a minute on 2 co
 """
 
 import importlib
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -502,7 +504,7 @@ LINEAR_CONFIGS = [
     K.LinearConfig(16, 8, 2, 4, 1, dot=False),  # fma, whole chunks: w read one chunk ahead, split-K
     K.LinearConfig(16, 8, 1, 4, 1, dot=False, prefetch=False),  # fma, whole chunks, no read-ahead
     K.LinearConfig(16, 8, 9, 4, 1, dot=False),  # fma, one chunk per split: the slice read before the wait
-    K.LinearConfig(16, 16, 3, 4, 1, dot=False, defer_sum=True),  # fma, one row: one reduction after the loop
+    K.LinearConfig(16, 16, 3, 4, 1, dot=False, defer_sum=True),  # fma: one reduction after the loop, all rows
     K.LinearConfig(16, 32, 2, 4, 2, dot=True),  # tensor-core tile
     K.LinearConfig(16, 16, 2, 4, 2, dot=True),  # K not a multiple of BLOCK_K (masked loads), split-K
 ]
@@ -550,12 +552,14 @@ def test_linear_one_chunk_path_is_the_one_tested_and_the_one_o_uses():
     assert not K.projections.launch_constants(whole, 12, 64, torch.bfloat16, False)["ONE_CHUNK"]
 
 
-def test_linear_deferred_sum_is_a_one_row_path():
-    """``defer_sum`` (the config above) runs at one row only; more rows take the per-chunk reduction."""
+def test_linear_deferred_sum_runs_on_cuda_cores_only():
+    """``defer_sum`` (the config above) is a CUDA-core path for every row count it covers (the twin test runs
+    it at 1 and 3 rows); beyond MAX_FMA_M rows the tensor-core path runs and the flag is off."""
     ds = K.LinearConfig(16, 16, 3, 4, 1, dot=False, defer_sum=True)
     assert ds in LINEAR_CONFIGS
-    assert K.projections.launch_constants(ds, 1, 72, torch.bfloat16, True)["DEFER_SUM"]
-    assert not K.projections.launch_constants(ds, 3, 72, torch.bfloat16, True)["DEFER_SUM"]
+    for M in (1, 3, K.projections.MAX_FMA_M):
+        assert K.projections.launch_constants(ds, M, 72, torch.bfloat16, True)["DEFER_SUM"]
+    assert not K.projections.launch_constants(ds, K.projections.MAX_FMA_M + 1, 72, torch.bfloat16, True)["DEFER_SUM"]
 
 
 def test_linear_fused_silu_is_bitwise_the_activation_kernel():
@@ -604,26 +608,40 @@ def test_cpu_fallback_plumbing():
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_kernels_compile_for_sm90():
-    """The interpreter accepts code the GPU compiler rejects: compile every kernel for an H200 (sm_90).
-    In a subprocess: the interpreter leaves triton.language patched in this one."""
-    import subprocess
-
+def _aot_check(*args: str) -> subprocess.CompletedProcess:
+    """benchmarks/kernels/aot_check.py in a subprocess: the interpreter leaves triton.language patched in
+    this one."""
     import triton
 
     if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia")):
         pytest.skip("this Triton build has no NVIDIA backend")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run(
-        [sys.executable, os.path.join("benchmarks", "kernels", "aot_check.py"), "--arch", "90"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    cmd = [sys.executable, os.path.join("benchmarks", "kernels", "aot_check.py"), *args]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_kernels_compile_for_sm90():
+    """The interpreter accepts code the GPU compiler rejects: compile every kernel for an H200 (sm_90)."""
+    r = _aot_check("--arch", "90")
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+
+
+def test_aot_check_compiles_a_sweeps_candidates(tmp_path):
+    """``--sweep``: only the candidates of a sweep JSON, each at its row count (defer_sum at 3 rows here),
+    with and without the fused SiLU."""
+    cfg = K.LinearConfig(4, 512, 1, 4, 1, dot=False, defer_sum=True)
+    sweep = {"sweep": [{"N": 2048, "K": 5632, "M": 3, "configs": [{"ok": True, "us": 0.0, "config": vars(cfg)}]}]}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    r = _aot_check("--arch", "90", "--sweep", str(path))
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("linear ")]
+    assert [ln.split()[:4] for ln in lines] == [
+        ["linear", "2048x5632", "M<=3", cfg.name],
+        ["linear", "2048x5632", "M<=3", cfg.name],
+    ]
+    assert "silu_x" in lines[1] and "ALL COMPILED" in r.stdout
 
 
 # ---------------------------------------------------------------------------------------------------

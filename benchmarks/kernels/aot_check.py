@@ -1,7 +1,7 @@
 """Compile every kernel for an NVIDIA target without a GPU (Triton's bundled ptxas), to catch code that
 runs under the CPU interpreter but does not compile for the device.
 
-    python benchmarks/kernels/aot_check.py [--arch 90] [--ptxas-v]
+    python benchmarks/kernels/aot_check.py [--arch 90] [--ptxas-v] [--sweep candidates.json]
 
 Signatures mimic what a real launch specialises at Ouro-1.4B shapes (bf16, H=kvh=16, hd=128, block 16):
 unit strides become constants, pointers and the other strides are marked 16-divisible. ``--ptxas-v``
@@ -49,7 +49,6 @@ def _strides(prefix: str, dims: str, unit_last=True) -> dict:
 
 def configs():
     """(label, kernel, args, launch options) for every kernel at the configs the wrappers pick."""
-    import torch
 
     from ouro_backend.kernels import activation, attention, norm, projections, rope
 
@@ -258,34 +257,61 @@ def configs():
         LIBDEVICE=activation._HAS_LIBDEVICE,
     )
     out.append(("silu_mul", activation._silu_mul_kernel, a, dict(num_warps=4, enable_fp_fusion=False)))
-    for (N, K), rows in projections.DECODE_TABLE.items():
-        for max_m, cfg in rows:
-            if cfg is None:
-                continue
-            for silu_x in (False, True):  # the wrapper's constants: on the tensor-core path SILU_X stays False
-                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x)
-                if silu_x and not consts["SILU_X"]:
-                    continue
-                a = dict(
-                    x_ptr="*bf16",
-                    w_ptr="*bf16",
-                    y_ptr="*bf16",
-                    part_ptr="*fp32",
-                    count_ptr="*i32",
-                    M="i32",
-                    N="i32",
-                    K="i32",
-                    stride_xm="i32",
-                    stride_wn="i32",
-                    stride_ym="i32",
-                    INTERP=False,
-                    LIBDEVICE=projections._HAS_LIBDEVICE,
-                    **consts,
-                )
-                opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-                label = f"linear {N}x{K} M<={max_m} {cfg.name}{' silu_x' if silu_x else ''}"
-                out.append((label, projections._linear_kernel, a, opts))
+    table = [(N, K, max_m, cfg) for (N, K), rows in projections.DECODE_TABLE.items() for max_m, cfg in rows]
+    out += linear_configs(table)
     return out
+
+
+def linear_configs(entries) -> list:
+    """(label, kernel, args, options) of the projection kernel for (N, K, M, config) entries (None: cuBLAS,
+    skipped), with and without the fused SiLU where the config's path can fuse it."""
+    import torch
+
+    from ouro_backend.kernels import projections
+
+    out = []
+    for N, K, max_m, cfg in entries:
+        if cfg is None:
+            continue
+        for silu_x in (False, True):  # the wrapper's constants: on the tensor-core path SILU_X stays False
+            consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x)
+            if silu_x and not consts["SILU_X"]:
+                continue
+            a = dict(
+                x_ptr="*bf16",
+                w_ptr="*bf16",
+                y_ptr="*bf16",
+                part_ptr="*fp32",
+                count_ptr="*i32",
+                M="i32",
+                N="i32",
+                K="i32",
+                stride_xm="i32",
+                stride_wn="i32",
+                stride_ym="i32",
+                INTERP=False,
+                LIBDEVICE=projections._HAS_LIBDEVICE,
+                **consts,
+            )
+            opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            label = f"linear {N}x{K} M<={max_m} {cfg.name}{' silu_x' if silu_x else ''}"
+            out.append((label, projections._linear_kernel, a, opts))
+    return out
+
+
+def sweep_configs(path: str) -> list:
+    """The projection kernel at every config of a sweep JSON (the ``--sweep`` format of linear_bench.py and
+    loop_bench.py), to compile candidates before timing them on a GPU."""
+    import json
+
+    from ouro_backend.kernels import projections
+
+    entries = [
+        (row["N"], row["K"], row["M"], projections.LinearConfig(**c["config"]))
+        for row in json.load(open(path))["sweep"]
+        for c in row["configs"]
+    ]
+    return linear_configs(entries)
 
 
 def _ptxas_info(ptx: str, arch: int) -> str:
@@ -315,10 +341,10 @@ def _ptxas_info(ptx: str, arch: int) -> str:
     return "(ptxas unavailable)"
 
 
-def compile_all(arch: int = 90, verbose: bool = True, ptxas_v: bool = False) -> int:
-    """Compile everything; returns the number of failures."""
+def compile_all(arch: int = 90, verbose: bool = True, ptxas_v: bool = False, sweep: str | None = None) -> int:
+    """Compile everything (or only a sweep's projection configs); returns the number of failures."""
     failures = 0
-    for label, kernel, args, opts in configs():
+    for label, kernel, args, opts in sweep_configs(sweep) if sweep else configs():
         t = time.time()
         try:
             ck = _compile(kernel, args, arch, **opts)
@@ -337,11 +363,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--ptxas-v", action="store_true")
+    ap.add_argument("--sweep", help="compile only the projection configs of this sweep JSON (candidates)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("unset TRITON_INTERPRET: the kernels must be real JIT functions", file=sys.stderr)
         return 2
-    n = compile_all(args.arch, ptxas_v=args.ptxas_v)
+    n = compile_all(args.arch, ptxas_v=args.ptxas_v, sweep=args.sweep)
     print("ALL COMPILED" if n == 0 else f"{n} FAILED")
     return 1 if n else 0
 

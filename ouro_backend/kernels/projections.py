@@ -18,7 +18,9 @@ in flight, and the tail of its last programs. This kernel attacks those:
 
 Layout: a program owns BLOCK_N rows of w (output columns) and one of SPLIT_K slices of K, walked in BLOCK_K
 chunks, fp32 accumulation. All M rows share that pass (BLOCK_M covers M), so w is read once. Inner product:
-``tl.dot`` with M padded to >= 16, or for M <= 8 one x row at a time on CUDA cores.
+``tl.dot`` with M padded to >= 16, or for M <= 8 on CUDA cores: either a warp reduction per x row and chunk,
+or (``defer_sum``) per-lane products of every row summed across chunks and reduced once at the end (fewer
+instructions per weight byte, BLOCK_M x BLOCK_N x BLOCK_K accumulators).
 
 Determinism: no float atomics. With SPLIT_K > 1 each split stores an fp32 partial; the last program of a
 tile to arrive (an int32 counter) sums the partials in split order, writes y and re-arms the counter for the
@@ -139,10 +141,12 @@ def _linear_kernel(
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
     else:  # CUDA cores, one x row at a time; the K reduction stays inside a warp (w's layout)
-        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        col = tl.arange(0, BLOCK_M)[None, :]
-        if DEFER_SUM:  # (one x row) products summed per lane across chunks; one reduction after the loop
-            acc_w = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        if DEFER_SUM:  # products summed per lane across chunks (every row at once); one reduction at the end
+            rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
+            acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+        else:  # a warp reduction per row and chunk
+            acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            col = tl.arange(0, BLOCK_M)[None, :]
         for k in range(k_lo, k_hi, BLOCK_K):
             k_mask = (k + offs_k) < k_hi
             if ONE_CHUNK:  # the split's only chunk, read before the wait: nothing ahead
@@ -153,9 +157,9 @@ def _linear_kernel(
             else:
                 w = _load_w(w_ptrs, k_mask[None, :], EVEN_K).to(tl.float32)
             if DEFER_SUM:
-                row = tl.minimum(pid_m, M - 1).to(tl.int64)
-                xi = _load_x(x_ptr + row * stride_xm + k + offs_k, k_mask, K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
-                acc_w += w * xi[None, :]
+                x_ptrs = x_ptr + rows_m[:, None] * stride_xm + (k + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
+                xs = _load_x(x_ptrs, k_mask[None, :], K, EVEN_K, SILU_X, INTERP, LIBDEVICE)
+                acc3 += w[None, :, :] * xs[:, None, :]
             else:
                 for i in tl.static_range(BLOCK_M):
                     row = tl.minimum(pid_m * BLOCK_M + i, M - 1).to(tl.int64)
@@ -163,8 +167,9 @@ def _linear_kernel(
                     acc_t += tl.where(col == i, tl.sum(w * xi[None, :], axis=1)[:, None], 0.0)
             w_ptrs += BLOCK_K
         if DEFER_SUM:
-            acc_t += tl.sum(acc_w, axis=1)[:, None]
-        acc = tl.trans(acc_t)
+            acc = tl.sum(acc3, axis=2)  # [BLOCK_M, BLOCK_N]
+        else:
+            acc = tl.trans(acc_t)
     y_dtype: tl.constexpr = y_ptr.dtype.element_ty
     offs_m64 = offs_m.to(tl.int64)
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -195,7 +200,7 @@ class LinearConfig:
     num_stages: int = 3
     dot: bool = True  # tl.dot (any M) or multiply + tl.sum per x row (M <= MAX_FMA_M, else dot)
     prefetch: bool = True  # CUDA-core path: w's first chunk read before the PDL wait, then one chunk ahead
-    defer_sum: bool = False  # CUDA-core path at one row: per-lane partial products, one warp reduction at the end
+    defer_sum: bool = False  # CUDA-core path: per-lane partial products of every row, one reduction at the end
 
     @property
     def name(self) -> str:
@@ -209,8 +214,8 @@ MAX_FMA_M = 8  # the fma path does a warp reduction per x row and chunk: beyond 
 MAX_M = 64  # decode rows; beyond this cuBLAS
 
 
-def _fma(bn: int, bk: int, split: int = 1, warps: int = 8) -> LinearConfig:
-    return LinearConfig(bn, bk, split, warps, 1, dot=False)
+def _fma(bn: int, bk: int, split: int = 1, warps: int = 8, defer_sum: bool = False) -> LinearConfig:
+    return LinearConfig(bn, bk, split, warps, 1, dot=False, defer_sum=defer_sum)
 
 
 def _dot(bn: int, bk: int, split: int = 1, warps: int = 4, stages: int = 4) -> LinearConfig:
@@ -225,15 +230,15 @@ def _dot(bn: int, bk: int, split: int = 1, warps: int = 4, stages: int = 4) -> L
 DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]] = {
     (6144, 2048): (  # qkv
         (1, _fma(4, 256, 1, 4)),
-        (2, None),
+        (2, _fma(4, 512, 1, 4, defer_sum=True)),
         (8, _dot(64, 128, 2, 4, 3)),
-        (16, _dot(32, 128, 1, 4, 4)),
+        (16, _dot(32, 128, 4, 4, 4)),
         (64, None),
     ),
     (2048, 2048): (  # o: after attention, a program holds its whole slice of w before the wait (one chunk)
         (4, _fma(8, 2048, 1, 4)),
         (8, _dot(64, 128, 4, 4, 3)),
-        (16, _dot(32, 128, 4, 4, 4)),
+        (16, _dot(16, 128, 4, 4, 6)),
         (48, None),
         (64, _dot(16, 256, 1, 4, 4)),
     ),
@@ -286,7 +291,7 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
         SILU_X=silu_x and not dot,
         PREFETCH=prefetch,
         ONE_CHUNK=prefetch and triton.cdiv(chunks, cfg.split_k) == 1,  # (only the read-ahead path uses it)
-        DEFER_SUM=cfg.defer_sum and not dot and M == 1,
+        DEFER_SUM=cfg.defer_sum and not dot,
     )
 
 
