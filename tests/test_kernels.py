@@ -505,6 +505,8 @@ LINEAR_CONFIGS = [
     K.LinearConfig(16, 8, 1, 4, 1, dot=False, prefetch=False),  # fma, whole chunks, no read-ahead
     K.LinearConfig(16, 8, 9, 4, 1, dot=False),  # fma, one chunk per split: the slice read before the wait
     K.LinearConfig(16, 16, 3, 4, 1, dot=False, defer_sum=True),  # fma: one reduction after the loop, all rows
+    K.LinearConfig(16, 8, 2, 4, 1, dot=False, defer_sum=True),  # the same over whole chunks, read one ahead
+    K.LinearConfig(16, 8, 9, 4, 1, dot=False, defer_sum=True),  # the same with one chunk per split
     K.LinearConfig(16, 32, 2, 4, 2, dot=True),  # tensor-core tile
     K.LinearConfig(16, 16, 2, 4, 2, dot=True),  # K not a multiple of BLOCK_K (masked loads), split-K
 ]
@@ -513,7 +515,7 @@ LINEAR_CONFIGS = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("silu_x", [False, True])
 @pytest.mark.parametrize("cfg", LINEAR_CONFIGS, ids=lambda c: c.name)
-@pytest.mark.parametrize("M", [1, 3, 12])
+@pytest.mark.parametrize("M", [1, 3, 8, 12])
 def test_linear_matches_twin(dtype, silu_x, cfg, M):
     if M > K.projections.MAX_FMA_M and cfg.block_k < 16:
         pytest.skip("beyond MAX_FMA_M rows the tensor-core path runs, which needs BLOCK_K >= 16")
@@ -553,13 +555,14 @@ def test_linear_one_chunk_path_is_the_one_tested_and_the_one_o_uses():
 
 
 def test_linear_deferred_sum_runs_on_cuda_cores_only():
-    """``defer_sum`` (the config above) is a CUDA-core path for every row count it covers (the twin test runs
-    it at 1 and 3 rows); beyond MAX_FMA_M rows the tensor-core path runs and the flag is off."""
-    ds = K.LinearConfig(16, 16, 3, 4, 1, dot=False, defer_sum=True)
-    assert ds in LINEAR_CONFIGS
+    """``defer_sum`` (the configs above) is a CUDA-core path for every row count it covers (the twin test runs
+    it at 1, 3 and 8 rows); beyond MAX_FMA_M rows the tensor-core path runs and the flag is off."""
+    lane_cfg = K.LinearConfig(16, 16, 3, 4, 1, dot=False, defer_sum=True)
+    assert lane_cfg in LINEAR_CONFIGS
     for M in (1, 3, K.projections.MAX_FMA_M):
-        assert K.projections.launch_constants(ds, M, 72, torch.bfloat16, True)["DEFER_SUM"]
-    assert not K.projections.launch_constants(ds, K.projections.MAX_FMA_M + 1, 72, torch.bfloat16, True)["DEFER_SUM"]
+        assert K.projections.launch_constants(lane_cfg, M, 72, torch.bfloat16, True)["DEFER_SUM"]
+    beyond = K.projections.MAX_FMA_M + 1
+    assert not K.projections.launch_constants(lane_cfg, beyond, 72, torch.bfloat16, True)["DEFER_SUM"]
 
 
 def test_linear_fused_silu_is_bitwise_the_activation_kernel():
@@ -628,20 +631,22 @@ def test_kernels_compile_for_sm90():
 
 
 def test_aot_check_compiles_a_sweeps_candidates(tmp_path):
-    """``--sweep``: only the candidates of a sweep JSON, each at its row count (defer_sum at 3 rows here),
-    with and without the fused SiLU."""
+    """``--sweep``: only the candidates of a sweep JSON, each at its row count (defer_sum at 3 rows here), with
+    and without the fused SiLU; one the shape cannot take (an empty split of K) fails alone, by name, and one
+    the sweep marked failed is skipped."""
     cfg = K.LinearConfig(4, 512, 1, 4, 1, dot=False, defer_sum=True)
-    sweep = {"sweep": [{"N": 2048, "K": 5632, "M": 3, "configs": [{"ok": True, "us": 0.0, "config": vars(cfg)}]}]}
+    empty = K.LinearConfig(4, 512, 8, 4, 1, dot=False)  # 11 chunks of K=5632 in 8 splits: the last is empty
+    marked = K.LinearConfig(8, 512, 1, 4, 1, dot=False)
+    configs = [{"ok": ok, "us": 0.0, "config": vars(c)} for ok, c in ((True, cfg), (True, empty), (False, marked))]
     path = tmp_path / "sweep.json"
-    path.write_text(json.dumps(sweep))
+    path.write_text(json.dumps({"sweep": [{"N": 2048, "K": 5632, "M": 3, "configs": configs}]}))
     r = _aot_check("--arch", "90", "--sweep", str(path))
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert r.returncode == 1, r.stdout[-6000:] + r.stderr[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("linear ")]
-    assert [ln.split()[:4] for ln in lines] == [
-        ["linear", "2048x5632", "M<=3", cfg.name],
-        ["linear", "2048x5632", "M<=3", cfg.name],
-    ]
-    assert "silu_x" in lines[1] and "ALL COMPILED" in r.stdout
+    assert [ln.split()[:4] for ln in lines] == [["linear", "2048x5632", "M<=3", c.name] for c in (cfg, cfg, empty)]
+    assert " ok " in lines[0] and "silu_x" in lines[1] and " ok " in lines[1]
+    assert "FAILED: invalid config" in lines[2] and "is empty" in lines[2]
+    assert r.stdout.rstrip().endswith("1 FAILED")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -264,7 +264,8 @@ def configs():
 
 def linear_configs(entries) -> list:
     """(label, kernel, args, options) of the projection kernel for (N, K, M, config) entries (None: cuBLAS,
-    skipped), with and without the fused SiLU where the config's path can fuse it."""
+    skipped), with and without the fused SiLU where the config's path can fuse it. A config the shape cannot
+    take comes back with kernel None and the reason as its args (`compile_all` counts it as a failure)."""
     import torch
 
     from ouro_backend.kernels import projections
@@ -274,7 +275,11 @@ def linear_configs(entries) -> list:
         if cfg is None:
             continue
         for silu_x in (False, True):  # the wrapper's constants: on the tensor-core path SILU_X stays False
-            consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x)
+            try:
+                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x)
+            except AssertionError as e:
+                out.append((f"linear {N}x{K} M<={max_m} {cfg.name}", None, f"invalid config: {e}", {}))
+                break
             if silu_x and not consts["SILU_X"]:
                 continue
             a = dict(
@@ -300,8 +305,9 @@ def linear_configs(entries) -> list:
 
 
 def sweep_configs(path: str) -> list:
-    """The projection kernel at every config of a sweep JSON (the ``--sweep`` format of linear_bench.py and
-    loop_bench.py), to compile candidates before timing them on a GPU."""
+    """The projection kernel at every config of a sweep JSON (what linear_bench.py writes with ``--out`` and
+    loop_bench.py reads with ``--sweep``) that is not marked failed, to compile candidates before timing them
+    on a GPU."""
     import json
 
     from ouro_backend.kernels import projections
@@ -310,6 +316,7 @@ def sweep_configs(path: str) -> list:
         (row["N"], row["K"], row["M"], projections.LinearConfig(**c["config"]))
         for row in json.load(open(path))["sweep"]
         for c in row["configs"]
+        if c.get("ok", True)
     ]
     return linear_configs(entries)
 
@@ -346,6 +353,11 @@ def compile_all(arch: int = 90, verbose: bool = True, ptxas_v: bool = False, swe
     failures = 0
     for label, kernel, args, opts in sweep_configs(sweep) if sweep else configs():
         t = time.time()
+        if kernel is None:  # a config the shape cannot take (linear_configs)
+            failures += 1
+            if verbose:
+                print(f"{label:62s} FAILED: {args}", flush=True)
+            continue
         try:
             ck = _compile(kernel, args, arch, **opts)
             msg = f"ok  {time.time() - t:5.1f}s  smem={ck.metadata.shared}"

@@ -140,7 +140,7 @@ def _linear_kernel(
             acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PREC)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-    else:  # CUDA cores, one x row at a time; the K reduction stays inside a warp (w's layout)
+    else:  # CUDA cores; each K reduction stays inside a warp (w's layout)
         if DEFER_SUM:  # products summed per lane across chunks (every row at once); one reduction at the end
             rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
             acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
@@ -198,7 +198,7 @@ class LinearConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    dot: bool = True  # tl.dot (any M) or multiply + tl.sum per x row (M <= MAX_FMA_M, else dot)
+    dot: bool = True  # tl.dot (any M) or multiply and sum on CUDA cores (M <= MAX_FMA_M, else dot)
     prefetch: bool = True  # CUDA-core path: w's first chunk read before the PDL wait, then one chunk ahead
     defer_sum: bool = False  # CUDA-core path: per-lane partial products of every row, one reduction at the end
 
@@ -210,7 +210,7 @@ class LinearConfig:
         )
 
 
-MAX_FMA_M = 8  # the fma path does a warp reduction per x row and chunk: beyond this, dot wins
+MAX_FMA_M = 8  # the CUDA-core path's work grows with every row (reductions or accumulators): beyond this, dot wins
 MAX_M = 64  # decode rows; beyond this cuBLAS
 
 
@@ -223,10 +223,11 @@ def _dot(bn: int, bk: int, split: int = 1, warps: int = 4, stages: int = 4) -> L
 
 
 # Decode configs by weight shape (N, K): (largest M, config or None for cuBLAS), ascending M. Candidates come
-# from benchmarks/kernels/linear_bench.py (each projection timed alone); the choice among them, cuBLAS
-# included, is made in the decode loop itself by benchmarks/kernels/loop_bench.py ``tune`` (a config that wins
-# alone can lose between the other kernels). Shapes of Ouro-1.4B/2.6B: hidden 2048, MLP 5632; the last row is
-# down (SiLU-mul fused on the CUDA-core path).
+# from benchmarks/kernels/linear_bench.py (each projection timed alone) or hand-written sweeps (the results
+# folders keep them); benchmarks/kernels/loop_bench.py ``tune`` ranks them in the decode loop, cuBLAS included
+# (a config that wins alone can lose between the other kernels), and a new entry must also win end to end in
+# ouro-bench (the loop can disagree: docs/engine.md, "Measurements behind the design"). Shapes of
+# Ouro-1.4B/2.6B: hidden 2048, MLP 5632; the last row is down (SiLU-mul fused on the CUDA-core path).
 DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]] = {
     (6144, 2048): (  # qkv
         (1, _fma(4, 256, 1, 4)),

@@ -1,4 +1,5 @@
-"""ouro-bench with the decode table's one-row entries replaced by a loop_bench tune's choices (argv[1])."""
+"""ouro-bench with the decode table's entries at the row counts a loop_bench tune covered (argv[1]) replaced by
+the tune's choices; every other row count keeps the table."""
 import json
 import sys
 
