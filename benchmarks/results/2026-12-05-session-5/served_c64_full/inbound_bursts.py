@@ -1,7 +1,7 @@
 """Issue 25, full depth C64: where the 12 ms "client sent -> front received" hop comes from. Reads this run's
 request_trace (client and front marks, joined through the request id), groups the client's sends into bursts
-(a gap of more than 3 ms starts a new one) and prints the inbound wait by position in the burst, and each
-front instance's intake rate during the largest bursts.
+(a gap of more than 3 ms starts a new one) and prints the inbound wait by position in the burst, each front
+instance's intake rate during the largest bursts, and how many requests each instance took.
 
     python3 inbound_bursts.py [request_trace]
 """
@@ -52,3 +52,5 @@ for b in big:
             per_instance.append((got[-1] - got[0]) * 1e3 / (len(got) - 1))
 print(f"bursts of >= 16: the client's sends spread over {statistics.median(spread):.1f} ms (median); each front "
       f"instance took one request every {statistics.median(per_instance):.2f} ms (median)")
+taken = collections.Counter(r[2].rsplit("/", 1)[-1] for r in rows)
+print("requests per front instance: " + ", ".join(f"{name} {n}" for name, n in sorted(taken.items())))
