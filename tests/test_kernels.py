@@ -649,6 +649,18 @@ def test_aot_check_compiles_a_sweeps_candidates(tmp_path):
     assert r.stdout.rstrip().endswith("1 FAILED")
 
 
+def test_ptx_hash_ignores_debug_info_only():
+    """``aot_check --ptx-hash``: source lines and DWARF do not count (a refactor that moves lines keeps the hash),
+    an instruction does."""
+    from benchmarks.kernels.aot_check import ptx_hash
+
+    code = "\t.loc\t1 12 4\n\tld.global.v4.b32 {%r1, %r2, %r3, %r4}, [%rd1];\n"
+    debug = "\t.section\t.debug_info\n\t.b8 127 // DW_AT_call_line\n"
+    moved = code.replace(".loc\t1 12 4", ".loc\t1 13 4")
+    assert ptx_hash(code + debug) == ptx_hash(moved + debug.replace("127", "128"))
+    assert ptx_hash(code + debug) != ptx_hash(code.replace("v4.b32", "v2.b32") + debug)
+
+
 # ---------------------------------------------------------------------------------------------------
 # the decode state machine: fused kernels vs their torch twins (DecodeState, ouro_backend/engine/decode_state.py)
 # ---------------------------------------------------------------------------------------------------

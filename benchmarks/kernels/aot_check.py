@@ -1,7 +1,7 @@
 """Compile every kernel for an NVIDIA target without a GPU (Triton's bundled ptxas), to catch code that
 runs under the CPU interpreter but does not compile for the device.
 
-    python benchmarks/kernels/aot_check.py [--arch 90] [--ptxas-v] [--sweep candidates.json]
+    python benchmarks/kernels/aot_check.py [--arch 90] [--ptxas-v] [--ptx-hash] [--sweep candidates.json]
 
 Signatures mimic what a real launch specialises at Ouro-1.4B shapes (bf16, H=kvh=16, hd=128, block 16):
 unit strides become constants, pointers and the other strides are marked 16-divisible. ``--ptxas-v``
@@ -274,11 +274,12 @@ def linear_configs(entries) -> list:
     for N, K, max_m, cfg in entries:
         if cfg is None:
             continue
+        label = f"linear {N}x{K} M<={max_m} {cfg.name}"
         for silu_x in (False, True):  # the wrapper's constants: on the tensor-core path SILU_X stays False
             try:
                 consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x)
             except AssertionError as e:
-                out.append((f"linear {N}x{K} M<={max_m} {cfg.name}", None, f"invalid config: {e}", {}))
+                out.append((label, None, f"invalid config: {e}", {}))
                 break
             if silu_x and not consts["SILU_X"]:
                 continue
@@ -299,8 +300,7 @@ def linear_configs(entries) -> list:
                 **consts,
             )
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-            label = f"linear {N}x{K} M<={max_m} {cfg.name}{' silu_x' if silu_x else ''}"
-            out.append((label, projections._linear_kernel, a, opts))
+            out.append((label + (" silu_x" if silu_x else ""), projections._linear_kernel, a, opts))
     return out
 
 
@@ -319,6 +319,16 @@ def sweep_configs(path: str) -> list:
         if c.get("ok", True)
     ]
     return linear_configs(entries)
+
+
+def ptx_hash(ptx: str) -> str:
+    """A hash of a kernel's PTX without its debug information (source lines, DWARF): equal before and after a
+    refactor means the device runs the same code."""
+    import hashlib
+
+    code = ptx.split(".section\t.debug")[0]
+    lines = (ln for ln in code.splitlines() if not ln.strip().startswith((".loc", ".file")))
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:12]
 
 
 def _ptxas_info(ptx: str, arch: int) -> str:
@@ -348,7 +358,9 @@ def _ptxas_info(ptx: str, arch: int) -> str:
     return "(ptxas unavailable)"
 
 
-def compile_all(arch: int = 90, verbose: bool = True, ptxas_v: bool = False, sweep: str | None = None) -> int:
+def compile_all(
+    arch: int = 90, verbose: bool = True, ptxas_v: bool = False, sweep: str | None = None, hashes: bool = False
+) -> int:
     """Compile everything (or only a sweep's projection configs); returns the number of failures."""
     failures = 0
     for label, kernel, args, opts in sweep_configs(sweep) if sweep else configs():
@@ -361,6 +373,8 @@ def compile_all(arch: int = 90, verbose: bool = True, ptxas_v: bool = False, swe
         try:
             ck = _compile(kernel, args, arch, **opts)
             msg = f"ok  {time.time() - t:5.1f}s  smem={ck.metadata.shared}"
+            if hashes:
+                msg += f"  ptx={ptx_hash(ck.asm['ptx'])}"
             if ptxas_v:
                 msg += "  " + _ptxas_info(ck.asm["ptx"], arch)
         except Exception as e:
@@ -376,11 +390,12 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--ptxas-v", action="store_true")
     ap.add_argument("--sweep", help="compile only the projection configs of this sweep JSON (candidates)")
+    ap.add_argument("--ptx-hash", action="store_true", help="print each kernel's PTX hash, debug info left out")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("unset TRITON_INTERPRET: the kernels must be real JIT functions", file=sys.stderr)
         return 2
-    n = compile_all(args.arch, ptxas_v=args.ptxas_v, sweep=args.sweep)
+    n = compile_all(args.arch, ptxas_v=args.ptxas_v, sweep=args.sweep, hashes=args.ptx_hash)
     print("ALL COMPILED" if n == 0 else f"{n} FAILED")
     return 1 if n else 0
 

@@ -125,8 +125,8 @@ def _linear_kernel(
     if PREFETCH:  # (CUDA-core path, whole chunks) the first chunk of w in flight before the wait
         w_next = tl.load(w_ptrs)
     pdl_enter(PDL)
+    rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)  # clamped like rows_n: the duplicates are never stored
     if USE_DOT:  # tensor cores; the compiler pipelines these loads (cp.async, num_stages deep)
-        rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
         x_ptrs = x_ptr + rows_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
@@ -142,7 +142,6 @@ def _linear_kernel(
             w_ptrs += BLOCK_K
     else:  # CUDA cores; each K reduction stays inside a warp (w's layout)
         if DEFER_SUM:  # products summed per lane across chunks (every row at once); one reduction at the end
-            rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
             acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
         else:  # a warp reduction per row and chunk
             acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
