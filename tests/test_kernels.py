@@ -565,6 +565,26 @@ def test_linear_deferred_sum_runs_on_cuda_cores_only():
     assert not K.projections.launch_constants(lane_cfg, beyond, 72, torch.bfloat16, True)["DEFER_SUM"]
 
 
+def test_a_tunes_choices_replace_the_table_only_where_tuned():
+    """benchmarks/kernels/loop_bench.py: a tune's ``table`` output read back (`tuned_choices`) and put in place
+    of the table (`table_override`, what ``tune`` and bench_with_tune.py run under): the tuned row counts take
+    the tune's choice, cuBLAS included, every other row count the table's, and the table is back afterwards.
+    (The benchmarks import the kernels normally, not this file's interpreted copy `K`.)"""
+    from benchmarks.kernels.loop_bench import table_override, tuned_choices
+    from ouro_backend.kernels import projections
+
+    other = projections.LinearConfig(16, 64, 2, 4, 5)
+    chosen = tuned_choices({"qkv": {"2": None, "16": vars(other)}, "down": {}})
+    assert chosen == {(6144, 2048, 2): None, (6144, 2048, 16): other}
+    table = {M: projections.config_for(6144, 2048, M) for M in (1, 2, 16)}
+    assert table[2] is not None and table[16] != other  # what the override gives is not the table's
+    with table_override(chosen) as table_for:
+        assert projections.config_for(6144, 2048, 2) is None
+        assert projections.config_for(6144, 2048, 16) == other
+        assert projections.config_for(6144, 2048, 1) == table[1] == table_for(6144, 2048, 1)
+    assert {M: projections.config_for(6144, 2048, M) for M in (1, 2, 16)} == table
+
+
 def test_linear_fused_silu_is_bitwise_the_activation_kernel():
     """silu_x applies exactly `silu_mul`'s rounding: fused == silu_mul then the same kernel, bitwise."""
     gen = torch.Generator().manual_seed(72)

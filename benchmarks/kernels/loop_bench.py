@@ -7,7 +7,9 @@
   output's largest difference to the defaults'.
 - ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
   and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
-  the loop with the other shapes as chosen so far (one pass of coordinate descent from the table).
+  the loop with the other shapes as chosen so far (one pass of coordinate descent from the table). The loop
+  can disagree with a whole engine: check the choices end to end with `bench_with_tune.py` before they go
+  into the table.
 
     PYTHONPATH=$PWD python3 benchmarks/kernels/loop_bench.py variants --out loop_variants.json
     PYTHONPATH=$PWD python3 benchmarks/kernels/loop_bench.py tune --sweep linear_sweep.json --out loop_tune.json
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -128,21 +131,38 @@ def run_variants(loop: Loop, rows: list[int], replays: int) -> dict:
     return res
 
 
+@contextlib.contextmanager
+def table_override(chosen: dict):
+    """Within it, `linear()` runs ``chosen[(N, K, M)]`` (a config, or None for cuBLAS) where it has an entry and
+    the table elsewhere: it looks the table up through `projections.config_for`. Yields the table's own lookup.
+    `chosen` may change inside (the tune fills it as it goes)."""
+    table_for = projections.config_for
+    projections.config_for = lambda N, K, M: chosen[(N, K, M)] if (N, K, M) in chosen else table_for(N, K, M)
+    try:
+        yield table_for
+    finally:
+        projections.config_for = table_for
+
+
+def tuned_choices(table: dict) -> dict:
+    """A tune's ``table`` output ({shape name: {M: config fields or None}}) as (N, K, M) -> config or None."""
+    shapes = {name: nk for nk, name in SHAPE_NAMES.items()}
+    return {
+        (*shapes[name], int(M)): None if c is None else LinearConfig(**c)
+        for name, by_m in table.items()
+        for M, c in by_m.items()
+    }
+
+
 def run_tune(loop: Loop, rows: list[int], replays: int, sweep_path: str, top: int) -> dict:
     sweep = json.load(open(sweep_path))["sweep"]
     ranked: dict = {}
     for row in sweep:
         good = sorted((c for c in row["configs"] if c.get("ok")), key=lambda c: c["us"])
         ranked[(row["N"], row["K"], row["M"])] = [LinearConfig(**c["config"]) for c in good[:top]]
-    table_for = projections.config_for
     chosen: dict = {}  # (N, K, M) -> config or None
-
-    def pick(N: int, K: int, M: int):
-        return chosen[(N, K, M)] if (N, K, M) in chosen else table_for(N, K, M)
-
-    projections.config_for = pick  # the bench's override: linear() looks the table up through it
     res: dict = {"tune": []}
-    try:
+    with table_override(chosen) as table_for:
         for M in rows:
             inputs = loop.inputs(M)
             for N, K in SHAPE_NAMES:
@@ -169,8 +189,6 @@ def run_tune(loop: Loop, rows: list[int], replays: int, sweep_path: str, top: in
                 res["tune"].append(entry)
                 print(f"M={M:3d} {SHAPE_NAMES[(N, K)]:8s} best {entry['best']} {best_ms:.4f} ms  {entry['times']}")
             print(f"M={M:3d} loop with the choices: {min(t[0] for t in times):.4f} ms", flush=True)
-    finally:
-        projections.config_for = table_for
     res["table"] = {name: {} for name in SHAPE_NAMES.values()}
     for (N, K, M), c in chosen.items():
         res["table"][SHAPE_NAMES[(N, K)]][str(M)] = None if c is None else vars(c)

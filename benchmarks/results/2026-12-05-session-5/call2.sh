@@ -17,7 +17,7 @@ grep -E "^M=|rc=" $R/tune.log | cut -c1-200; t
 B="--shape ouro-1.4b --baseline none --input-len 128 --output-len 64 --repeats 3 --workload full"
 (cd .wt-base && PYTHONPATH=$PWD timeout $(cap 100) python3 -m ouro_backend.entrypoints.bench $B --concurrency 1 2 4 8 16 \
   --label base --out $R/bench_base.json) 2>&1 | grep -E "^full" > $R/bench_base.log; cat $R/bench_base.log | cut -c1-60; t
-[ -f $R/tune.json ] && PYTHONPATH=$PWD timeout $(cap 100) python3 .calls/s5/c1_with_table.py $R/tune.json $B --concurrency 1 2 4 8 16 \
+[ -f $R/tune.json ] && PYTHONPATH=$PWD timeout $(cap 100) python3 benchmarks/kernels/bench_with_tune.py $R/tune.json $B --concurrency 1 2 4 8 16 \
   --label tuned --out $R/bench_tuned.json 2>&1 | grep -E "^full" > $R/bench_tuned.log; cat $R/bench_tuned.log | cut -c1-60; t
 for side in base after; do
   d=$PWD; [ $side = base ] && d=$PWD/.wt-base
