@@ -736,3 +736,27 @@ def test_round_trace_summary_since_leaves_out_earlier_steps(tmp_path):
     assert everything["steps"] == 3 and everything["prefill_steps"] == 1
     assert timed["steps"] == 2 and timed["prefill_steps"] == 0
     assert timed["mean_running"] == 4.0 and timed["span_s"] == 1.25
+
+
+def test_request_bursts_from_a_trace(tmp_path):
+    """benchmarks/request_bursts.py over a trace written the way the processes write it (the front knows the
+    client's request by an alias): 20 requests sent at once, taken alternately by two front instances 1 ms
+    apart each, then one request alone."""
+    from benchmarks.request_bursts import report
+
+    def write(name, role, marks, aliases=None):
+        (tmp_path / f"{name}.json").write_text(json.dumps(dict(role=role, marks=marks, aliases=aliases or {})))
+
+    sent = {f"c{i}": {"sent": 10.0 + i * 1e-4} for i in range(20)}
+    sent["c20"] = {"sent": 20.0}
+    write("client-1", "client", sent)
+    for inst in (0, 1):
+        ids = [i for i in range(21) if i % 2 == inst]
+        marks = {f"f{i}": {"received": 20.002 if i == 20 else 10.001 + (i // 2) * 1e-3} for i in ids}
+        write(f"front-{inst}", "front", marks, {f"c{i}": f"f{i}" for i in ids})
+    lines = report(str(tmp_path))
+    assert lines[0] == "21 requests in 2 bursts; 95% of them in bursts of >= 16 (largest 20)"
+    assert "position  0- 7 in its burst:   9 requests" in lines[1]  # 8 of the burst and the one alone
+    assert "position 16-23 in its burst:   4 requests" in lines[3]
+    assert lines[4].endswith("each front instance took one request every 1.00 ms (median)")
+    assert lines[5] == "requests per front instance: front-0.json 11, front-1.json 10"

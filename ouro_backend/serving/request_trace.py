@@ -85,22 +85,39 @@ class RequestTrace:
         return path
 
 
-def summarize(directory: str) -> dict:
-    """{hop "a -> b": {median_ms, p90_ms}} over the requests every hop of which was seen, and `ttft_ms`
-    (first hop -> last: client sent -> client received when a client left marks, else front received ->
-    front responded)."""
-    files = []
+def load(directory: str) -> dict[str, dict]:
+    """The trace files of `directory` by path: {"role", "marks": {request id: {event: time}}, "aliases"}."""
+    files = {}
     for path in glob.glob(os.path.join(directory, "*.json")):
         with open(path) as f:
-            files.append(json.load(f))
-    aliases = {k: v for d in files for k, v in d.get("aliases", {}).items()}
+            files[path] = json.load(f)
+    return files
+
+
+def canonical_ids(files: dict[str, dict]) -> dict[str, str]:
+    """Another process's id of a request -> the id its marks are joined under."""
+    return {k: v for d in files.values() for k, v in d.get("aliases", {}).items()}
+
+
+def join(files: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Every request's marks across the processes: {request id: {"role.event": time}}."""
+    aliases = canonical_ids(files)
     by_rid: dict[str, dict[str, float]] = {}
-    for d in files:
+    for d in files.values():
         for rid, marks in d["marks"].items():
             slot = by_rid.setdefault(aliases.get(rid, rid), {})
             for event, t in marks.items():
                 slot[f"{d['role']}.{event}"] = t
-    roles = {d["role"] for d in files}
+    return by_rid
+
+
+def summarize(directory: str) -> dict:
+    """{hop "a -> b": {median_ms, p90_ms}} over the requests every hop of which was seen, and `ttft_ms`
+    (first hop -> last: client sent -> client received when a client left marks, else front received ->
+    front responded)."""
+    files = load(directory)
+    by_rid = join(files)
+    roles = {d["role"] for d in files.values()}
     names = [f"{role}.{event}" for role, event in HOPS if role in roles]
     complete = [m for m in by_rid.values() if all(n in m for n in names)]
     out: dict = {"requests": len(complete)}
