@@ -246,7 +246,6 @@ DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]]
     (11264, 2048): ((1, _fma(16, 256, 1, 4)), (8, None), (16, _dot(32, 128, 1, 4, 4)), (64, None)),  # gate_up
     (2048, 5632): (  # down
         (1, _fma(8, 512, 2, 4)),
-        (2, None),
         (4, _dot(32, 128, 4, 4, 4)),
         (8, _dot(64, 128, 4, 4, 3)),
         (16, _dot(32, 128, 4, 4, 4)),
