@@ -1,0 +1,27 @@
+# The common start of a device call's script. Source it from the repository root:
+#   source benchmarks/device_call.sh NAME
+# Results go to $OUT/NAME (R); when the script exits they are packed into $OUT/NAME.tgz, one file to bring
+# back. The call's deadline is DL seconds (default 570) from now. It sets PYTHONUNBUFFERED=1, OURO_CACHE_DIR
+# (default /tmp/ourocache) and HBM (the GPU's HBM TB/s for `benchmarks/roofline.py --hbm-tb-s`: 3.35 on an
+# H100, else 4.8). It writes R/host.txt (GPU name, memory, driver). Then:
+#   t       prints the seconds since the start ("t=N")
+#   left    the seconds until the deadline
+#   cap N   N, or what is left if less: a timeout that cannot outlive the call
+T0=$(date +%s)
+DL=${DL:-570}
+export PYTHONUNBUFFERED=1 OURO_CACHE_DIR=${OURO_CACHE_DIR:-/tmp/ourocache}
+R=$OUT/${1:?usage: source benchmarks/device_call.sh NAME}
+mkdir -p "$R"
+t() { echo "t=$(($(date +%s) - T0))"; }
+left() { echo $((DL - ($(date +%s) - T0))); }
+cap() {
+  local a=$1 l
+  l=$(left)
+  [ "$a" -gt "$l" ] && a=$l
+  echo "$a"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$R/host.txt" 2>&1 || echo "no GPU" >"$R/host.txt"
+HBM=4.8
+grep -q H100 "$R/host.txt" && HBM=3.35
+_device_call_pack() { (cd "$OUT" && tar czf "$(basename "$R").tgz" "$(basename "$R")" && rm -rf "$(basename "$R")"); }
+trap _device_call_pack EXIT
