@@ -1,7 +1,7 @@
 # The common start of a device call's script. Source it from the repository root:
 #   source benchmarks/device_call.sh NAME
 # Results go to $OUT/NAME (R); when the script exits they are packed into $OUT/NAME.tgz, one file to bring
-# back. The call's deadline is DL seconds (default 570) from now. It sets PYTHONUNBUFFERED=1, OURO_CACHE_DIR
+# back (an EXIT trap: a script that sets its own replaces it). The call's deadline is DL seconds (default 570) from now. It sets PYTHONUNBUFFERED=1, OURO_CACHE_DIR
 # (default /tmp/ourocache) and HBM (the GPU's HBM TB/s for `benchmarks/roofline.py --hbm-tb-s`: 3.35 on an
 # H100, else 4.8). It writes R/host.txt (GPU name, memory, driver). Then:
 #   t       prints the seconds since the start ("t=N")
@@ -10,7 +10,7 @@
 T0=$(date +%s)
 DL=${DL:-570}
 export PYTHONUNBUFFERED=1 OURO_CACHE_DIR=${OURO_CACHE_DIR:-/tmp/ourocache}
-R=$OUT/${1:?usage: source benchmarks/device_call.sh NAME}
+R=${OUT:?OUT: the folder that comes back}/${1:?usage: source benchmarks/device_call.sh NAME}
 mkdir -p "$R"
 t() { echo "t=$(($(date +%s) - T0))"; }
 left() { echo $((DL - ($(date +%s) - T0))); }

@@ -39,3 +39,9 @@ def test_name_required(tmp_path):
     r = subprocess.run(["bash", "-c", script], cwd=ROOT, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)},
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode != 0 and "usage: source benchmarks/device_call.sh NAME" in r.stderr
+
+
+def test_out_required(tmp_path):
+    r = subprocess.run(["bash", "-c", "source benchmarks/device_call.sh demo"], cwd=ROOT,
+                       env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode != 0 and "OUT: the folder that comes back" in r.stderr

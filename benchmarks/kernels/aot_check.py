@@ -312,9 +312,11 @@ def sweep_configs(path: str) -> list:
 
     from ouro_backend.kernels import projections
 
+    with open(path) as f:
+        sweep = json.load(f)["sweep"]
     entries = [
         (row["N"], row["K"], row["M"], projections.LinearConfig(**c["config"]))
-        for row in json.load(open(path))["sweep"]
+        for row in sweep
         for c in row["configs"]
         if c.get("ok", True)
     ]

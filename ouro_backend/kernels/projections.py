@@ -226,8 +226,8 @@ def _dot(bn: int, bk: int, split: int = 1, warps: int = 4, stages: int = 4) -> L
 # folders keep them); benchmarks/kernels/loop_bench.py ``tune`` ranks them in the decode loop, cuBLAS included
 # (a config that wins alone can lose between the other kernels), and a new entry must also win end to end
 # (benchmarks/kernels/bench_with_tune.py beside plain ouro-bench: the loop can disagree, docs/engine.md,
-# "Measurements behind the design"). Shapes of
-# Ouro-1.4B/2.6B: hidden 2048, MLP 5632; the last row is down (SiLU-mul fused on the CUDA-core path).
+# "Measurements behind the design"). Shapes of Ouro-1.4B/2.6B: hidden 2048, MLP 5632; the last row is down
+# (SiLU-mul fused on the CUDA-core path).
 DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]] = {
     (6144, 2048): (  # qkv
         (1, _fma(4, 256, 1, 4)),
