@@ -330,3 +330,36 @@ def test_fp32_deferred_deep_equals_its_dense_definition(toy_path, oracle, graphs
     check_against_reference(oracle, run, kv_seen, requests, B, kv_atol=1e-3)
     if graphs:
         assert eng.stats()["graph_launches"] > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode,threshold", [("ouro", 1.0), ("ouro", 0.5), ("ouro_delayed", 0.5)])
+def test_fused_greedy_coda_equals_the_plain_coda_and_the_oracle(toy_path, oracle, monkeypatch, layout, mode, threshold):
+    """Greedy decode rounds of at most 8 rows run the coda as one kernel (`kernels/coda.py`): its tokens, exit
+    depths and logprobs equal those of the plain coda (``OURO_FUSED_CODA=0``: the LM head GEMM, argmax,
+    log_softmax) and the oracle's, with graphs and four rounds a launch; the kernel really ran (counted at
+    capture). (The backend runs it with ``OURO_FUSED_CODA=1``; here it is put in place directly.)"""
+    from ouro_backend.kernels import backend, coda
+
+    calls = []
+    fused = coda.greedy_coda
+
+    def counting(*a, **kw):
+        calls.append(a[0].shape[0])
+        return fused(*a, **kw)
+
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=threshold, logprobs=True)
+    runs = []
+    for kernel in (counting, None):
+        monkeypatch.setattr(backend.TritonBackend, "greedy_coda", staticmethod(kernel) if kernel else None)
+        eng = gpu_engine(toy_path, "float32", kv_layout=layout, exit_mode=mode, decode_rounds_per_launch=4)
+        eng.runner.record_logits = False
+        runs.append(run_all(eng, PROMPTS, params))
+        assert eng.stats()["graph_launches"] > 0 and eng.stats()["host_syncs"] == 0
+    assert calls and max(calls) <= backend.TritonBackend.fused_coda_max_rows
+    rule = ouro_exit if mode == "ouro" else delayed_exit
+    for prompt, a, b in zip(PROMPTS, *runs):
+        assert (a.token_ids, a.exit_depths) == (b.token_ids, b.exit_depths)
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        want = oracle.generate(prompt, 8, exit_fn=rule(threshold), layout=layout)
+        assert (a.token_ids, a.exit_depths) == want

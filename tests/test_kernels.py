@@ -109,6 +109,7 @@ def test_kernels_really_run_triton():
         K.linear,
         K.decode_step.prepare,
         K.decode_step.advance,
+        K.coda.greedy_coda,
     ):
         kernels = [v for k, v in fn.__globals__.items() if k.startswith("_") and k.endswith("_kernel")]
         assert kernels and all(kernel_is_interpreted(k) for k in kernels), fn.__name__
@@ -795,6 +796,101 @@ def test_decode_advance_matches_twin(mode, last_exited):
         stops |= set(rec_b[0].tolist())
     assert exits > 0
     assert {ds.EMIT_EOS, ds.EMIT_LENGTH} & stops, "the trials should cover the device's stop rules"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the fused greedy coda (kernels/coda.py)
+# ---------------------------------------------------------------------------------------------------
+
+CODA_SMALL = K.coda.CodaConfig(block_v=4, block_k=16, num_warps=4, programs_per_sm=1)
+
+
+def _coda_round(gen, dtype, M, V=53, H=48):
+    """Loop output h [M, H], an LM head [V, H] (V not a multiple of the tile) and slots whose rows are
+    active, the second at its last loop (so it exits in every mode but trace)."""
+    from ouro_backend.engine import decode_state as ds
+
+    st, _ = _random_state(torch.float32, gen)
+    idx = torch.randperm(st.num_slots, generator=gen)[:M].to(DEV)
+    st.ints[idx, ds.ACTIVE] = 1
+    j = idx[min(1, M - 1)]
+    st.ints[j, ds.LOOP] = st.ints[j, ds.MAX_LOOPS]
+    h = torch.randn(M, H, generator=gen).to(dtype).to(DEV)
+    w = (torch.randn(V, H, generator=gen) / H**0.5).to(dtype).to(DEV)
+    lam = torch.rand(M, generator=gen).to(DEV)
+    return st, idx, h, w, lam
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,programs", [(1, 1), (3, 5), (7, 7), (2, 14)])
+def test_greedy_coda_matches_twin(dtype, M, programs):
+    """Tokens and logprobs of the plain coda (``h @ lm_head.T`` in h's dtype, argmax, log_softmax) from
+    one kernel, over grids that split the vocabulary unevenly (14 programs: some own no tile)."""
+    from ouro_backend.config import ExitMode
+    from ouro_backend.engine import decode_state as ds
+    from ouro_backend.model.torch_ops import greedy_coda_ref
+
+    st, idx, h, w, lam = _coda_round(torch.Generator().manual_seed(31 + M), dtype, M)
+    tok, lp = K.coda.greedy_coda(h, w, st, idx, lam, ExitMode.OURO, ds.COLUMNS, CODA_SMALL, programs=programs)
+    want_tok, want_lp = greedy_coda_ref(h, w)
+    assert tok.dtype == torch.int64 and lp.dtype == torch.float32 and tok.shape == lp.shape == (M,)
+    if dtype == torch.float32:
+        assert torch.equal(tok.cpu(), want_tok.cpu())
+        torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=1e-6)
+    else:  # fp32 sums in another order, each logit rounded to bf16: a token may differ only on a tie there
+        logits = (h @ w.t()).float()
+        chosen = logits.gather(1, tok[:, None])[:, 0]
+        assert torch.equal(tok.cpu(), want_tok.cpu()) or bool((_ulp_diff(chosen, logits.max(-1).values) <= 1).all())
+        torch.testing.assert_close(lp, want_lp, rtol=0, atol=2e-2)
+    # the arrival counter was re-armed: a second call gives the same bits
+    tok2, lp2 = K.coda.greedy_coda(h, w, st, idx, lam, ExitMode.OURO, ds.COLUMNS, CODA_SMALL, programs=programs)
+    assert torch.equal(tok2, tok) and torch.equal(lp2, lp)
+
+
+def test_greedy_coda_breaks_ties_to_the_lowest_token_as_argmax():
+    """Two vocabulary rows with the same (largest) logit in different programs' ranges: the lower id wins."""
+    from ouro_backend.config import ExitMode
+    from ouro_backend.engine import decode_state as ds
+
+    st, idx, h, w, lam = _coda_round(torch.Generator().manual_seed(5), torch.float32, 2)
+    w[7] = w[45] = h[0] * 4  # row 0's maximum, twice (tiles 1 and 11 of 4 rows; 5 programs own 2-3 tiles)
+    w[3] = w[44] = h[1] * 4
+    tok, _ = K.coda.greedy_coda(h, w, st, idx, lam, ExitMode.OURO, ds.COLUMNS, CODA_SMALL, programs=5)
+    assert tok.tolist() == [7, 3] == (h @ w.t()).argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("mode", ["ouro", "ouro_delayed", "random_lookahead", "trace", "fixed"])
+def test_greedy_coda_runs_exactly_when_advance_emits(mode):
+    """The kernel's own exit decision is `advance`'s: over random rows (idle ones included), it computes the
+    coda exactly when the torch rule has some row emit, and otherwise returns token 0 and logprob 0 without
+    the LM head (here all NaN, so any use of it would show)."""
+    from ouro_backend.config import ExitMode
+    from ouro_backend.engine import decode_state as ds
+    from ouro_backend.model.torch_ops import greedy_coda_ref
+
+    gen = torch.Generator().manual_seed(17)
+    seen = set()
+    for trial in range(12):
+        st, _ = _random_state(torch.float32, gen)
+        M = 1 + trial % 3
+        idx = torch.randperm(st.num_slots, generator=gen)[:M].to(DEV)
+        h = torch.randn(M, 48, generator=gen).to(DEV)
+        lam = torch.rand(M, generator=gen).to(DEV)
+        rec = st.new_record(1)[0]
+        zero, slots = torch.zeros(M, dtype=torch.long, device=DEV), torch.zeros(M, st.num_loops, dtype=torch.long)
+        _clone_state(st).advance(idx, lam, zero, lam, slots.to(DEV), rec, ExitMode(mode))
+        emits = bool((rec[0] > 0).any())
+        seen.add(emits)
+        w = torch.randn(53, 48, generator=gen).to(DEV)
+        if not emits:
+            w = torch.full_like(w, float("nan"))
+        tok, lp = K.coda.greedy_coda(h, w, st, idx, lam, ExitMode(mode), ds.COLUMNS, CODA_SMALL, programs=3)
+        if emits:
+            want_tok, want_lp = greedy_coda_ref(h, w)
+            assert torch.equal(tok.cpu(), want_tok.cpu()) and torch.allclose(lp, want_lp, atol=1e-6), trial
+        else:
+            assert tok.tolist() == [0] * M and lp.tolist() == [0.0] * M, trial
+    assert seen == {True, False}, "the trials should cover rounds with and without an exit"
 
 
 TABLE_ROWS = [(shape, m) for shape, rows in K.projections.DECODE_TABLE.items() for m, cfg in rows if cfg is not None]

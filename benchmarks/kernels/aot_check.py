@@ -259,6 +259,52 @@ def configs():
     out.append(("silu_mul", activation._silu_mul_kernel, a, dict(num_warps=4, enable_fp_fusion=False)))
     table = [(N, K, max_m, cfg) for (N, K), rows in projections.DECODE_TABLE.items() for max_m, cfg in rows]
     out += linear_configs(table)
+    out += coda_configs()
+    return out
+
+
+def coda_configs(candidates=None) -> list:
+    """(label, kernel, args, options) of the fused greedy coda at 1-8 rows (hidden 2048, ouro mode), at the
+    default config or at each of `candidates` (`kernels.coda.CodaConfig`s)."""
+    from ouro_backend.engine import decode_state as ds
+    from ouro_backend.kernels import coda
+
+    out = []
+    for cfg in candidates or [coda.DEFAULT_CODA]:
+        for dt in ("bf16", "fp32"):
+            for bm in (1, 2, 4, 8):
+                a = dict(
+                    h_ptr=f"*{dt}",
+                    w_ptr=f"*{dt}",
+                    tok_ptr="*i64",
+                    lp_ptr="*fp32",
+                    part_ptr="*fp32",
+                    count_ptr="*i32",
+                    idx_ptr="*i64",
+                    ints_ptr="*i64",
+                    floats_ptr="*fp64",
+                    rem_ptr="*fp32",
+                    trace_ptr="*i64",
+                    lam_ptr="*fp32",
+                    M="i32",
+                    V="i32",
+                    stride_h="i32",
+                    stride_w="i32",
+                    stride_ints="i32",
+                    stride_floats="i32",
+                    stride_trace="i32",
+                    K=2048,
+                    **{f"C_{c}": ds.COLUMNS[c] for c in ("ACTIVE", "LOOP", "NGEN", "PENDING", "MIN_LOOPS")},
+                    **{f"C_{c}": ds.COLUMNS[c] for c in ("MAX_LOOPS", "TRACE_LEN", "THRESHOLD")},
+                    MODE=0,
+                    BLOCK_M=bm,
+                    BLOCK_V=cfg.block_v,
+                    BLOCK_K=cfg.block_k,
+                    P_CHUNK=128,
+                    INTERP=False,
+                )
+                label = f"greedy_coda {dt} M<={bm} v{cfg.block_v} k{cfg.block_k} w{cfg.num_warps}"
+                out.append((label, coda._greedy_coda_kernel, a, dict(num_warps=cfg.num_warps, num_stages=1)))
     return out
 
 

@@ -345,6 +345,8 @@ class ModelRunner:
     def _decode_launch(self, plan: SchedulerOutput, launch: Launch, rounds: int) -> torch.Tensor:
         rows = self._graph_rows(plan)
         graph = self.graphs.decode.get((len(rows), rounds, plan.sampler)) if self.graphs is not None and rows else None
+        if graph is not None and self.record_logits and graph.logits is None:
+            graph = None  # captured with the fused coda, which makes no logits: this launch runs eagerly
         if graph is not None:
             graph.graph.replay()
             self.stats.graph_launches += 1
@@ -370,6 +372,8 @@ class ModelRunner:
             self.stats.deep_rounds += 1
             self.stats.deep_rows += deep
         graph = self.graphs.mixed_graph(N, len(chunks), plan.sampler) if self.graphs is not None else None
+        if graph is not None and self.record_logits and graph.logits is None:
+            graph = None  # as in `_decode_launch`
         D = graph.rows if graph is not None else len(plan.decode_slots)
         batch = prompt_batch(chunks, self.kv, D, self.max_blocks)
         h = self._prompt_hidden(chunks, batch)
@@ -383,8 +387,7 @@ class ModelRunner:
             to = self.staging.to_device
             self.model.backend.copy_kv_slots(self.kv.kv, to(batch.fill_src, torch.long), to(batch.fill_dst, torch.long))
         round_logits: list[tuple[list[int], torch.Tensor]] = []
-        if D:
-            assert logits is not None  # the round had decode rows
+        if D and logits is not None:  # (None after the fused coda, never when logits are recorded)
             round_logits.append((dec_slots, logits))
         round_logits += self._finish_prompts(chunks, out, batch, rec[0], plan.sampler)
         unfinished = any(c.loop < self.num_loops for c in chunks)
@@ -533,11 +536,18 @@ class ModelRunner:
 
     def _advance_decode(
         self, idx: torch.Tensor, rows: DecodeInputs, out: torch.Tensor, rec: torch.Tensor, mode: SamplerMode
-    ) -> torch.Tensor:
-        """After the loop: gate, coda, then exits, next steps and the LAST_EXITED fill; returns the logits."""
+    ) -> torch.Tensor | None:
+        """After the loop: gate, coda, then exits, next steps and the LAST_EXITED fill; returns the logits
+        (None after the fused coda, which makes none)."""
         lam = self.policy.gate_values(self.model, out) if self.policy.needs_gate else None
-        logits = self.model.logits(out)
-        tok, lp = self.sampler.sample(idx, logits, mode)
+        logits: torch.Tensor | None = None
+        if self._fused_coda(idx, mode):  # no logits tensor: the coda kernel reads the exit rule itself
+            tok, lp = self.model.backend.greedy_coda(
+                out, self.model.lm_head, self.state, idx, lam, self.policy.mode, ds.COLUMNS
+            )
+        else:
+            logits = self.model.logits(out)
+            tok, lp = self.sampler.sample(idx, logits, mode)
         marked = None
         if self.deferred is not None:
             tok, lp, marked = self.deferred.before_advance(self.state, idx, out, tok, lp)
@@ -551,6 +561,18 @@ class ModelRunner:
             self.model.backend.copy_kv_slots(self.kv.kv, src.flatten(), dst.flatten())
         self.state.store_hidden(idx, out)
         return logits
+
+    def _fused_coda(self, idx: torch.Tensor, mode: SamplerMode) -> bool:
+        """Whether this round's coda runs as the backend's one greedy kernel: greedy rows, few of them, and
+        nothing that reads the logits (recorded logits, deferred deep batching's marks)."""
+        return (
+            self.state.fused
+            and mode is SamplerMode.GREEDY
+            and getattr(self.model.backend, "greedy_coda", None) is not None
+            and idx.shape[0] <= self.model.backend.fused_coda_max_rows
+            and not self.record_logits
+            and self.deferred is None
+        )
 
     # ---- read-back ----
     @torch.inference_mode()

@@ -6,7 +6,7 @@ they run in Triton's CPU interpreter; on CPU tensors otherwise the torch referen
 """
 
 from ..model.torch_ops import build_cos_sin_cache, rope_kv_attention_ref
-from . import decode_step
+from . import coda, decode_step
 from .activation import silu_mul, silu_mul_ref
 from .attention import (
     auto_num_splits,
@@ -27,6 +27,7 @@ __all__ = [
     "build_cos_sin_cache",
     "copy_kv_slots",
     "copy_kv_slots_ref",
+    "coda",
     "config_for",
     "decode_step",
     "linear",

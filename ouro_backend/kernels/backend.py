@@ -6,6 +6,7 @@ import torch
 
 from ..model.attention import AttentionMetadata
 from . import (
+    coda,
     copy_kv_slots,
     linear,
     paged_attention,
@@ -36,6 +37,9 @@ class TritonBackend:
     linear = staticmethod(linear)
     write_kv = staticmethod(write_kv)
     copy_kv_slots = staticmethod(copy_kv_slots)
+    # The greedy coda in one kernel, run only when a row exits (`coda.py`); on with OURO_FUSED_CODA=1.
+    greedy_coda = staticmethod(coda.greedy_coda) if coda.fused_coda_enabled() else None
+    fused_coda_max_rows = coda.FUSED_CODA_MAX_ROWS
 
     @staticmethod
     def rope_kv_attention(

@@ -149,6 +149,55 @@ def prepare(
 
 
 @triton.jit
+def exit_decision(
+    row,
+    frow,
+    trow,
+    rem,
+    pending,
+    lam_at,
+    r,
+    ngen,
+    C_MIN_LOOPS: tl.constexpr,
+    C_MAX_LOOPS: tl.constexpr,
+    C_TRACE_LEN: tl.constexpr,
+    C_THRESHOLD: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    """The exit rule of one decode row after loop `r` (``engine/exit_policy.exit_rule``, bit for bit): (exit
+    now, the hazard and the pending flag to carry). `row`, `frow`, `trow`: the row's ints, floats and trace;
+    `lam_at`: its gate value (read only by the gated modes); `ngen`: tokens generated so far. The caller
+    masks idle rows."""
+    rem2 = rem
+    pend2 = pending
+    if MODE == 3:  # trace: this token's depth from the request's list, cycled over decode steps
+        n = tl.maximum(tl.load(row + C_TRACE_LEN), 1)
+        k = tl.maximum(ngen - 1, 0) % n
+        ex = r >= tl.load(trow + k)
+    elif MODE == 4:  # fixed depth
+        ex = r >= tl.load(row + C_MAX_LOOPS)
+    else:
+        lam = tl.load(lam_at)
+        thr = tl.load(frow + C_THRESHOLD)
+        at_max = r >= tl.load(row + C_MAX_LOOPS)
+        past_min = r >= tl.load(row + C_MIN_LOOPS)
+        gated = thr < 1.0
+        if MODE == 2:  # random_lookahead: fire now, exit after one more loop
+            fire = lam.to(tl.float64) >= thr
+            ex = at_max | (gated & pending & past_min)
+            pend2 = tl.where(gated, pending | fire, pending)
+        else:
+            rem2 = tl.where(gated, rem * (1.0 - lam), rem)  # fp32, as the reference
+            decided = past_min & ((1.0 - rem2).to(tl.float64) >= thr)
+            if MODE == 0:
+                ex = at_max | (gated & decided)
+            else:  # ouro_delayed: the decision after loop r applies after loop r+1
+                ex = at_max | (gated & pending)
+                pend2 = gated & decided
+    return ex, rem2, pend2
+
+
+@triton.jit
 def _advance_kernel(
     idx_ptr,
     ints_ptr,
@@ -195,32 +244,10 @@ def _advance_kernel(
     ngen0 = tl.load(row + C_NGEN)
     pending = tl.load(row + C_PENDING) > 0
     rem = tl.load(rem_ptr + s)
-    rem2 = rem
-    pend2 = pending
-    if MODE == 3:  # trace: this token's depth from the request's list, cycled over decode steps
-        n = tl.maximum(tl.load(row + C_TRACE_LEN), 1)
-        k = tl.maximum(ngen0 - 1, 0) % n
-        ex = r >= tl.load(trace_ptr + s * stride_trace + k)
-    elif MODE == 4:  # fixed depth
-        ex = r >= tl.load(row + C_MAX_LOOPS)
-    else:
-        lam = tl.load(lam_ptr + i)
-        thr = tl.load(floats_ptr + s * stride_floats + C_THRESHOLD)
-        at_max = r >= tl.load(row + C_MAX_LOOPS)
-        past_min = r >= tl.load(row + C_MIN_LOOPS)
-        gated = thr < 1.0
-        if MODE == 2:  # random_lookahead: fire now, exit after one more loop
-            fire = lam.to(tl.float64) >= thr
-            ex = at_max | (gated & pending & past_min)
-            pend2 = tl.where(gated, pending | fire, pending)
-        else:
-            rem2 = tl.where(gated, rem * (1.0 - lam), rem)  # fp32, as the reference
-            decided = past_min & ((1.0 - rem2).to(tl.float64) >= thr)
-            if MODE == 0:
-                ex = at_max | (gated & decided)
-            else:  # ouro_delayed: the decision after loop r applies after loop r+1
-                ex = at_max | (gated & pending)
-                pend2 = gated & decided
+    ex, rem2, pend2 = exit_decision(
+        row, floats_ptr + s * stride_floats, trace_ptr + s * stride_trace, rem, pending, lam_ptr + i, r, ngen0,
+        C_MIN_LOOPS, C_MAX_LOOPS, C_TRACE_LEN, C_THRESHOLD, MODE,
+    )  # fmt: skip
     ex = ex & active
     # An idle row keeps its state: a graph's masked rows include rows waiting to resume after a recompute.
     rem2 = tl.where(active, rem2, rem)

@@ -35,6 +35,14 @@ def linear_ref(x: torch.Tensor, w: torch.Tensor, silu_x: bool = False) -> torch.
     return (silu_mul_ref(x) if silu_x else x) @ w.t()
 
 
+def greedy_coda_ref(h: torch.Tensor, lm_head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's greedy token of ``logits = h @ lm_head.T`` (in h's dtype, as the model's coda) and its
+    logprob: twin of `kernels.coda.greedy_coda` for rounds where a row emits."""
+    logits = (h @ lm_head.t()).float()
+    tok = logits.argmax(-1)
+    return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None])[:, 0]
+
+
 def build_cos_sin_cache(max_pos: int, head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
     """fp32 ``[max_pos, head_dim]``: ``[:, :hd/2] = cos(pos * inv_freq)``, ``[:, hd/2:] = sin(...)``,
     computed like HF (``inv_freq`` from an int64 arange cast to float; fp32 product; fp32 cos/sin)."""
