@@ -49,6 +49,12 @@ class CodaConfig:
 
 
 DEFAULT_CODA = CodaConfig()
+# The config by rows (largest M, config), ascending: benchmarks/kernels/coda_bench.py --sweep measures them.
+CODA_TABLE: tuple[tuple[int, CodaConfig], ...] = ((FUSED_CODA_MAX_ROWS, DEFAULT_CODA),)
+
+
+def coda_config(M: int) -> CodaConfig:
+    return next((cfg for max_m, cfg in CODA_TABLE if max_m >= M), DEFAULT_CODA)
 
 
 @triton.jit
@@ -191,7 +197,7 @@ def greedy_coda(
     engine's decode state `state`) with loop output h [M, H], after loop gate values `lam` (fp32 [M], None
     for modes without a gate). When no row exits this round (the exit rule of `mode`), every row gets token
     0 and logprob 0 and the LM head is not read. `programs` overrides the grid (tests)."""
-    cfg = config or DEFAULT_CODA
+    cfg = config or coda_config(h.shape[0])
     M, H = h.shape
     V = lm_head.shape[0]
     assert 1 <= M <= FUSED_CODA_MAX_ROWS and idx.shape[0] == M, (M, idx.shape)
