@@ -108,20 +108,18 @@ def _greedy_coda_kernel(
     w_next = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])  # read-only: before the wait
     pdl_enter(PDL)
     # Does any row exit this round? The same rule `decode_step.advance` applies after this kernel.
-    emits = tl.zeros([1], tl.int32)
-    for i in tl.static_range(BLOCK_M):
-        ii = tl.minimum(i, M - 1)
-        s = tl.load(idx_ptr + ii).to(tl.int64)
-        row = ints_ptr + s * stride_ints
-        ex, _rem, _pend = exit_decision(
-            row, floats_ptr + s * stride_floats, trace_ptr + s * stride_trace, tl.load(rem_ptr + s),
-            tl.load(row + C_PENDING) > 0, lam_ptr + ii, tl.load(row + C_LOOP), tl.load(row + C_NGEN),
-            C_MIN_LOOPS, C_MAX_LOOPS, C_TRACE_LEN, C_THRESHOLD, MODE,
-        )  # fmt: skip
-        emits = emits | (ex & (tl.load(row + C_ACTIVE) > 0) & (i < M)).to(tl.int32)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
-    if tl.max(emits, axis=0) == 0:  # every program decides alike: none reads w, none arrives
+    rows_m = tl.minimum(offs_m, M - 1)  # clamped: the duplicates are masked out of every decision and store
+    s = tl.load(idx_ptr + rows_m).to(tl.int64)
+    row = ints_ptr + s * stride_ints
+    ex, _rem, _pend = exit_decision(
+        row, floats_ptr + s * stride_floats, trace_ptr + s * stride_trace, tl.load(rem_ptr + s),
+        tl.load(row + C_PENDING) > 0, lam_ptr + rows_m, tl.load(row + C_LOOP), tl.load(row + C_NGEN),
+        C_MIN_LOOPS, C_MAX_LOOPS, C_TRACE_LEN, C_THRESHOLD, MODE,
+    )  # fmt: skip
+    emits = tl.max((ex & (tl.load(row + C_ACTIVE) > 0) & m_mask).to(tl.int32), axis=0)
+    if emits == 0:  # every program decides alike: none reads w, none arrives
         if pid == 0:
             tl.store(tok_ptr + offs_m, tl.zeros([BLOCK_M], tl.int64), mask=m_mask)
             tl.store(lp_ptr + offs_m, tl.zeros([BLOCK_M], tl.float32), mask=m_mask)
