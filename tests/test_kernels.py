@@ -821,17 +821,24 @@ def _coda_round(gen, dtype, M, V=53, H=48):
     return st, idx, h, w, lam
 
 
+CODA_DOT = K.coda.CodaConfig(block_v=16, block_k=16, num_warps=4, programs_per_sm=1, dot=True, num_stages=2)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M,programs", [(1, 1), (3, 5), (7, 7), (2, 14)])
-def test_greedy_coda_matches_twin(dtype, M, programs):
+@pytest.mark.parametrize(
+    "M,programs,cfg",
+    [(1, 1, CODA_SMALL), (3, 5, CODA_SMALL), (7, 7, CODA_SMALL), (2, 14, CODA_SMALL), (3, 2, CODA_DOT)],
+)
+def test_greedy_coda_matches_twin(dtype, M, programs, cfg):
     """Tokens and logprobs of the plain coda (``h @ lm_head.T`` in h's dtype, argmax, log_softmax) from
-    one kernel, over grids that split the vocabulary unevenly (14 programs: some own no tile)."""
+    one kernel, on CUDA cores and on tensor cores, over grids that split the vocabulary unevenly (14
+    programs: some own no tile)."""
     from ouro_backend.config import ExitMode
     from ouro_backend.engine import decode_state as ds
     from ouro_backend.model.torch_ops import greedy_coda_ref
 
     st, idx, h, w, lam = _coda_round(torch.Generator().manual_seed(31 + M), dtype, M)
-    tok, lp = K.coda.greedy_coda(h, w, st, idx, lam, ExitMode.OURO, ds.COLUMNS, CODA_SMALL, programs=programs)
+    tok, lp = K.coda.greedy_coda(h, w, st, idx, lam, ExitMode.OURO, ds.COLUMNS, cfg, programs=programs)
     want_tok, want_lp = greedy_coda_ref(h, w)
     assert tok.dtype == torch.int64 and lp.dtype == torch.float32 and tok.shape == lp.shape == (M,)
     if dtype == torch.float32:
@@ -843,7 +850,7 @@ def test_greedy_coda_matches_twin(dtype, M, programs):
         assert torch.equal(tok.cpu(), want_tok.cpu()) or bool((_ulp_diff(chosen, logits.max(-1).values) <= 1).all())
         torch.testing.assert_close(lp, want_lp, rtol=0, atol=2e-2)
     # the arrival counter was re-armed: a second call gives the same bits
-    tok2, lp2 = K.coda.greedy_coda(h, w, st, idx, lam, ExitMode.OURO, ds.COLUMNS, CODA_SMALL, programs=programs)
+    tok2, lp2 = K.coda.greedy_coda(h, w, st, idx, lam, ExitMode.OURO, ds.COLUMNS, cfg, programs=programs)
     assert torch.equal(tok2, tok) and torch.equal(lp2, lp)
 
 

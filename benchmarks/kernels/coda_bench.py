@@ -1,9 +1,9 @@
 """The greedy coda of a decode round at the Ouro-1.4B/2.6B LM head (vocab 49152, hidden 2048, bf16): the plain
 coda the engine runs without the fused kernel (``h @ lm_head.T``, ``.float()``, argmax, log_softmax + gather)
-against `kernels.coda.greedy_coda` at its table's config (``--sweep``: and a grid of others), in rounds where a
-row exits and in rounds where none does.
+against `kernels.coda.greedy_coda` at its table's config (``--sweep``: and a grid of others, CUDA-core configs
+up to 8 rows, tensor-core ones beyond), in rounds where a row exits and in rounds where none does.
 
-    PYTHONPATH=$PWD python3 benchmarks/kernels/coda_bench.py [--rows 1,2,4,8] [--sweep] [--hbm-tb-s 4.8] [--out F]
+    PYTHONPATH=$PWD python3 benchmarks/kernels/coda_bench.py [--rows 1,2,4,8,16,64] [--sweep] [--hbm-tb-s 4.8] [--out F]
 
 Each figure is the median over replays of a CUDA graph holding `--calls` back-to-back calls, divided by the
 calls (us per coda). ``pct_of_peak``: the LM head's bytes over that time against ``--hbm-tb-s``. Tokens are
@@ -65,7 +65,7 @@ def _time(fn, calls: int, replays: int) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--rows", default="1,2,4,8,16,64")
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--sweep", action="store_true", help="every config of the grid below, not only the default")
@@ -78,8 +78,10 @@ def main(argv=None) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     w = (torch.randn(args.vocab, args.hidden, generator=gen, device=dev) / args.hidden**0.5).bfloat16()
     nbytes = w.numel() * w.element_size()
-    grid = itertools.product((8, 16, 32), (256, 512), (4, 8), (1, 2, 3, 4))
-    sweep = [coda.CodaConfig(v, k, nw, p) for v, k, nw, p in grid] if args.sweep else []
+    fma_grid = itertools.product((8, 16, 32), (256, 512), (4, 8), (1, 2, 3, 4))
+    fma = [coda.CodaConfig(v, k, nw, p) for v, k, nw, p in fma_grid]
+    dot_grid = itertools.product((64, 128), (64, 128), (3, 4), (1, 2))
+    dot = [coda.CodaConfig(v, k, 4, p, dot=True, num_stages=st) for v, k, st, p in dot_grid]
     rows = []
 
     def pct(us: float) -> float:
@@ -95,6 +97,7 @@ def main(argv=None) -> int:
         row = {"rows": M, "plain_us": round(plain_us, 2), "plain_pct_of_peak": pct(plain_us), "configs": []}
         print(f"M={M} plain coda {plain_us:.2f} us ({pct(plain_us)}% of {args.hbm_tb_s} TB/s)", flush=True)
         emit, idle = _state(M, True, dev), _state(M, False, dev)
+        sweep = (fma if M <= coda.MAX_FMA_M else dot) if args.sweep else []
         for cfg in [coda.coda_config(M)] + [c for c in sweep if c != coda.coda_config(M)]:  # the table's first
             try:
 

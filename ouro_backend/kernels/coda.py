@@ -19,8 +19,9 @@ round where it exits: at full depth, one round in four at one row. `greedy_coda`
   and ``-log(sum)`` (the token's logit is the maximum), then re-arms the counter.
 
 No logits tensor exists, so the engine uses this only where nothing reads the logits: greedy rounds without
-logits recorded or deferred deep batching, at most `FUSED_CODA_MAX_ROWS` rows (CUDA cores; beyond that the
-GEMM's tensor cores win). Its twin is `model/torch_ops.greedy_coda_ref`: the plain coda.
+logits recorded or deferred deep batching, at most `FUSED_CODA_MAX_ROWS` rows (`CODA_TABLE`: CUDA cores at few
+rows, tensor cores with the compiler's pipelined loads beyond `MAX_FMA_M`). Its twin is
+`model/torch_ops.greedy_coda_ref`: the plain coda.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from ..config import ExitMode
 from ._common import arrival_counters, kernel_is_interpreted, next_pow2, pdl_enter, pdl_launch, round_f32, sm_count
 from .decode_step import _MODES, exit_decision
 
-FUSED_CODA_MAX_ROWS = 8  # decode rows up to which the engine runs this kernel (a round's rows, not slots)
+MAX_M = 64  # rows the kernel takes (tensor cores beyond MAX_FMA_M)
+MAX_FMA_M = 8  # rows up to which the CUDA-core path may run
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,33 @@ class CodaConfig:
     block_k: int = 256  # K chunk (must divide the hidden size)
     num_warps: int = 4
     programs_per_sm: int = 4
+    dot: bool = False  # tensor cores (tl.dot, M padded to >= 16); always beyond MAX_FMA_M rows
+    num_stages: int = 1  # the tensor-core path's pipeline depth
 
 
 DEFAULT_CODA = CodaConfig()
-# The config by rows (largest M, config), ascending: benchmarks/kernels/coda_bench.py --sweep measures them.
-CODA_TABLE: tuple[tuple[int, CodaConfig], ...] = ((FUSED_CODA_MAX_ROWS, DEFAULT_CODA),)
+# The config by rows (largest M, config), ascending; its last M is the most rows the engine runs the kernel
+# at (FUSED_CODA_MAX_ROWS). benchmarks/kernels/coda_bench.py --sweep measures candidates.
+CODA_TABLE: tuple[tuple[int, CodaConfig], ...] = ((8, DEFAULT_CODA),)
+FUSED_CODA_MAX_ROWS = CODA_TABLE[-1][0]
 
 
 def coda_config(M: int) -> CodaConfig:
     return next((cfg for max_m, cfg in CODA_TABLE if max_m >= M), DEFAULT_CODA)
+
+
+@triton.jit
+def _online_update(acc, vocab, V, run_max, run_sum, run_arg, DT: tl.constexpr, INTERP: tl.constexpr):
+    """Fold one complete tile of logits (fp32 sums acc [BLOCK_V, BLOCK_M], vocabulary ids `vocab`) into each
+    row's running maximum, its first index and the sum of exp(logit - maximum). The logits are rounded to
+    DT first, as the GEMM's output is."""
+    logit = tl.where((vocab < V)[:, None], round_f32(acc, DT, INTERP), float("-inf"))
+    t_max = tl.max(logit, axis=0)  # [BLOCK_M]
+    t_arg = tl.min(tl.where(logit == t_max[None, :], vocab[:, None], V), axis=0)  # first index
+    new_max = tl.maximum(run_max, t_max)
+    run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(logit - new_max[None, :]), axis=0)
+    run_arg = tl.where(t_max > run_max, t_arg, run_arg)  # a tie keeps the earlier (lower) index
+    return new_max, run_sum, run_arg
 
 
 @triton.jit
@@ -91,6 +111,8 @@ def _greedy_coda_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
     P_CHUNK: tl.constexpr,
     PDL: tl.constexpr,
     INTERP: tl.constexpr,
@@ -104,8 +126,9 @@ def _greedy_coda_kernel(
     n_steps = (t_hi - t_lo) * CHUNKS
     offs_v = tl.arange(0, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
-    w_rows = tl.minimum(t_lo * BLOCK_V + offs_v, V - 1).to(tl.int64)  # clamped, not masked: plain vector loads
-    w_next = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])  # read-only: before the wait
+    if not USE_DOT:  # CUDA cores: the first chunk of w in flight before the wait (read-only)
+        w_rows = tl.minimum(t_lo * BLOCK_V + offs_v, V - 1).to(tl.int64)  # clamped, not masked: vector loads
+        w_next = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
     pdl_enter(PDL)
     # Does any row exit this round? The same rule `decode_step.advance` applies after this kernel.
     offs_m = tl.arange(0, BLOCK_M)
@@ -125,32 +148,45 @@ def _greedy_coda_kernel(
             tl.store(lp_ptr + offs_m, tl.zeros([BLOCK_M], tl.float32), mask=m_mask)
     else:
         DT: tl.constexpr = h_ptr.dtype.element_ty
-        col = offs_m[None, :]
-        acc = tl.zeros([BLOCK_V, BLOCK_M], tl.float32)
         run_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
         run_sum = tl.zeros([BLOCK_M], tl.float32)
         run_arg = tl.zeros([BLOCK_M], tl.int32)
-        for step in range(n_steps):
-            t = t_lo + step // CHUNKS
-            c = step % CHUNKS
-            w = w_next.to(tl.float32)
-            nxt = tl.minimum(step + 1, n_steps - 1)  # the last step reloads itself (a clamp, not a mask)
-            nt, nc = t_lo + nxt // CHUNKS, nxt % CHUNKS
-            n_rows = tl.minimum(nt * BLOCK_V + offs_v, V - 1).to(tl.int64)
-            w_next = tl.load(w_ptr + n_rows[:, None] * stride_w + (nc * BLOCK_K + offs_k)[None, :])
-            for i in tl.static_range(BLOCK_M):
-                xi = tl.load(h_ptr + tl.minimum(i, M - 1) * stride_h + c * BLOCK_K + offs_k).to(tl.float32)
-                acc += tl.where(col == i, tl.sum(w * xi[None, :], axis=1)[:, None], 0.0)
-            if c == CHUNKS - 1:  # the tile's logits are complete: rounded to h's dtype, as the GEMM's output
-                vocab = t * BLOCK_V + offs_v
-                logit = tl.where((vocab < V)[:, None], round_f32(acc, DT, INTERP), float("-inf"))
-                t_max = tl.max(logit, axis=0)  # [BLOCK_M]
-                t_arg = tl.min(tl.where(logit == t_max[None, :], vocab[:, None], V), axis=0)  # first index
-                new_max = tl.maximum(run_max, t_max)
-                run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(logit - new_max[None, :]), axis=0)
-                run_arg = tl.where(t_max > run_max, t_arg, run_arg)  # a tie keeps the earlier (lower) index
-                run_max = new_max
-                acc = tl.zeros([BLOCK_V, BLOCK_M], tl.float32)
+        if USE_DOT:  # tensor cores, M padded to >= 16; the compiler pipelines the loads (num_stages deep)
+            acc_mv = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
+            for step in range(n_steps):
+                t = t_lo + step // CHUNKS
+                c = step % CHUNKS
+                v_rows = tl.minimum(t * BLOCK_V + offs_v, V - 1).to(tl.int64)
+                w = tl.load(w_ptr + v_rows[:, None] * stride_w + (c * BLOCK_K + offs_k)[None, :])
+                x = tl.load(h_ptr + rows_m.to(tl.int64)[:, None] * stride_h + (c * BLOCK_K + offs_k)[None, :])
+                if INTERP:  # the interpreter's bf16 dot reads raw bits (see _common): dot fp32 copies
+                    acc_mv = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc_mv, input_precision=DOT_PREC)
+                else:
+                    acc_mv = tl.dot(x, tl.trans(w), acc_mv, input_precision=DOT_PREC)
+                if c == CHUNKS - 1:  # the tile's logits are complete
+                    run_max, run_sum, run_arg = _online_update(
+                        tl.trans(acc_mv), t * BLOCK_V + offs_v, V, run_max, run_sum, run_arg, DT, INTERP
+                    )
+                    acc_mv = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
+        else:  # CUDA cores, w one chunk ahead; each K reduction stays inside a warp
+            col = offs_m[None, :]
+            acc = tl.zeros([BLOCK_V, BLOCK_M], tl.float32)
+            for step in range(n_steps):
+                t = t_lo + step // CHUNKS
+                c = step % CHUNKS
+                w = w_next.to(tl.float32)
+                nxt = tl.minimum(step + 1, n_steps - 1)  # the last step reloads itself (a clamp, not a mask)
+                nt, nc = t_lo + nxt // CHUNKS, nxt % CHUNKS
+                n_rows = tl.minimum(nt * BLOCK_V + offs_v, V - 1).to(tl.int64)
+                w_next = tl.load(w_ptr + n_rows[:, None] * stride_w + (nc * BLOCK_K + offs_k)[None, :])
+                for i in tl.static_range(BLOCK_M):
+                    xi = tl.load(h_ptr + tl.minimum(i, M - 1) * stride_h + c * BLOCK_K + offs_k).to(tl.float32)
+                    acc += tl.where(col == i, tl.sum(w * xi[None, :], axis=1)[:, None], 0.0)
+                if c == CHUNKS - 1:  # the tile's logits are complete
+                    run_max, run_sum, run_arg = _online_update(
+                        acc, t * BLOCK_V + offs_v, V, run_max, run_sum, run_arg, DT, INTERP
+                    )
+                    acc = tl.zeros([BLOCK_V, BLOCK_M], tl.float32)
         # partials: [P, 3, BLOCK_M] fp32 (max, sum, argmax; token ids below 2^24 are exact)
         base = part_ptr + pid * 3 * BLOCK_M + offs_m
         tl.store(base, run_max)
@@ -198,7 +234,7 @@ def greedy_coda(
     cfg = config or coda_config(h.shape[0])
     M, H = h.shape
     V = lm_head.shape[0]
-    assert 1 <= M <= FUSED_CODA_MAX_ROWS and idx.shape[0] == M, (M, idx.shape)
+    assert 1 <= M <= MAX_M and idx.shape[0] == M, (M, idx.shape)
     assert lm_head.shape[1] == H and lm_head.dtype == h.dtype and h.stride(1) == 1 and lm_head.stride(1) == 1
     block_k = min(cfg.block_k, next_pow2(H))
     assert H % block_k == 0, f"the hidden size {H} is not a multiple of the coda's K chunk {block_k}"
@@ -207,7 +243,9 @@ def greedy_coda(
     P = min(n_tiles, programs or sm_count(dev) * cfg.programs_per_sm)
     if programs is None:  # a grid that divides the tiles evenly, if one is near: no program a tile behind
         P = next((d for d in range(P, (3 * P) // 4, -1) if n_tiles % d == 0), P)
-    BLOCK_M = next_pow2(M)
+    dot = cfg.dot or M > MAX_FMA_M
+    BLOCK_M = max(16, next_pow2(M)) if dot else next_pow2(M)
+    assert not dot or (cfg.block_v >= 16 and block_k >= 16), f"{cfg}: tl.dot needs tiles of >= 16"
     tok = torch.empty(M, dtype=torch.int64, device=dev)
     lp = torch.empty(M, dtype=torch.float32, device=dev)
     parts = torch.empty(P, 3, BLOCK_M, dtype=torch.float32, device=dev)
@@ -240,10 +278,12 @@ def greedy_coda(
         BLOCK_M=BLOCK_M,
         BLOCK_V=cfg.block_v,
         BLOCK_K=block_k,
+        USE_DOT=dot,
+        DOT_PREC="ieee" if h.dtype == torch.float32 else "tf32",
         P_CHUNK=min(128, next_pow2(P)),
         INTERP=kernel_is_interpreted(_greedy_coda_kernel),
         num_warps=cfg.num_warps,
-        num_stages=1,
+        num_stages=cfg.num_stages if dot else 1,
         **pdl_launch(_greedy_coda_kernel, dev),
     )
     return tok, lp
