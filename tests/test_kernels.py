@@ -900,6 +900,31 @@ def test_greedy_coda_runs_exactly_when_advance_emits(mode):
     assert seen == {True, False}, "the trials should cover rounds with and without an exit"
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="the Ouro LM head at full size: GPU only")
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 16, 40, 64])
+def test_greedy_coda_on_the_real_lm_head(M):
+    """The Ouro-1.4B/2.6B LM head (49152 x 2048, bf16) at the table's config for M rows (CUDA cores to 8 rows,
+    tensor cores beyond): the plain coda's tokens (or a tie within one bf16 step) and logprobs."""
+    from ouro_backend.config import ExitMode
+    from ouro_backend.engine import decode_state as ds
+    from ouro_backend.engine.decode_state import DecodeState
+    from ouro_backend.model.torch_ops import greedy_coda_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(M)
+    st = DecodeState(64, 4, 8, 2048, torch.bfloat16, torch.device("cuda"), block_size=16, last_exited=True, eos_ids=[])
+    st.ints[:, ds.ACTIVE] = 1
+    st.ints[:, ds.LOOP] = st.ints[:, ds.MAX_LOOPS] = 4
+    h = torch.randn(M, 2048, generator=gen, device="cuda").bfloat16()
+    w = (torch.randn(49152, 2048, generator=gen, device="cuda") / 2048**0.5).bfloat16()
+    idx = torch.randperm(64, device="cuda")[:M]
+    tok, lp = K.coda.greedy_coda(h, w, st, idx, None, ExitMode.FIXED, ds.COLUMNS)
+    want_tok, want_lp = greedy_coda_ref(h, w)
+    logits = (h @ w.t()).float()
+    top, chosen = logits.max(-1).values, logits.gather(1, tok[:, None])[:, 0]
+    assert torch.equal(tok, want_tok) or bool((top - chosen <= top.abs() * 2**-7).all())
+    torch.testing.assert_close(lp, want_lp, rtol=0, atol=2e-2)
+
+
 TABLE_ROWS = [(shape, m) for shape, rows in K.projections.DECODE_TABLE.items() for m, cfg in rows if cfg is not None]
 
 
