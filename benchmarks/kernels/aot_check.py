@@ -264,47 +264,53 @@ def configs():
 
 
 def coda_configs(candidates=None) -> list:
-    """(label, kernel, args, options) of the fused greedy coda at 1-8 rows (hidden 2048, ouro mode), at the
-    default config or at each of `candidates` (`kernels.coda.CodaConfig`s)."""
+    """(label, kernel, args, options) of the fused greedy coda at 1-64 rows (hidden 2048, ouro mode), at the
+    table's config for each row count or at each of `candidates` (`kernels.coda.CodaConfig`s)."""
     from ouro_backend.engine import decode_state as ds
     from ouro_backend.kernels import coda
 
     out = []
-    for cfg in candidates or [coda.DEFAULT_CODA]:
+    pairs = [(c, m) for c in candidates for m in (1, 2, 4, 8, 16, 64)] if candidates else None
+    pairs = pairs or [(coda.coda_config(m), m) for m in (1, 2, 4, 8, 16, 64)]
+    for cfg, m in pairs:
+        dot = cfg.dot or m > coda.MAX_FMA_M
+        bm = max(16, m) if dot else m
         for dt in ("bf16", "fp32"):
-            for bm in (1, 2, 4, 8):
-                a = dict(
-                    h_ptr=f"*{dt}",
-                    w_ptr=f"*{dt}",
-                    tok_ptr="*i64",
-                    lp_ptr="*fp32",
-                    part_ptr="*fp32",
-                    count_ptr="*i32",
-                    idx_ptr="*i64",
-                    ints_ptr="*i64",
-                    floats_ptr="*fp64",
-                    rem_ptr="*fp32",
-                    trace_ptr="*i64",
-                    lam_ptr="*fp32",
-                    M="i32",
-                    V="i32",
-                    stride_h="i32",
-                    stride_w="i32",
-                    stride_ints="i32",
-                    stride_floats="i32",
-                    stride_trace="i32",
-                    K=2048,
-                    **{f"C_{c}": ds.COLUMNS[c] for c in ("ACTIVE", "LOOP", "NGEN", "PENDING", "MIN_LOOPS")},
-                    **{f"C_{c}": ds.COLUMNS[c] for c in ("MAX_LOOPS", "TRACE_LEN", "THRESHOLD")},
-                    MODE=0,
-                    BLOCK_M=bm,
-                    BLOCK_V=cfg.block_v,
-                    BLOCK_K=cfg.block_k,
-                    P_CHUNK=128,
-                    INTERP=False,
-                )
-                label = f"greedy_coda {dt} M<={bm} v{cfg.block_v} k{cfg.block_k} w{cfg.num_warps}"
-                out.append((label, coda._greedy_coda_kernel, a, dict(num_warps=cfg.num_warps, num_stages=1)))
+            a = dict(
+                h_ptr=f"*{dt}",
+                w_ptr=f"*{dt}",
+                tok_ptr="*i64",
+                lp_ptr="*fp32",
+                part_ptr="*fp32",
+                count_ptr="*i32",
+                idx_ptr="*i64",
+                ints_ptr="*i64",
+                floats_ptr="*fp64",
+                rem_ptr="*fp32",
+                trace_ptr="*i64",
+                lam_ptr="*fp32",
+                M="i32",
+                V="i32",
+                stride_h="i32",
+                stride_w="i32",
+                stride_ints="i32",
+                stride_floats="i32",
+                stride_trace="i32",
+                K=2048,
+                **{f"C_{c}": ds.COLUMNS[c] for c in ("ACTIVE", "LOOP", "NGEN", "PENDING", "MIN_LOOPS")},
+                **{f"C_{c}": ds.COLUMNS[c] for c in ("MAX_LOOPS", "TRACE_LEN", "THRESHOLD")},
+                MODE=0,
+                BLOCK_M=bm,
+                BLOCK_V=cfg.block_v,
+                BLOCK_K=cfg.block_k,
+                USE_DOT=dot,
+                DOT_PREC="tf32" if dt == "bf16" else "ieee",
+                P_CHUNK=128,
+                INTERP=False,
+            )
+            label = f"greedy_coda {dt} M<={m} v{cfg.block_v} k{cfg.block_k} w{cfg.num_warps}{' dot' if dot else ''}"
+            opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages if dot else 1)
+            out.append((label, coda._greedy_coda_kernel, a, opts))
     return out
 
 
