@@ -338,7 +338,7 @@ def test_fused_greedy_coda_equals_the_plain_coda_and_the_oracle(toy_path, oracle
     """Greedy decode rounds of at most 8 rows run the coda as one kernel (`kernels/coda.py`): its tokens, exit
     depths and logprobs equal those of the plain coda (``OURO_FUSED_CODA=0``: the LM head GEMM, argmax,
     log_softmax) and the oracle's, with graphs and four rounds a launch; the kernel really ran (counted at
-    capture). (The backend runs it with ``OURO_FUSED_CODA=1``; here it is put in place directly.)"""
+    capture). (Put in place directly: ``OURO_FUSED_CODA=0`` would leave the backend without it.)"""
     from ouro_backend.kernels import backend, coda
 
     calls = []

@@ -37,7 +37,7 @@ class TritonBackend:
     linear = staticmethod(linear)
     write_kv = staticmethod(write_kv)
     copy_kv_slots = staticmethod(copy_kv_slots)
-    # The greedy coda in one kernel, run only when a row exits (`coda.py`); on with OURO_FUSED_CODA=1.
+    # The greedy coda in one kernel, run only when a row exits (`coda.py`); off with OURO_FUSED_CODA=0.
     greedy_coda = staticmethod(coda.greedy_coda) if coda.fused_coda_enabled() else None
     fused_coda_max_rows = coda.FUSED_CODA_MAX_ROWS
 

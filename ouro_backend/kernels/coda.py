@@ -55,7 +55,12 @@ class CodaConfig:
 DEFAULT_CODA = CodaConfig()
 # The config by rows (largest M, config), ascending; its last M is the most rows the engine runs the kernel
 # at (FUSED_CODA_MAX_ROWS). benchmarks/kernels/coda_bench.py --sweep measures candidates.
-CODA_TABLE: tuple[tuple[int, CodaConfig], ...] = ((8, DEFAULT_CODA),)
+CODA_TABLE: tuple[tuple[int, CodaConfig], ...] = (
+    (1, CodaConfig(16, 512, 4, 3)),
+    (2, CodaConfig(32, 256, 4, 3)),
+    # from 3 rows the tensor-core tile (M padded to 16) beats CUDA cores: they redo every row's products
+    (MAX_M, CodaConfig(128, 128, 4, 1, dot=True, num_stages=3)),
+)
 FUSED_CODA_MAX_ROWS = CODA_TABLE[-1][0]
 
 
@@ -290,6 +295,5 @@ def greedy_coda(
 
 
 def fused_coda_enabled() -> bool:
-    """``OURO_FUSED_CODA=1`` turns the fused coda on (off by default until it is measured on the GPU; the A/B
-    switch of the benchmarks)."""
-    return os.environ.get("OURO_FUSED_CODA", "0") == "1"
+    """``OURO_FUSED_CODA=0`` turns the fused coda off (the A/B switch of the benchmarks)."""
+    return os.environ.get("OURO_FUSED_CODA", "1") != "0"
