@@ -5,10 +5,10 @@ up to 8 rows, tensor-core ones beyond), in rounds where a row exits and in round
 
     PYTHONPATH=$PWD python3 benchmarks/kernels/coda_bench.py [--rows 1,2,4,8,16,64] [--sweep] [--hbm-tb-s 4.8] [--out F]
 
-Each figure is the median over replays of a CUDA graph holding `--calls` back-to-back calls, divided by the
-calls (us per coda). ``pct_of_peak``: the LM head's bytes over that time against ``--hbm-tb-s``. Tokens are
-checked against the plain coda's (bf16 logits can tie: a differing token must be within one bf16 step of
-the maximum).
+Each figure is the median over replays (`benchmarks/graph_timing.py`) of a CUDA graph holding `--calls`
+back-to-back calls, divided by the calls (us per coda). ``pct_of_peak``: the LM head's bytes over that time
+against ``--hbm-tb-s``. Tokens are checked against the plain coda's (bf16 logits can tie: a differing token
+must be within one bf16 step of the maximum).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 
 import torch
 
+from benchmarks.graph_timing import graph_ms
 from ouro_backend.config import ExitMode
 from ouro_backend.engine import decode_state as ds
 from ouro_backend.engine.decode_state import DecodeState
@@ -40,27 +40,7 @@ def _state(M: int, emit: bool, dev) -> DecodeState:
 
 def _time(fn, calls: int, replays: int) -> float:
     """us per call: fn captured `calls` times in one CUDA graph, median over replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
-    return statistics.median(times)
+    return graph_ms(lambda: [fn() for _ in range(calls)], replays) * 1000 / calls
 
 
 def main(argv=None) -> int:

@@ -327,6 +327,11 @@ class ModelRunner:
     def _graph_rows(self, plan: SchedulerOutput) -> list[int] | None:
         return self.graphs.bind_rows(plan.decode_slots, plan.owners) if self.graphs is not None else None
 
+    def _replayable(self, graph: Graph | None) -> Graph | None:
+        """`graph`, unless logits are recorded and it was captured with the fused coda, which makes none (then
+        the launch runs eagerly)."""
+        return None if graph is not None and self.record_logits and graph.logits is None else graph
+
     def _spec_launch(self, plan: SchedulerOutput) -> torch.Tensor:
         spec = self.speculator
         assert spec is not None  # the scheduler speculates only when spec_tokens > 0
@@ -345,8 +350,7 @@ class ModelRunner:
     def _decode_launch(self, plan: SchedulerOutput, launch: Launch, rounds: int) -> torch.Tensor:
         rows = self._graph_rows(plan)
         graph = self.graphs.decode.get((len(rows), rounds, plan.sampler)) if self.graphs is not None and rows else None
-        if graph is not None and self.record_logits and graph.logits is None:
-            graph = None  # captured with the fused coda, which makes no logits: this launch runs eagerly
+        graph = self._replayable(graph)
         if graph is not None:
             graph.graph.replay()
             self.stats.graph_launches += 1
@@ -371,9 +375,9 @@ class ModelRunner:
         if deep:
             self.stats.deep_rounds += 1
             self.stats.deep_rows += deep
-        graph = self.graphs.mixed_graph(N, len(chunks), plan.sampler) if self.graphs is not None else None
-        if graph is not None and self.record_logits and graph.logits is None:
-            graph = None  # as in `_decode_launch`
+        graph = self._replayable(
+            self.graphs.mixed_graph(N, len(chunks), plan.sampler) if self.graphs is not None else None
+        )
         D = graph.rows if graph is not None else len(plan.decode_slots)
         batch = prompt_batch(chunks, self.kv, D, self.max_blocks)
         h = self._prompt_hidden(chunks, batch)
