@@ -33,6 +33,7 @@ import torch
 from benchmarks.graph_timing import graph_ms, replay_ms
 from ouro_backend import EngineConfig, LLMEngine, SamplingParams
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
+from ouro_backend.kernels import projections
 from ouro_backend.model.sampler import SamplerMode
 
 
@@ -69,8 +70,17 @@ def op_rows(eng: LLMEngine, M: int, ctx: int, hbm: float, peak: float) -> list[d
     from ouro_backend.model.attention import AttentionMetadata
 
     meta = AttentionMetadata(cu, lens, tables, slots, 1, ctx, decode_rows=0)
-    proj = lambda w, silu=False: (  # noqa: E731
-        (lambda: [ops.linear(gu if silu else (attn if w == "o" else x), getattr(ly, w), silu_x=silu) for ly in layers]),
+    # the MLP as `backend.mlp` runs it: SiLU-mul in gate/up's epilogue, or (gate/up on cuBLAS) in down's x load
+    glu = projections.glu_in_epilogue(layers[0].gate_up, M)
+    act = torch.randn(M, I, device=dev, dtype=dt)
+    inputs = {"qkv": x, "o": attn, "gate_up": x, "down": act if glu else gu}
+    proj = lambda w: (  # noqa: E731
+        (
+            lambda: [
+                ops.linear(inputs[w], getattr(ly, w), glu=glu and w == "gate_up", silu_x=not glu and w == "down")
+                for ly in layers
+            ]
+        ),
         getattr(layers[0], w).numel() * e,
         2 * M * getattr(layers[0], w).numel(),
     )
@@ -78,8 +88,8 @@ def op_rows(eng: LLMEngine, M: int, ctx: int, hbm: float, peak: float) -> list[d
     table = {
         "qkv_proj": proj("qkv"),
         "o_proj": proj("o"),
-        "gate_up_proj": proj("gate_up"),
-        "down_proj (silu_mul fused when the kernel runs)": proj("down", silu=True),
+        "gate_up_proj (silu_mul in its epilogue when the kernel runs)": proj("gate_up"),
+        "down_proj (silu_mul in its x load when gate_up is cuBLAS)": proj("down"),
         f"rope + KV write + attention (context {ctx})": (
             lambda: [ops.rope_kv_attention(q, k, v, pos, m.cos_sin, c[0], c[1], meta, m.scale) for c in caches],
             M * ctx * 2 * kvh * hd * e + act_in(cfg.q_size + 2 * cfg.kv_size) + act_in(cfg.q_size),

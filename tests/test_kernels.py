@@ -538,6 +538,60 @@ def test_linear_matches_twin(dtype, silu_x, cfg, M):
         assert torch.equal(K.linear(x, w, silu_x=silu_x, config=cfg), y)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", LINEAR_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("M", [1, 3, 12])
+def test_linear_glu_is_bitwise_the_product_then_the_activation_kernel(dtype, cfg, M):
+    """``glu``: gate/up with the activation in its epilogue == the same config's gate/up output, then
+    `silu_mul`, bitwise (the same K reductions per column, the same roundings), on both paths, split-K
+    included; I = 20 is not a multiple of the tile's BLOCK_N / 2 = 8 output columns."""
+    if M > K.projections.MAX_FMA_M and cfg.block_k < 16:
+        pytest.skip("beyond MAX_FMA_M rows the tensor-core path runs, which needs BLOCK_K >= 16")
+    gen = torch.Generator().manual_seed(91 + M)
+    I, Kd = 20, 72
+    x = torch.randn(M, Kd, generator=gen).to(dtype).to(DEV)
+    w = (torch.randn(2 * I, Kd, generator=gen) / Kd**0.5 * 3).to(dtype).to(DEV)
+    y = K.linear(x, w, glu=True, config=cfg)
+    assert y.shape == (M, I) and y.dtype == dtype and torch.isfinite(y).all()
+    plain = K.linear(x, w, config=cfg)
+    if cfg.dot or M > K.projections.MAX_FMA_M:  # the tile's columns are gate/up pairs: another dot shape
+        exact = K.silu_mul_ref(x.float() @ w.float().t())
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(y.float(), exact, rtol=tol, atol=tol)
+    else:  # CUDA cores reduce each row of w alone: the same sums in the same order as without GLU
+        assert torch.equal(y, K.silu_mul(plain)), (y - K.silu_mul(plain)).abs().max()
+    if cfg.split_k > 1:
+        assert torch.equal(K.linear(x, w, glu=True, config=cfg), y)
+
+
+@pytest.mark.parametrize("M", [1, 5, 12])
+def test_mlp_routes_the_activation_and_both_routes_agree(monkeypatch, M):
+    """`mlp`: with the kernel on gate/up (OURO_LINEAR=kernel runs these toy shapes) the activation goes in
+    gate/up's epilogue; with OURO_GLU=0 into down's x load (or its own kernel past MAX_FMA_M rows). Both
+    equal the twin; on CUDA cores (M <= 8) they equal each other bitwise."""
+    gen = torch.Generator().manual_seed(5 + M)
+    H, I = 48, 40
+    x = torch.randn(M, H, generator=gen).to(torch.bfloat16).to(DEV)
+    gu = (torch.randn(2 * I, H, generator=gen) / H**0.5 * 2).to(torch.bfloat16).to(DEV)
+    down = (torch.randn(H, I, generator=gen) / I**0.5).to(torch.bfloat16).to(DEV)
+    monkeypatch.setenv("OURO_LINEAR", "kernel")
+    calls = []
+    real = K.projections.linear
+    monkeypatch.setattr(K.projections, "linear", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    y = K.mlp(x, gu, down)
+    assert calls == [{"glu": True}, {}]
+    monkeypatch.setenv("OURO_GLU", "0")
+    calls.clear()
+    y_apart = K.mlp(x, gu, down)
+    assert calls == [{}, {"silu_x": True}]
+    exact = K.silu_mul_ref(x.float() @ gu.float().t()) @ down.float().t()
+    torch.testing.assert_close(y.float(), exact, rtol=3e-2, atol=3e-2)
+    if M <= K.projections.MAX_FMA_M:
+        assert torch.equal(y, y_apart)
+    else:
+        torch.testing.assert_close(y, y_apart, rtol=2e-2, atol=2e-2)
+
+
 def test_linear_one_chunk_path_is_the_one_tested_and_the_one_o_uses():
     """The single-chunk read-ahead (``ONE_CHUNK``) is what the split-9 config above runs, and what the table
     picks for the o projection at 1-4 rows; qkv's config there still walks its chunks one ahead."""

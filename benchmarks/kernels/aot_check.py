@@ -316,8 +316,9 @@ def coda_configs(candidates=None) -> list:
 
 def linear_configs(entries) -> list:
     """(label, kernel, args, options) of the projection kernel for (N, K, M, config) entries (None: cuBLAS,
-    skipped), with and without the fused SiLU where the config's path can fuse it. A config the shape cannot
-    take comes back with kernel None and the reason as its args (`compile_all` counts it as a failure)."""
+    skipped), plain, with the SiLU fused into x where the config's path can fuse it, and with the activation
+    in the epilogue (GLU) for the gate/up shape. A config the shape cannot take comes back with kernel None
+    and the reason as its args (`compile_all` counts it as a failure)."""
     import torch
 
     from ouro_backend.kernels import projections
@@ -327,9 +328,10 @@ def linear_configs(entries) -> list:
         if cfg is None:
             continue
         label = f"linear {N}x{K} M<={max_m} {cfg.name}"
-        for silu_x in (False, True):  # the wrapper's constants: on the tensor-core path SILU_X stays False
+        variants = [(False, False), (True, False)] + ([(False, True)] if N == 2 * 5632 else [])  # gate/up: GLU
+        for silu_x, glu in variants:  # the wrapper's constants: on the tensor-core path SILU_X stays False
             try:
-                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x)
+                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x, glu)
             except AssertionError as e:
                 out.append((label, None, f"invalid config: {e}", {}))
                 break
@@ -352,7 +354,9 @@ def linear_configs(entries) -> list:
                 **consts,
             )
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-            out.append((label + (" silu_x" if silu_x else ""), projections._linear_kernel, a, opts))
+            out.append(
+                (label + (" silu_x" if silu_x else "") + (" glu" if glu else ""), projections._linear_kernel, a, opts)
+            )
     return out
 
 

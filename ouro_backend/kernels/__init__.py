@@ -19,7 +19,7 @@ from .attention import (
     write_kv_ref,
 )
 from .norm import rms_norm, rms_norm_ref, sandwich_norm, sandwich_norm_ref
-from .projections import LinearConfig, config_for, linear, linear_ref
+from .projections import LinearConfig, config_for, linear, linear_ref, mlp, mlp_ref
 from .rope import rope_, rope_and_write_kv, rope_and_write_kv_ref, rope_ref
 
 __all__ = [
@@ -33,6 +33,8 @@ __all__ = [
     "linear",
     "linear_ref",
     "LinearConfig",
+    "mlp",
+    "mlp_ref",
     "paged_attention",
     "paged_attention_ref",
     "rms_norm",

@@ -9,6 +9,7 @@ from . import (
     coda,
     copy_kv_slots,
     linear,
+    mlp,
     paged_attention,
     rms_norm,
     rope_,
@@ -35,6 +36,7 @@ class TritonBackend:
     rope_and_write_kv = staticmethod(rope_and_write_kv)
     silu_mul = staticmethod(silu_mul)
     linear = staticmethod(linear)
+    mlp = staticmethod(mlp)
     write_kv = staticmethod(write_kv)
     copy_kv_slots = staticmethod(copy_kv_slots)
     # The greedy coda in one kernel, run only when a row exits (`coda.py`); off with OURO_FUSED_CODA=0.

@@ -11,10 +11,11 @@ in flight, and the tail of its last programs. This kernel attacks those:
   config whose split of K is a single chunk (BLOCK_K x SPLIT_K >= K) holds its whole slice of w before the
   wait (``ONE_CHUNK``): after a long latency-bound kernel (decode attention) its weights have streamed by
   the time x is ready (which projections use it: the table; why: docs/engine.md);
-- ``silu_x``: x is the gate/up projection's output [M, 2K] and the result is ``silu_mul(x) @ w.T``. On the
-  CUDA-core path the activation is applied as x is loaded (bitwise the same x as `activation.silu_mul`),
-  which removes a kernel and a round trip of the activation per layer; the tensor-core path runs
-  `activation.silu_mul` first (per x tile, every program would recompute it).
+- the MLP's SiLU-and-multiply without a kernel of its own (`mlp` picks): ``glu`` puts it in the gate/up
+  projection's epilogue (a tile holds gate and up rows in pairs, so each program finishes whole output
+  columns; both paths), ``silu_x`` in the down projection's x load (CUDA-core path only: per x tile, every
+  tensor-core program would recompute it, so that path runs `activation.silu_mul` first). Either way the
+  values are bitwise those of `activation.silu_mul`.
 
 Layout: a program owns BLOCK_N rows of w (output columns) and one of SPLIT_K slices of K, walked in BLOCK_K
 chunks, fp32 accumulation. All M rows share that pass (BLOCK_M covers M), so w is read once. Inner product:
@@ -40,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..model.torch_ops import linear_ref  # the torch twin
+from ..model.torch_ops import linear_ref, mlp_ref  # the torch twins
 from ._common import (
     arrival_counters,
     cast_rne,
@@ -102,6 +103,7 @@ def _linear_kernel(
     USE_DOT: tl.constexpr,
     DOT_PREC: tl.constexpr,
     SILU_X: tl.constexpr,
+    GLU: tl.constexpr,
     PREFETCH: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
     DEFER_SUM: tl.constexpr,
@@ -117,7 +119,12 @@ def _linear_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     # clamp rather than mask the rows: loads stay unmasked (vectorised); the duplicates are never stored
-    rows_n = tl.minimum(offs_n, N - 1).to(tl.int64)
+    if GLU:  # w is gate/up [2I, K]: the tile's row i is gate row j + i // 2 (i even), up row I + j + i // 2 (odd)
+        half_n = N // 2
+        pair = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        rows_n = (tl.minimum(pair, half_n - 1) + (tl.arange(0, BLOCK_N) % 2) * half_n).to(tl.int64)
+    else:
+        rows_n = tl.minimum(offs_n, N - 1).to(tl.int64)
     k_chunk = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K  # whole BLOCK_K chunks per split
     k_lo = pid_k * k_chunk
     k_hi = tl.minimum(k_lo + k_chunk, K)
@@ -169,12 +176,12 @@ def _linear_kernel(
             acc = tl.sum(acc3, axis=2)  # [BLOCK_M, BLOCK_N]
         else:
             acc = tl.trans(acc_t)
-    y_dtype: tl.constexpr = y_ptr.dtype.element_ty
+    # NOTE: with GLU, columns of acc and of the partials are tile slots (2 j + gate/up), not output columns;
+    # slot < N exactly when its output column j < I, so out_mask covers both.
     offs_m64 = offs_m.to(tl.int64)
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    y_ptrs = y_ptr + offs_m64[:, None] * stride_ym + offs_n[None, :]
     if SPLIT_K == 1:
-        tl.store(y_ptrs, cast_rne(acc, y_dtype, INTERP), mask=out_mask)
+        _store_y(y_ptr, acc, offs_m64, pid_n, M, N, stride_ym, BLOCK_M, BLOCK_N, GLU, INTERP, LIBDEVICE)
     else:
         split_stride = M.to(tl.int64) * N  # partials: [SPLIT_K, M, N] fp32
         p_ptrs = part_ptr + offs_m64[:, None] * N + offs_n[None, :]
@@ -186,8 +193,34 @@ def _linear_kernel(
             tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT_K):  # fixed order -> bitwise reproducible
                 tot += tl.load(p_ptrs + s * split_stride, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptrs, cast_rne(tot, y_dtype, INTERP), mask=out_mask)
+            _store_y(y_ptr, tot, offs_m64, pid_n, M, N, stride_ym, BLOCK_M, BLOCK_N, GLU, INTERP, LIBDEVICE)
             tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")  # re-arm
+
+
+@triton.jit
+def _store_y(
+    y_ptr, acc, offs_m64, pid_n, M, N, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GLU: tl.constexpr, INTERP: tl.constexpr, LIBDEVICE: tl.constexpr,
+):  # fmt: skip
+    """Store a finished fp32 tile: ``acc`` rounded to y's dtype, or with GLU ``silu(g) * u`` of its (gate, up)
+    slot pairs, each product rounded to y's dtype first: exactly what storing the gate/up output and then
+    running `activation.silu_mul` on it gives."""
+    y_dtype: tl.constexpr = y_ptr.dtype.element_ty
+    row_ok = (offs_m64 < M)[:, None]
+    if GLU:
+        HALF: tl.constexpr = BLOCK_N // 2
+        g, u = tl.split(tl.reshape(round_f32(acc, y_dtype, INTERP), [BLOCK_M, HALF, 2]))
+        cols = pid_n * HALF + tl.arange(0, HALF)
+        out = silu_mul_f32(g, u, y_dtype, INTERP, LIBDEVICE)
+        tl.store(
+            y_ptr + offs_m64[:, None] * stride_ym + cols[None, :],
+            cast_rne(out, y_dtype, INTERP),
+            mask=row_ok & (cols < N // 2)[None, :],
+        )
+    else:
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = row_ok & (cols < N)[None, :]
+        tl.store(y_ptr + offs_m64[:, None] * stride_ym + cols[None, :], cast_rne(acc, y_dtype, INTERP), mask=mask)
 
 
 @dataclass(frozen=True)
@@ -270,15 +303,17 @@ def config_for(N: int, K: int, M: int) -> LinearConfig | None:
     return None
 
 
-def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu_x: bool) -> dict:
+def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu_x: bool, glu: bool = False) -> dict:
     """The kernel's shape constexprs for `cfg` at M rows (what `linear` launches and
     benchmarks/kernels/aot_check.py compiles). Beyond MAX_FMA_M rows the tensor-core path runs whatever
-    `cfg.dot` says, and it never fuses SiLU (per x tile, every program would recompute it): SILU_X is then
-    False and `linear` runs the activation kernel first."""
+    `cfg.dot` says, and it never fuses SiLU into x (per x tile, every program would recompute it): SILU_X is
+    then False and `linear` runs the activation kernel first. GLU (the activation in the epilogue) runs on
+    both paths."""
     dot = cfg.dot or M > MAX_FMA_M
     chunks = triton.cdiv(K, cfg.block_k)
     assert triton.cdiv(chunks, cfg.split_k) * (cfg.split_k - 1) < chunks, f"{cfg.name}: a split of K={K} is empty"
     assert not dot or (cfg.block_n >= 16 and cfg.block_k >= 16), f"{cfg.name}: tl.dot needs BLOCK_N, BLOCK_K >= 16"
+    assert not (glu and silu_x), "the activation goes in gate/up's epilogue or down's x load, not both"
     prefetch = cfg.prefetch and not dot and K % cfg.block_k == 0
     return dict(
         BLOCK_M=min(MAX_M, max(16 if dot else 1, next_pow2(M))),
@@ -289,6 +324,7 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
         USE_DOT=dot,
         DOT_PREC="ieee" if dtype == torch.float32 else "tf32",
         SILU_X=silu_x and not dot,
+        GLU=glu,
         PREFETCH=prefetch,
         ONE_CHUNK=prefetch and triton.cdiv(chunks, cfg.split_k) == 1,  # (only the read-ahead path uses it)
         DEFER_SUM=cfg.defer_sum and not dot,
@@ -296,25 +332,30 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor, *, silu_x: bool = False, config: LinearConfig | None = None
+    x: torch.Tensor, w: torch.Tensor, *, silu_x: bool = False, glu: bool = False, config: LinearConfig | None = None
 ) -> torch.Tensor:
-    """``x @ w.T`` in x's dtype (``silu_mul(x) @ w.T`` with ``silu_x``): x [M, K] (or [M, 2K]), w [N, K]
-    row-major, one dtype. Runs the kernel with ``config`` or the measured `config_for`; cuBLAS otherwise."""
+    """``x @ w.T`` in x's dtype: x [M, K], w [N, K] row-major, one dtype. ``silu_x``: x is a gate/up output
+    [M, 2K] and the result is ``silu_mul(x) @ w.T``. ``glu``: w is a gate/up weight [2I, K] and the result is
+    ``silu_mul(x @ w.T)`` [M, I], the activation applied to the finished tile. Runs the kernel with ``config``
+    or the measured `config_for`; cuBLAS (and the activation kernel) otherwise."""
     assert x.dim() == 2 and w.dim() == 2 and x.dtype == w.dtype, (x.shape, w.shape, x.dtype, w.dtype)
     M = x.shape[0]
     N, K = w.shape
     assert x.shape[1] == (2 * K if silu_x else K), (x.shape, w.shape, silu_x)
+    assert not glu or N % 2 == 0, ("a gate/up weight has an even number of rows", w.shape)
     if not use_triton(_linear_kernel, x, w):
-        return linear_ref(x, w, silu_x)
+        return linear_ref(x, w, silu_x, glu)
     cfg = config or config_for(N, K, M)
-    if cfg is None:  # cuBLAS (and the activation kernel for silu_x)
-        return (silu_mul(x) if silu_x else x) @ w.t()
-    consts = launch_constants(cfg, M, K, x.dtype, silu_x)
+    if cfg is None:  # cuBLAS (and the activation kernel)
+        y = (silu_mul(x) if silu_x else x) @ w.t()
+        return silu_mul(y) if glu else y
+    assert not glu or cfg.block_n % 2 == 0, f"{cfg.name}: GLU pairs tile rows, BLOCK_N must be even"
+    consts = launch_constants(cfg, M, K, x.dtype, silu_x, glu)
     if silu_x and not consts["SILU_X"]:
         x = silu_mul(x)
     x = x if x.stride(1) == 1 else x.contiguous()
     w = w if w.stride(1) == 1 else w.contiguous()
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty((M, N // 2 if glu else N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
     grid = (triton.cdiv(N, cfg.block_n), cfg.split_k, triton.cdiv(M, consts["BLOCK_M"]))
@@ -344,3 +385,21 @@ def linear(
         **pdl_launch(_linear_kernel, x.device),
     )
     return y
+
+
+def mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The MLP ``silu_mul(x @ gate_up.T) @ down.T`` in two kernels, the activation where it costs least: in
+    gate/up's epilogue (``glu``) when the kernel runs gate/up at these rows (`config_for`); otherwise gate/up
+    is cuBLAS and the activation goes into down's x load (``silu_x``, its CUDA-core path) or its own kernel.
+    Both give the same values bitwise (the same roundings). ``OURO_GLU=0`` keeps the activation out of the
+    epilogue (the A/B switch of the benchmarks)."""
+    if not use_triton(_linear_kernel, x, gate_up):
+        return mlp_ref(x, gate_up, down)
+    if glu_in_epilogue(gate_up, x.shape[0]):
+        return linear(linear(x, gate_up, glu=True), down)
+    return linear(linear(x, gate_up), down, silu_x=True)
+
+
+def glu_in_epilogue(gate_up: torch.Tensor, M: int) -> bool:
+    """Whether `mlp` puts the activation in gate/up's epilogue at M rows (the kernel runs gate/up there)."""
+    return os.environ.get("OURO_GLU", "1") != "0" and config_for(*gate_up.shape, M) is not None

@@ -54,6 +54,7 @@ class TorchBackend:
     rope_and_write_kv = staticmethod(torch_ops.rope_and_write_kv_ref)
     silu_mul = staticmethod(torch_ops.silu_mul_ref)
     linear = staticmethod(torch_ops.linear_ref)
+    mlp = staticmethod(torch_ops.mlp_ref)
     write_kv = staticmethod(torch_ops.write_kv_ref)
     copy_kv_slots = staticmethod(torch_ops.copy_kv_slots_ref)
 

@@ -3,8 +3,8 @@
 The three stages of a round (docs/engine.md) are separate methods so the runner can batch them independently:
 `embed` (prelude), `loop` (recurrent core: every layer then `model.norm`), and `gate` / `logits` (exit
 check and coda). Memory-bound ops and the projections go through the backend (`backend.linear`: a decode
-kernel for few rows, cuBLAS otherwise), with q/k/v and gate/up fused and SiLU-mul folded into the down
-projection.
+kernel for few rows, cuBLAS otherwise), with q/k/v and gate/up fused; `backend.mlp` puts SiLU-mul in the
+gate/up kernel's epilogue or the down projection's x load.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class OuroModel:
             attn = ops.rope_kv_attention(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta, self.scale)
             o = ops.linear(attn.view(n, cfg.q_size), layer.o)
             h, x = ops.sandwich_norm(o, h, layer.ln_in2, layer.ln_post, eps)
-            m = ops.linear(ops.linear(x, layer.gate_up), layer.down, silu_x=True)
+            m = ops.mlp(x, layer.gate_up, layer.down)
             next_norm = self.layers[i + 1].ln_in if i + 1 < len(self.layers) else self.norm
             h, x = ops.sandwich_norm(m, h, layer.ln_post2, next_norm, eps)
         # x is now model.norm(h): the loop's output, the next loop's input, the gate's and LM head's input.

@@ -29,10 +29,16 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :I]) * gate_up[..., I:]
 
 
-def linear_ref(x: torch.Tensor, w: torch.Tensor, silu_x: bool = False) -> torch.Tensor:
-    """``x @ w.T``; with ``silu_x``, x is a gate/up output and the product is ``silu_mul(x) @ w.T``: twin of
-    `kernels.linear`."""
-    return (silu_mul_ref(x) if silu_x else x) @ w.t()
+def linear_ref(x: torch.Tensor, w: torch.Tensor, silu_x: bool = False, glu: bool = False) -> torch.Tensor:
+    """``x @ w.T``; with ``silu_x``, x is a gate/up output and the product is ``silu_mul(x) @ w.T``; with
+    ``glu``, w is a gate/up weight and the result is ``silu_mul(x @ w.T)``: twin of `kernels.linear`."""
+    y = (silu_mul_ref(x) if silu_x else x) @ w.t()
+    return silu_mul_ref(y) if glu else y
+
+
+def mlp_ref(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The MLP ``silu_mul(x @ gate_up.T) @ down.T``: twin of `kernels.mlp`."""
+    return linear_ref(linear_ref(x, gate_up, glu=True), down)
 
 
 def greedy_coda_ref(h: torch.Tensor, lm_head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
