@@ -35,7 +35,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--replays", type=int, default=40)
     ap.add_argument("--hbm-tb-s", type=float, default=4.8)
+    ap.add_argument("--sections", default="pair,down,gate_up", help="which of the three to run")
     args = ap.parse_args()
+    sections = args.sections.split(",")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     gus = [torch.randn(2 * I, H, device=dev, dtype=torch.bfloat16) / H**0.5 for _ in range(LAYERS)]
@@ -43,7 +45,7 @@ def main() -> None:
     per_layer = lambda fn: graph_ms(fn, args.replays) * 1e3 / LAYERS  # noqa: E731
     out: dict = dict(device=torch.cuda.get_device_name(), pair=[], down=[], gate_up=[])
 
-    for M in (1, 2, 4, 8, 12, 16):
+    for M in (1, 2, 4, 8, 12, 16) if "pair" in sections else ():
         x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
         a, b = linear(linear(x, gus[0], glu=True), dns[0]), linear(linear(x, gus[0]), dns[0], silu_x=True)
         row = dict(
@@ -60,7 +62,7 @@ def main() -> None:
         out["pair"].append(row)
         print(json.dumps(row), flush=True)
 
-    for M in (1, 2, 4, 8):
+    for M in (1, 2, 4, 8) if "down" in sections else ():
         x1 = torch.randn(M, I, device=dev, dtype=torch.bfloat16)
         x2 = torch.randn(M, 2 * I, device=dev, dtype=torch.bfloat16)
         cands = [config_for(H, I, M)] + [_fma(bn, bk, s, 4) for bn, bk, s in ((8, 512, 2), (8, 256, 2), (4, 512, 2))]
@@ -83,7 +85,7 @@ def main() -> None:
             out["down"].append(row)
             print(json.dumps(row), flush=True)
 
-    for M in (2, 4, 8, 32, 64):
+    for M in (2, 4, 8, 32, 64) if "gate_up" in sections else ():
         x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
         now = per_layer(lambda: [mlp(x, g, d) for g, d in zip(gus, dns)])
         out["gate_up"].append(dict(M=M, cfg="mlp as the table runs it", gate_up=name(config_for(2 * I, H, M)), us=now))
