@@ -314,6 +314,9 @@ def coda_configs(candidates=None) -> list:
     return out
 
 
+GATE_UP = (11264, 2048)  # the gate/up weight of Ouro-1.4B/2.6B (DECODE_TABLE's shape)
+
+
 def linear_configs(entries) -> list:
     """(label, kernel, args, options) of the projection kernel for (N, K, M, config) entries (None: cuBLAS,
     skipped), plain, with the SiLU fused into x where the config's path can fuse it, and with the activation
@@ -328,7 +331,8 @@ def linear_configs(entries) -> list:
         if cfg is None:
             continue
         label = f"linear {N}x{K} M<={max_m} {cfg.name}"
-        variants = [(False, False), (True, False)] + ([(False, True)] if N == 2 * 5632 else [])  # gate/up: GLU
+        glu_too = (N, K) == GATE_UP  # `kernels.mlp` runs gate/up with the activation in its epilogue
+        variants = [(False, False), (True, False)] + ([(False, True)] if glu_too else [])
         for silu_x, glu in variants:  # the wrapper's constants: on the tensor-core path SILU_X stays False
             try:
                 consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x, glu)
