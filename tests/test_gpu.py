@@ -335,7 +335,7 @@ def test_fp32_deferred_deep_equals_its_dense_definition(toy_path, oracle, graphs
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode,threshold", [("ouro", 1.0), ("ouro", 0.5), ("ouro_delayed", 0.5)])
 def test_fused_greedy_coda_equals_the_plain_coda_and_the_oracle(toy_path, oracle, monkeypatch, layout, mode, threshold):
-    """Greedy decode rounds of at most 8 rows run the coda as one kernel (`kernels/coda.py`): its tokens, exit
+    """Greedy decode rounds of at most 64 rows run the coda as one kernel (`kernels/coda.py`): its tokens, exit
     depths and logprobs equal those of the plain coda (``OURO_FUSED_CODA=0``: the LM head GEMM, argmax,
     log_softmax) and the oracle's, with graphs and four rounds a launch; the kernel really ran (counted at
     capture). (Put in place directly: ``OURO_FUSED_CODA=0`` would leave the backend without it.)"""

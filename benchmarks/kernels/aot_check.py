@@ -270,8 +270,8 @@ def coda_configs(candidates=None) -> list:
     from ouro_backend.kernels import coda
 
     out = []
-    pairs = [(c, m) for c in candidates for m in (1, 2, 4, 8, 16, 64)] if candidates else None
-    pairs = pairs or [(coda.coda_config(m), m) for m in (1, 2, 4, 8, 16, 64)]
+    rows = (1, 2, 4, 8, 16, 64)
+    pairs = [(c, m) for c in candidates for m in rows] if candidates else [(coda.coda_config(m), m) for m in rows]
     for cfg, m in pairs:
         dot = cfg.dot or m > coda.MAX_FMA_M
         bm = max(16, m) if dot else m

@@ -52,7 +52,6 @@ class CodaConfig:
     num_stages: int = 1  # the tensor-core path's pipeline depth
 
 
-DEFAULT_CODA = CodaConfig()
 # The config by rows (largest M, config), ascending; its last M is the most rows the engine runs the kernel
 # at (FUSED_CODA_MAX_ROWS). benchmarks/kernels/coda_bench.py --sweep measures candidates.
 CODA_TABLE: tuple[tuple[int, CodaConfig], ...] = (
@@ -65,7 +64,8 @@ FUSED_CODA_MAX_ROWS = CODA_TABLE[-1][0]
 
 
 def coda_config(M: int) -> CodaConfig:
-    return next((cfg for max_m, cfg in CODA_TABLE if max_m >= M), DEFAULT_CODA)
+    """The measured config for M rows (1 <= M <= FUSED_CODA_MAX_ROWS)."""
+    return next(cfg for max_m, cfg in CODA_TABLE if max_m >= M)
 
 
 @triton.jit
@@ -236,10 +236,10 @@ def greedy_coda(
     engine's decode state `state`) with loop output h [M, H], after loop gate values `lam` (fp32 [M], None
     for modes without a gate). When no row exits this round (the exit rule of `mode`), every row gets token
     0 and logprob 0 and the LM head is not read. `programs` overrides the grid (tests)."""
-    cfg = config or coda_config(h.shape[0])
     M, H = h.shape
     V = lm_head.shape[0]
     assert 1 <= M <= MAX_M and idx.shape[0] == M, (M, idx.shape)
+    cfg = config or coda_config(M)
     assert lm_head.shape[1] == H and lm_head.dtype == h.dtype and h.stride(1) == 1 and lm_head.stride(1) == 1
     block_k = min(cfg.block_k, next_pow2(H))
     assert H % block_k == 0, f"the hidden size {H} is not a multiple of the coda's K chunk {block_k}"

@@ -314,6 +314,7 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
     assert triton.cdiv(chunks, cfg.split_k) * (cfg.split_k - 1) < chunks, f"{cfg.name}: a split of K={K} is empty"
     assert not dot or (cfg.block_n >= 16 and cfg.block_k >= 16), f"{cfg.name}: tl.dot needs BLOCK_N, BLOCK_K >= 16"
     assert not (glu and silu_x), "the activation goes in gate/up's epilogue or down's x load, not both"
+    assert not glu or cfg.block_n % 2 == 0, f"{cfg.name}: GLU pairs tile rows, BLOCK_N must be even"
     prefetch = cfg.prefetch and not dot and K % cfg.block_k == 0
     return dict(
         BLOCK_M=min(MAX_M, max(16 if dot else 1, next_pow2(M))),
@@ -349,7 +350,6 @@ def linear(
     if cfg is None:  # cuBLAS (and the activation kernel)
         y = (silu_mul(x) if silu_x else x) @ w.t()
         return silu_mul(y) if glu else y
-    assert not glu or cfg.block_n % 2 == 0, f"{cfg.name}: GLU pairs tile rows, BLOCK_N must be even"
     consts = launch_constants(cfg, M, K, x.dtype, silu_x, glu)
     if silu_x and not consts["SILU_X"]:
         x = silu_mul(x)
