@@ -564,6 +564,36 @@ def test_linear_glu_is_bitwise_the_product_then_the_activation_kernel(dtype, cfg
         assert torch.equal(K.linear(x, w, glu=True, config=cfg), y)
 
 
+def test_l2_ranges_of_a_share_are_whole_rows_of_each_half():
+    """`l2_ranges_of`: a gate/up weight (even rows) gets two ranges, one a half, each the share's whole rows;
+    an odd row count one range; nothing for share 0 or a share under one row."""
+    v = torch.empty(40, 24, dtype=torch.bfloat16)
+    assert K.projections.l2_ranges_of(v, 0.25) == (2, 5 * 24, 20 * 24)
+    assert K.projections.l2_ranges_of(v, 2.0) == (2, 20 * 24, 20 * 24)
+    assert K.projections.l2_ranges_of(torch.empty(5, 16), 0.5) == (1, 2 * 16, 5 * 16)
+    assert K.projections.l2_ranges_of(torch.empty(3, 4), 0.5) == (0, 0, 0)  # 4 elements: under 8
+    assert K.projections.l2_ranges_of(v, 0.0) == (0, 0, 0)
+    assert K.projections.l2_ahead_share(2048, 2048, 1) > 0 and K.projections.l2_ahead_share(2048, 2048, 64) == 0
+
+
+@pytest.mark.parametrize("cfg", [LINEAR_CONFIGS[0], LINEAR_CONFIGS[-1]], ids=lambda c: c.name)
+@pytest.mark.parametrize("M", [1, 12])
+def test_linear_with_an_l2_prefetch_of_the_next_weight_is_bitwise_the_same(cfg, M):
+    """``next_weight``: the kernel asks L2 for a share of another weight before its PDL wait (on the GPU; the
+    interpreter skips the prefetch); the result is bitwise the same, and the other weight is untouched."""
+    if M > K.projections.MAX_FMA_M and cfg.block_k < 16:
+        pytest.skip("beyond MAX_FMA_M rows the tensor-core path runs, which needs BLOCK_K >= 16")
+    gen = torch.Generator().manual_seed(17 + M)
+    x = torch.randn(M, 72, generator=gen).to(torch.bfloat16).to(DEV)
+    w = torch.randn(40, 72, generator=gen).to(torch.bfloat16).to(DEV)
+    nxt = torch.randn(64, 40, generator=gen).to(torch.bfloat16).to(DEV)
+    before = nxt.clone()
+    plain = K.linear(x, w, config=cfg)
+    for share in (0.3, 1.0):
+        assert torch.equal(K.linear(x, w, config=cfg, next_weight=nxt, l2_share=share), plain)
+    assert torch.equal(nxt, before)
+
+
 @pytest.mark.parametrize("M", [1, 5, 12])
 def test_mlp_routes_the_activation_and_both_routes_agree(monkeypatch, M):
     """`mlp`: with the kernel on gate/up (OURO_LINEAR=kernel runs these toy shapes) the activation goes in

@@ -332,10 +332,11 @@ def linear_configs(entries) -> list:
             continue
         label = f"linear {N}x{K} M<={max_m} {cfg.name}"
         glu_too = (N, K) == GATE_UP  # `kernels.mlp` runs gate/up with the activation in its epilogue
+        l2 = 2 if projections.l2_ahead_share(N, K, max_m) > 0 else 0  # o asks L2 for gate/up (two ranges)
         variants = [(False, False), (True, False)] + ([(False, True)] if glu_too else [])
         for silu_x, glu in variants:  # the wrapper's constants: on the tensor-core path SILU_X stays False
             try:
-                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x, glu)
+                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x, glu, l2)
             except AssertionError as e:
                 out.append((label, None, f"invalid config: {e}", {}))
                 break
@@ -353,14 +354,16 @@ def linear_configs(entries) -> list:
                 stride_xm="i32",
                 stride_wn="i32",
                 stride_ym="i32",
+                l2_ptr="*bf16",
+                l2_len="i32",
+                l2_stride="i32",
                 INTERP=False,
                 LIBDEVICE=projections._HAS_LIBDEVICE,
                 **consts,
             )
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-            out.append(
-                (label + (" silu_x" if silu_x else "") + (" glu" if glu else ""), projections._linear_kernel, a, opts)
-            )
+            name = label + (" silu_x" if silu_x else "") + (" glu" if glu else "") + (" l2" if l2 else "")
+            out.append((name, projections._linear_kernel, a, opts))
     return out
 
 

@@ -82,6 +82,28 @@ def _load_w(ptrs, k_mask, EVEN_K: tl.constexpr):
     return w
 
 
+@triton.jit
+def _l2_ahead(l2_ptr, l2_len, l2_stride, RANGES: tl.constexpr, LANES: tl.constexpr):
+    """Fire-and-forget L2 prefetch of another kernel's weight: RANGES ranges of ``l2_len`` elements, at
+    ``l2_ptr + r * l2_stride``, split evenly over every program's LANES lanes (one bulk prefetch a lane and
+    range). ``l2_len`` is a multiple of 8 elements (the instruction moves 16-byte multiples)."""
+    P = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+    p = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    chunk = tl.cdiv(tl.cdiv(l2_len, P * LANES), 8) * 8
+    off = (p * LANES + tl.arange(0, LANES)).to(tl.int64) * chunk
+    size = tl.maximum(tl.minimum(off + chunk, l2_len) - off, 0)
+    elem_bytes: tl.constexpr = l2_ptr.dtype.element_ty.primitive_bitwidth // 8
+    for r in tl.static_range(RANGES):
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r",
+            [l2_ptr + r * l2_stride + off, (size * elem_bytes).to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
 @triton.jit(do_not_specialize=["M"])  # M = 1 must not compile its own variant: BLOCK_M covers it
 def _linear_kernel(
     x_ptr,
@@ -95,6 +117,9 @@ def _linear_kernel(
     stride_xm,
     stride_wn,
     stride_ym,
+    l2_ptr,
+    l2_len,
+    l2_stride,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -107,6 +132,8 @@ def _linear_kernel(
     PREFETCH: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
     DEFER_SUM: tl.constexpr,
+    L2_RANGES: tl.constexpr,
+    L2_LANES: tl.constexpr,
     PDL: tl.constexpr,
     INTERP: tl.constexpr,
     LIBDEVICE: tl.constexpr,
@@ -131,6 +158,8 @@ def _linear_kernel(
     w_ptrs = w_ptr + rows_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if PREFETCH:  # (CUDA-core path, whole chunks) the first chunk of w in flight before the wait
         w_next = tl.load(w_ptrs)
+    if L2_RANGES > 0 and not INTERP:  # after this kernel's own first reads: they are needed sooner
+        _l2_ahead(l2_ptr, l2_len, l2_stride, L2_RANGES, L2_LANES)
     pdl_enter(PDL)
     rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)  # clamped like rows_n: the duplicates are never stored
     if USE_DOT:  # tensor cores; the compiler pipelines these loads (cp.async, num_stages deep)
@@ -303,7 +332,40 @@ def config_for(N: int, K: int, M: int) -> LinearConfig | None:
     return None
 
 
-def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu_x: bool, glu: bool = False) -> dict:
+# Where a projection's programs wait (PDL) on a latency-bound kernel, HBM idles: they ask L2 for the first
+# share of the next projection's weight, which then reads that part from L2 (`linear`'s ``next_weight``).
+# Shares by weight shape (N, K): (largest M, share), ascending M; measured with
+# benchmarks/kernels/loop_bench.py ``variants`` (the ``l2_*`` rows). ``OURO_L2_AHEAD=0`` turns it off.
+L2_AHEAD_TABLE: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {
+    (2048, 2048): ((2, 0.25),),  # o, after decode attention; the next weight is gate/up
+}
+
+
+def l2_ahead_share(N: int, K: int, M: int) -> float:
+    """The measured share of the next weight that the projection [N, K] at M rows asks L2 for (0: none)."""
+    if os.environ.get("OURO_L2_AHEAD", "1") == "0":
+        return 0.0
+    for max_m, share in L2_AHEAD_TABLE.get((N, K), ()):
+        if max_m >= M:
+            return share
+    return 0.0
+
+
+def l2_ranges_of(v: torch.Tensor, share: float) -> tuple[int, int, int]:
+    """(ranges, elements a range, stride between ranges) of the first ``share`` of weight v [R, K']: of each
+    half when R is even (a gate/up weight is read in gate/up row pairs), whole rows, a multiple of 8 elements
+    (the prefetch moves 16-byte multiples of a 16-bit dtype, and 32-byte multiples of fp32)."""
+    if share <= 0:
+        return 0, 0, 0
+    ranges = 2 if v.shape[0] % 2 == 0 else 1
+    rows = v.shape[0] // ranges
+    n = int(rows * min(share, 1.0)) * v.shape[1] // 8 * 8
+    return (ranges, n, rows * v.shape[1]) if n else (0, 0, 0)
+
+
+def launch_constants(
+    cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu_x: bool, glu: bool = False, l2_ranges: int = 0
+) -> dict:
     """The kernel's shape constexprs for `cfg` at M rows (what `linear` launches and
     benchmarks/kernels/aot_check.py compiles). Beyond MAX_FMA_M rows the tensor-core path runs whatever
     `cfg.dot` says, and it never fuses SiLU into x (per x tile, every program would recompute it): SILU_X is
@@ -329,16 +391,27 @@ def launch_constants(cfg: LinearConfig, M: int, K: int, dtype: torch.dtype, silu
         PREFETCH=prefetch,
         ONE_CHUNK=prefetch and triton.cdiv(chunks, cfg.split_k) == 1,  # (only the read-ahead path uses it)
         DEFER_SUM=cfg.defer_sum and not dot,
+        L2_RANGES=l2_ranges,
+        L2_LANES=32 * cfg.num_warps,
     )
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor, *, silu_x: bool = False, glu: bool = False, config: LinearConfig | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    silu_x: bool = False,
+    glu: bool = False,
+    config: LinearConfig | None = None,
+    next_weight: torch.Tensor | None = None,
+    l2_share: float | None = None,
 ) -> torch.Tensor:
     """``x @ w.T`` in x's dtype: x [M, K], w [N, K] row-major, one dtype. ``silu_x``: x is a gate/up output
     [M, 2K] and the result is ``silu_mul(x) @ w.T``. ``glu``: w is a gate/up weight [2I, K] and the result is
     ``silu_mul(x @ w.T)`` [M, I], the activation applied to the finished tile. Runs the kernel with ``config``
-    or the measured `config_for`; cuBLAS (and the activation kernel) otherwise."""
+    or the measured `config_for`; cuBLAS (and the activation kernel) otherwise. ``next_weight``: the weight
+    the next projection reads; before its PDL wait the kernel asks L2 for its first share (`l2_ahead_share`'s
+    table, or ``l2_share``; nothing when 0 or on cuBLAS)."""
     assert x.dim() == 2 and w.dim() == 2 and x.dtype == w.dtype, (x.shape, w.shape, x.dtype, w.dtype)
     M = x.shape[0]
     N, K = w.shape
@@ -350,7 +423,14 @@ def linear(
     if cfg is None:  # cuBLAS (and the activation kernel)
         y = (silu_mul(x) if silu_x else x) @ w.t()
         return silu_mul(y) if glu else y
-    consts = launch_constants(cfg, M, K, x.dtype, silu_x, glu)
+    l2_ptr, l2_ranges, l2_len, l2_stride = w, 0, 0, 0
+    if next_weight is not None:
+        share = l2_ahead_share(N, K, M) if l2_share is None else l2_share
+        l2_ranges, l2_len, l2_stride = l2_ranges_of(next_weight, share)
+        if l2_ranges:
+            assert next_weight.is_contiguous() and next_weight.dtype == w.dtype, (next_weight.dtype, w.dtype)
+            l2_ptr = next_weight
+    consts = launch_constants(cfg, M, K, x.dtype, silu_x, glu, l2_ranges)
     if silu_x and not consts["SILU_X"]:
         x = silu_mul(x)
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -377,6 +457,9 @@ def linear(
         x.stride(0),
         w.stride(0),
         y.stride(0),
+        l2_ptr,
+        l2_len,
+        l2_stride,
         INTERP=interp,
         LIBDEVICE=_HAS_LIBDEVICE and not interp,
         num_warps=cfg.num_warps,

@@ -78,7 +78,7 @@ class OuroModel:
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(n, cfg.num_key_value_heads, cfg.head_dim)
             k_cache, v_cache = kv_cache[i, 0], kv_cache[i, 1]
             attn = ops.rope_kv_attention(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta, self.scale)
-            o = ops.linear(attn.view(n, cfg.q_size), layer.o)
+            o = ops.linear(attn.view(n, cfg.q_size), layer.o, next_weight=layer.gate_up)
             h, x = ops.sandwich_norm(o, h, layer.ln_in2, layer.ln_post, eps)
             m = ops.mlp(x, layer.gate_up, layer.down)
             next_norm = self.layers[i + 1].ln_in if i + 1 < len(self.layers) else self.norm

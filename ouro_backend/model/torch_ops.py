@@ -29,9 +29,12 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :I]) * gate_up[..., I:]
 
 
-def linear_ref(x: torch.Tensor, w: torch.Tensor, silu_x: bool = False, glu: bool = False) -> torch.Tensor:
+def linear_ref(
+    x: torch.Tensor, w: torch.Tensor, silu_x: bool = False, glu: bool = False, next_weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x @ w.T``; with ``silu_x``, x is a gate/up output and the product is ``silu_mul(x) @ w.T``; with
-    ``glu``, w is a gate/up weight and the result is ``silu_mul(x @ w.T)``: twin of `kernels.linear`."""
+    ``glu``, w is a gate/up weight and the result is ``silu_mul(x @ w.T)``: twin of `kernels.linear`
+    (``next_weight``, the kernel's L2 prefetch, changes no value)."""
     y = (silu_mul_ref(x) if silu_x else x) @ w.t()
     return silu_mul_ref(y) if glu else y
 
