@@ -5,6 +5,11 @@
   the same without its reads ahead of the PDL wait (``fused_no_prefetch_kv``), RoPE + the KV write as their
   own kernel before attention (``unfused_attention``) and cuBLAS projections (``cublas``), with each
   output's largest difference to the defaults'.
+- ``variants`` also runs two timing probes whose outputs are wrong on purpose: ``probe_no_norms`` (the
+  sandwich norms launch nothing: what folding them into the next projection could gain at most) and
+  ``probe_no_attention`` (RoPE, the KV write and attention launch nothing: attention's share of the loop);
+  and ``l2_gate_up_*``: the o projection asks L2 for that share of its layer's gate/up weight before its
+  PDL wait (`projections.L2_AHEAD_TABLE` holds the measured shares).
 - ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
   and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
   the loop with the other shapes as chosen so far (one pass of coordinate descent from the table). The loop
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import time
@@ -31,6 +37,7 @@ from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.kernels import projections
 from ouro_backend.kernels.attention import rope_kv_attention
 from ouro_backend.kernels.backend import TritonBackend
+from ouro_backend.kernels.norm import sandwich_norm
 from ouro_backend.kernels.projections import LinearConfig
 from ouro_backend.model.attention import AttentionMetadata
 
@@ -107,16 +114,70 @@ class FusedAttentionNoPrefetch(FusedAttention):
     prefetch_kv = False
 
 
-def run_variants(loop: Loop, rows: list[int], replays: int) -> dict:
+class ProbeNoNorms(TritonBackend):
+    """Timing probe, wrong results: the sandwich norms launch nothing (their inputs pass through)."""
+
+    @staticmethod
+    def sandwich_norm(x, residual, w_post, w_next, eps):
+        return residual, x
+
+
+class ProbeNoAttention(TritonBackend):
+    """Timing probe, wrong results: RoPE, the KV write and attention launch nothing (an uninitialised output)."""
+
+    @staticmethod
+    def rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
+        return torch.empty((q.shape[0], q.shape[1] * q.shape[2]), dtype=q.dtype, device=q.device)
+
+
+PROBES = {"probe_no_norms": ProbeNoNorms, "probe_no_attention": ProbeNoAttention}
+
+
+def norm_warps_variants() -> dict:
+    """``norm_warps_<w>`` backends: the sandwich norm's programs (one a row) with w warps instead of the
+    default (8 for a row of 2,048): fewer warps reduce across fewer shared-memory steps."""
+    return {
+        f"norm_warps_{w}": type(
+            "NormWarps",
+            (TritonBackend,),
+            {"sandwich_norm": staticmethod(functools.partial(sandwich_norm, num_warps=w))},
+        )
+        for w in (1, 2, 4)
+    }
+
+
+class L2Ahead(TritonBackend):
+    """The o projection asks L2 for ``share`` of the next weight the model names (its layer's gate/up) before
+    its PDL wait, at every row count, instead of `projections.L2_AHEAD_TABLE`'s share."""
+
+    share = 0.0
+
+    @classmethod
+    def linear(cls, x, w, next_weight=None, **kw):
+        share = None if next_weight is None else cls.share
+        return projections.linear(x, w, next_weight=next_weight, l2_share=share, **kw)
+
+
+def l2_variants() -> dict:
+    """``l2_gate_up_<percent>`` backends: o prefetches that share of its layer's gate/up weight, at every row
+    count (``l2_gate_up_0``: none; the table's share is what ``default`` runs)."""
+    return {f"l2_gate_up_{pct}": type("L2Ahead", (L2Ahead,), {"share": pct / 100}) for pct in (0, 10, 20, 30, 40, 50)}
+
+
+def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | None = None) -> dict:
     res: dict = {"loops_ms": {}}
     default = loop.m.backend
+    l2 = l2_variants() | norm_warps_variants()
     for M in rows:
         inputs, ref = loop.inputs(M), None
-        for name in ("default", "fused_attention", "fused_no_prefetch_kv", "unfused_attention", "cublas"):
+        names = ("default", "fused_attention", "fused_no_prefetch_kv", "unfused_attention", "cublas", *PROBES, *l2)
+        for name in [n for n in names if not only or n in only]:
             backends = {
                 "fused_attention": FusedAttention,
                 "fused_no_prefetch_kv": FusedAttentionNoPrefetch,
                 "unfused_attention": UnfusedAttention,
+                **PROBES,
+                **l2,
             }
             loop.m.backend = backends.get(name, default)
             os.environ["OURO_LINEAR"] = "cublas" if name == "cublas" else ""
@@ -125,6 +186,7 @@ def run_variants(loop: Loop, rows: list[int], replays: int) -> dict:
             res["loops_ms"].setdefault(name, {})[str(M)] = round(ms, 4)
             err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
             tag = f"max rel. difference to default {err:.1e}"
+            tag = "timing probe: output wrong on purpose" if name in PROBES else tag
             print(f"M={M:3d} {name:20s} {ms:7.4f} ms  {loop.weight_bytes / ms / 1e6:6.0f} GB/s  {tag}", flush=True)
     loop.m.backend = default
     os.environ.pop("OURO_LINEAR", None)
@@ -203,6 +265,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--sweep", help="tune: a linear_bench.py JSON")
+    ap.add_argument("--names", help="variants: only these (comma-separated; the default always runs first)")
     ap.add_argument("--top", type=int, default=3, help="tune: the sweep's fastest configs to try")
     args = ap.parse_args()
     t0 = time.time()
@@ -210,7 +273,8 @@ def main() -> None:
     loop = Loop(args.context, max(rows))
     res = {"context": args.context, "loop_weight_bytes": loop.weight_bytes, "device": torch.cuda.get_device_name()}
     if args.mode == "variants":
-        res.update(run_variants(loop, rows, args.replays))
+        only = ["default", *args.names.split(",")] if args.names else None
+        res.update(run_variants(loop, rows, args.replays, only))
     else:
         res.update(run_tune(loop, rows, args.replays, args.sweep, args.top))
     res["elapsed_s"] = round(time.time() - t0, 1)
