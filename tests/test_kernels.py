@@ -261,14 +261,19 @@ def _decode_positions_and_slots(seq_lens, bt, bs):
 
 
 @pytest.mark.parametrize(
-    "H,kvh,dtype,splits",
-    [(4, 2, torch.float32, 1), (4, 2, torch.float32, 3), (2, 2, torch.bfloat16, 2), (4, 1, torch.bfloat16, 5)],
+    "H,kvh,dtype,splits,block_n",
+    [
+        (4, 2, torch.float32, 1, None),
+        (4, 2, torch.float32, 3, 16),
+        (2, 2, torch.bfloat16, 2, None),
+        (4, 1, torch.bfloat16, 5, 32),
+    ],
 )
-def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits):
+def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits, block_n):
     """The decode fusion writes bitwise the caches `rope_and_write_kv` writes, leaves q as it was, and gives
     `paged_attention`'s output up to the order of the softmax sums (it adds the new position after the
     tiles); a pad row (slot -1, seq_len 0) writes nothing and yields zeros. The new position starts as NaN in
-    the cache: read from there, it would poison the output."""
+    the cache: read from there, it would poison the output. ``block_n``: keys a tile (None: the default)."""
     gen = torch.Generator().manual_seed(97 + H + kvh + splits)
     hd, bs = 16, 4
     seq_lens = [9, 1, 20, 0]  # rows: context 8, a first token, context 19 (5 blocks), a pad row
@@ -281,7 +286,9 @@ def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits):
     cache = K.build_cos_sin_cache(64, hd, 10000.0, device=DEV)
     q0 = q.clone()
     kc2, vc2 = kc.clone(), vc.clone()
-    got = K.rope_kv_attention(q, k, v, positions, cache, kc, vc, slots, cu, sl, bt, 0.3, num_splits=splits)
+    got = K.rope_kv_attention(
+        q, k, v, positions, cache, kc, vc, slots, cu, sl, bt, 0.3, num_splits=splits, block_n=block_n
+    )
     assert torch.equal(q, q0), "q must not be rotated in place"
     q2 = q.clone()
     K.rope_and_write_kv(q2, k, v, positions, cache, kc2, vc2, slots)

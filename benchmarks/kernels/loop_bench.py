@@ -8,8 +8,10 @@
 - ``variants`` also runs two timing probes whose outputs are wrong on purpose: ``probe_no_norms`` (the
   sandwich norms launch nothing: what folding them into the next projection could gain at most) and
   ``probe_no_attention`` (RoPE, the KV write and attention launch nothing: attention's share of the loop);
-  and ``l2_gate_up_*``: the o projection asks L2 for that share of its layer's gate/up weight before its
-  PDL wait (`projections.L2_AHEAD_TABLE` holds the measured shares).
+  ``l2_gate_up_*``: the o projection asks L2 for that share of its layer's gate/up weight before its
+  PDL wait (`projections.L2_AHEAD_TABLE` holds the measured shares); ``norm_warps_*``: the sandwich norm
+  with that many warps; ``attn_s*_n*``: the fused decode attention's split-KV factor and keys a tile.
+  ``--names`` picks some (``default`` always runs first).
 - ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
   and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
   the loop with the other shapes as chosen so far (one pass of coordinate descent from the table). The loop
@@ -98,12 +100,14 @@ class FusedAttention(TritonBackend):
     """`rope_kv_attention` for every decode round, whatever its rows (the default stops at a row count)."""
 
     prefetch_kv = True
+    num_splits: int | None = None  # None: `auto_num_splits`
+    block_n: int | None = None
 
     @classmethod
     def rope_kv_attention(cls, q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
         return rope_kv_attention(
             q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens,
-            meta.block_tables, scale, prefetch_kv=cls.prefetch_kv,
+            meta.block_tables, scale, num_splits=cls.num_splits, block_n=cls.block_n, prefetch_kv=cls.prefetch_kv,
         )  # fmt: skip
 
 
@@ -128,6 +132,14 @@ class ProbeNoAttention(TritonBackend):
     @staticmethod
     def rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
         return torch.empty((q.shape[0], q.shape[1] * q.shape[2]), dtype=q.dtype, device=q.device)
+
+
+def attn_split_variants() -> dict:
+    """``attn_s<splits>_n<block_n>`` backends: the fused decode attention at every row count with that split-KV
+    factor and keys a tile, instead of `attention.auto_num_splits` (8 / 4 / 2 / 1 splits at 1 / 2 / 4 / >= 8
+    rows of 16 kv heads on 132 SMs) and 64 keys a tile."""
+    grid = ((1, 64), (2, 64), (4, 64), (4, 32), (8, 32), (16, 16))
+    return {f"attn_s{s}_n{n}": type("AttnSplits", (FusedAttention,), {"num_splits": s, "block_n": n}) for s, n in grid}
 
 
 PROBES = {"probe_no_norms": ProbeNoNorms, "probe_no_attention": ProbeNoAttention}
@@ -167,7 +179,7 @@ def l2_variants() -> dict:
 def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | None = None) -> dict:
     res: dict = {"loops_ms": {}}
     default = loop.m.backend
-    l2 = l2_variants() | norm_warps_variants()
+    l2 = l2_variants() | norm_warps_variants() | attn_split_variants()
     for M in rows:
         inputs, ref = loop.inputs(M), None
         names = ("default", "fused_attention", "fused_no_prefetch_kv", "unfused_attention", "cublas", *PROBES, *l2)

@@ -650,6 +650,7 @@ def rope_kv_attention(
     out: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
+    block_n: int | None = None,
     prefetch_kv: bool = False,
 ) -> torch.Tensor:
     """`rope.rope_and_write_kv` then `paged_attention`, for decode (one query token a row) in one launch:
@@ -662,7 +663,10 @@ def rope_kv_attention(
     ``prefetch_kv``: the caller promises that the kernel launched just before this one (in the model, the
     qkv projection) writes neither the caches nor ``positions``, ``cos_sin_cache``, ``cu_seqlens_q``,
     ``seq_lens`` or ``block_tables``; each program then reads those (its first tile of cached keys and
-    values only) before its programmatic-dependent-launch wait. Same results either way."""
+    values only) before its programmatic-dependent-launch wait. Same results either way.
+
+    ``num_splits`` (split-KV; default `auto_num_splits`) and ``block_n`` (keys a tile) override the launch
+    config; the results agree up to the order of the softmax sums."""
     out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
     N, H, hd = q.shape
     assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
@@ -679,7 +683,7 @@ def rope_kv_attention(
     rope = (positions, cos_sin_cache, k, v, slot_mapping)
     _launch(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, 1, out, rope, num_splits,
-        prefetch_kv=prefetch_kv,
+        block_n=block_n, prefetch_kv=prefetch_kv,
     )  # fmt: skip
     return out
 
