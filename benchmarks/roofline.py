@@ -138,7 +138,7 @@ def main() -> None:
     head_bytes = m.lm_head.numel() * m.lm_head.element_size()
     rep: dict = dict(
         label=args.label,
-        env={k: os.environ.get(k) for k in ("OURO_PDL", "OURO_LINEAR")},
+        env={k: os.environ.get(k) for k in ("OURO_PDL", "OURO_LINEAR", "OURO_GLU", "OURO_FUSED_CODA", "OURO_L2_AHEAD")},
         device=torch.cuda.get_device_name(),
         hbm_tb_s=args.hbm_tb_s,
         bf16_tflops=args.bf16_tflops,
