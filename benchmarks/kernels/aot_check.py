@@ -327,16 +327,20 @@ def linear_configs(entries) -> list:
     from ouro_backend.kernels import projections
 
     out = []
+    below: dict = {}  # (N, K) -> the largest M of the entry before (entries come in the table's order)
     for N, K, max_m, cfg in entries:
+        lo, below[(N, K)] = below.get((N, K), 0) + 1, max_m
         if cfg is None:
             continue
         label = f"linear {N}x{K} M<={max_m} {cfg.name}"
         glu_too = (N, K) == GATE_UP  # `kernels.mlp` runs gate/up with the activation in its epilogue
-        l2 = 2 if projections.l2_ahead_share(N, K, max_m) > 0 else 0  # o asks L2 for gate/up (two ranges)
-        variants = [(False, False), (True, False)] + ([(False, True)] if glu_too else [])
-        for silu_x, glu in variants:  # the wrapper's constants: on the tensor-core path SILU_X stays False
+        # (silu_x, glu, L2 ranges, rows): o asks L2 for gate/up (two ranges) at the rows L2_AHEAD_TABLE names
+        variants = [(False, False, 0, max_m), (True, False, 0, max_m)] + ([(False, True, 0, max_m)] if glu_too else [])
+        l2_rows = [m for m in range(lo, max_m + 1) if projections.l2_ahead_share(N, K, m) > 0]
+        variants += [(False, False, 2, l2_rows[-1])] if l2_rows else []
+        for silu_x, glu, l2, rows in variants:  # the wrapper's constants: on the tensor-core path SILU_X stays False
             try:
-                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x, glu, l2)
+                consts = projections.launch_constants(cfg, rows, K, torch.bfloat16, silu_x, glu, l2)
             except AssertionError as e:
                 out.append((label, None, f"invalid config: {e}", {}))
                 break

@@ -337,7 +337,7 @@ def config_for(N: int, K: int, M: int) -> LinearConfig | None:
 # Shares by weight shape (N, K): (largest M, share), ascending M; measured with
 # benchmarks/kernels/loop_bench.py ``variants`` (the ``l2_*`` rows). ``OURO_L2_AHEAD=0`` turns it off.
 L2_AHEAD_TABLE: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {
-    (2048, 2048): ((2, 0.25),),  # o, after decode attention; the next weight is gate/up
+    (2048, 2048): ((1, 0.25),),  # o, after decode attention; the next weight is gate/up
 }
 
 
