@@ -300,16 +300,20 @@ DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, LinearConfig | None], ...]]
     ),
     (2048, 2048): (  # o: after attention, a program holds its whole slice of w before the wait (one chunk)
         (4, _fma(8, 2048, 1, 4)),
-        (8, _dot(64, 128, 4, 4, 3)),
+        (8, None),
         (16, _dot(16, 128, 4, 4, 6)),
         (48, None),
         (64, _dot(16, 256, 1, 4, 4)),
     ),
-    (11264, 2048): ((1, _fma(16, 256, 1, 4)), (8, None), (16, _dot(32, 128, 1, 4, 4)), (64, None)),  # gate_up
+    (11264, 2048): (  # gate_up
+        (1, _fma(16, 256, 1, 4)),
+        (4, None),
+        (8, _dot(64, 128, 1, 4, 3)),
+        (16, _dot(32, 128, 1, 4, 4)),
+        (64, None),
+    ),
     (2048, 5632): (  # down
         (1, _fma(8, 512, 2, 4)),
-        (4, _dot(32, 128, 4, 4, 4)),
-        (8, _dot(64, 128, 4, 4, 3)),
         (16, _dot(32, 128, 4, 4, 4)),
         (48, None),
         (64, _dot(32, 128, 4, 4, 4)),
