@@ -304,6 +304,20 @@ def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits, blo
     torch.testing.assert_close(got.float(), ref.float(), **tol)
 
 
+def test_decode_split_eight_ways_takes_tiles_of_32_keys():
+    """`_attn_config`: a 16-bit decode whose KV is split 8 or more ways (one row of 16 kv heads on 132 SMs)
+    takes 32 keys a tile, so that every split has keys at short contexts; fewer splits, fp32, prefill and an
+    explicit block_n keep theirs."""
+    from ouro_backend.kernels.attention import _attn_config
+
+    def bn(max_q, fp32, splits, block_n=None):
+        return _attn_config(max_q, 1, 128, fp32, None, block_n, None, None, splits)[4]
+
+    assert bn(1, False, 8) == bn(1, False, 16) == 32
+    assert bn(1, False, 4) == bn(1, True, 8) == bn(64, False, 8) == 64
+    assert bn(1, False, 8, block_n=64) == 64
+
+
 @pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 4)])
 def test_rope_kv_attention_prefetch_kv_is_bitwise_the_same(dtype, splits):
     """``prefetch_kv`` (the metadata, the rotation and each split's first tile read before the PDL wait, the

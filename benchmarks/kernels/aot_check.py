@@ -56,8 +56,10 @@ def configs():
     HD, D, BS = 128, 2048, 16
     out = []
     for dt, fp32 in (("bf16", False), ("fp32", True)):
-        for max_q, splits, rope_in in ((1, 1, False), (1, 4, False), (1, 1, True), (1, 4, True), (1024, 1, False)):
-            g_pad, hd_pad, bq, bm, bn, nw, ns = attention._attn_config(max_q, 1, HD, fp32, None, None, None, None)
+        decode = ((1, 1, False), (1, 4, False), (1, 1, True), (1, 4, True), (1, 8, True))  # (max_q, splits, rope)
+        for max_q, splits, rope_in in (*decode, (1024, 1, False)):
+            cfg = attention._attn_config(max_q, 1, HD, fp32, None, None, None, None, splits)
+            g_pad, hd_pad, bq, bm, bn, nw, ns = cfg
             a = dict(
                 q_ptr=f"*{dt}",
                 kc_ptr=f"*{dt}",

@@ -553,10 +553,14 @@ def _rope_decode(
     return q_rot, k_rot, v
 
 
-def _attn_config(max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages):
+def _attn_config(
+    max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages, num_splits: int = 1
+):  # fmt: skip
     """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
     16x64 / 4 warps / 3 stages, bf16 prefill 128x64 / 8 warps / 2 stages; fp32 ("ieee" dots, no tensor
-    cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps."""
+    cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A 16-bit decode whose KV is
+    split 8 or more ways takes tiles of 32 keys: at short contexts every split then has keys (with 64, at
+    most four of eight do at 256 positions)."""
     g_pad = next_pow2(G)
     hd_pad = max(16, next_pow2(hd))
     decode = max_seqlen_q == 1
@@ -568,7 +572,7 @@ def _attn_config(max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_
     block_m = max(block_m, g_pad, 16)
     block_q = 1 if decode else max(1, block_m // g_pad)
     if block_n is None:
-        block_n = 64 if hd_pad <= 128 else 32
+        block_n = 32 if decode and not fp32 and num_splits >= 8 else 64 if hd_pad <= 128 else 32
     block_n = max(16, block_n)
     if num_warps is None:
         num_warps = 8 if (fp32 or block_m >= 128) else 4
@@ -711,12 +715,12 @@ def _launch(
     R = seq_lens.shape[0]
     G = H // kvh
     fp32 = q.dtype == torch.float32 or k_cache.dtype == torch.float32
-    g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(
-        max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages
-    )
     if num_splits is None:
         num_splits = auto_num_splits(R, kvh, max_seqlen_q, q.device)
     num_splits = max(1, int(num_splits))
+    g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(
+        max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages, num_splits
+    )
     q_tiles = triton.cdiv(max_seqlen_q, block_q)
     if num_splits > 1:
         o_part = torch.empty(num_splits, N, H, hd, dtype=torch.float32, device=q.device)
