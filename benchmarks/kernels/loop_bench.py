@@ -137,7 +137,7 @@ class ProbeNoAttention(TritonBackend):
 def attn_split_variants() -> dict:
     """``attn_s<splits>_n<block_n>`` backends: the fused decode attention at every row count with that split-KV
     factor and keys a tile, instead of `attention.auto_num_splits` (8 / 4 / 2 / 1 splits at 1 / 2 / 4 / >= 8
-    rows of 16 kv heads on 132 SMs) and 64 keys a tile."""
+    rows of 16 kv heads on 132 SMs) and `_attn_config`'s keys a tile (64; 32 when split 8 ways)."""
     grid = ((1, 64), (2, 64), (4, 64), (4, 32), (8, 32), (16, 16))
     return {f"attn_s{s}_n{n}": type("AttnSplits", (FusedAttention,), {"num_splits": s, "block_n": n}) for s, n in grid}
 
@@ -179,17 +179,17 @@ def l2_variants() -> dict:
 def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | None = None) -> dict:
     res: dict = {"loops_ms": {}}
     default = loop.m.backend
-    l2 = l2_variants() | norm_warps_variants() | attn_split_variants()
+    knobs = l2_variants() | norm_warps_variants() | attn_split_variants()
     for M in rows:
         inputs, ref = loop.inputs(M), None
-        names = ("default", "fused_attention", "fused_no_prefetch_kv", "unfused_attention", "cublas", *PROBES, *l2)
+        names = ("default", "fused_attention", "fused_no_prefetch_kv", "unfused_attention", "cublas", *PROBES, *knobs)
         for name in [n for n in names if not only or n in only]:
             backends = {
                 "fused_attention": FusedAttention,
                 "fused_no_prefetch_kv": FusedAttentionNoPrefetch,
                 "unfused_attention": UnfusedAttention,
                 **PROBES,
-                **l2,
+                **knobs,
             }
             loop.m.backend = backends.get(name, default)
             os.environ["OURO_LINEAR"] = "cublas" if name == "cublas" else ""
