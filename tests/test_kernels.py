@@ -1030,6 +1030,28 @@ def test_greedy_coda_on_the_real_lm_head(M):
     torch.testing.assert_close(lp, want_lp, rtol=0, atol=2e-2)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="decode attention at the engine's launch config: GPU only")
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("context", [37, 256, 1500])
+def test_rope_kv_attention_at_the_engines_config_on_the_real_shape(rows, context):
+    """The fused decode attention as the engine launches it (`auto_num_splits`, `_attn_config`'s tiles: at one
+    row 8 splits of 32-key tiles) for 16 heads of 128 in bf16, against the torch twin."""
+    gen = torch.Generator().manual_seed(rows * 7 + context)
+    H = kvh = 16
+    hd, bs = 128, 16
+    seq_lens = [context + r for r in range(rows)]
+    q, kc, vc, cu, sl, bt = _make_batch([1] * rows, seq_lens, H, kvh, hd, bs, torch.bfloat16, gen)
+    positions, slots = _decode_positions_and_slots(seq_lens, bt, bs)
+    k = torch.randn(rows, kvh, hd, generator=gen).to(torch.bfloat16).to(DEV)
+    v = torch.randn(rows, kvh, hd, generator=gen).to(torch.bfloat16).to(DEV)
+    cache = K.build_cos_sin_cache(4096, hd, 10000.0, device=DEV)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = K.rope_kv_attention(q, k, v, positions, cache, kc, vc, slots, cu, sl, bt, hd**-0.5, prefetch_kv=True)
+    want = K.rope_kv_attention_ref(q, k, v, positions, cache, kc2, vc2, slots, cu, sl, bt, hd**-0.5)
+    assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
 TABLE_ROWS = [(shape, m) for shape, rows in K.projections.DECODE_TABLE.items() for m, cfg in rows if cfg is not None]
 
 
