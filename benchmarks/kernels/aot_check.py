@@ -261,6 +261,13 @@ def configs():
     out.append(("silu_mul", activation._silu_mul_kernel, a, dict(num_warps=4, enable_fp_fusion=False)))
     table = [(N, K, max_m, cfg) for (N, K), rows in projections.DECODE_TABLE.items() for max_m, cfg in rows]
     out += linear_configs(table)
+    # o asks L2 for gate/up's two halves (`L2_AHEAD_TABLE`): its config at those rows, with the prefetch
+    l2 = [
+        (N, K, m, projections.config_for(N, K, m))
+        for (N, K), rows in projections.L2_AHEAD_TABLE.items()
+        for m, _ in rows
+    ]
+    out += linear_configs(l2, l2_ranges=2)
     out += coda_configs()
     return out
 
@@ -319,30 +326,26 @@ def coda_configs(candidates=None) -> list:
 GATE_UP = (11264, 2048)  # the gate/up weight of Ouro-1.4B/2.6B (DECODE_TABLE's shape)
 
 
-def linear_configs(entries) -> list:
+def linear_configs(entries, l2_ranges: int = 0) -> list:
     """(label, kernel, args, options) of the projection kernel for (N, K, M, config) entries (None: cuBLAS,
     skipped), plain, with the SiLU fused into x where the config's path can fuse it, and with the activation
-    in the epilogue (GLU) for the gate/up shape. A config the shape cannot take comes back with kernel None
-    and the reason as its args (`compile_all` counts it as a failure)."""
+    in the epilogue (GLU) for the gate/up shape; with ``l2_ranges``, only plain with that many L2 prefetch
+    ranges of the next weight. A config the shape cannot take comes back with kernel None and the reason as
+    its args (`compile_all` counts it as a failure)."""
     import torch
 
     from ouro_backend.kernels import projections
 
     out = []
-    below: dict = {}  # (N, K) -> the largest M of the entry before (entries come in the table's order)
     for N, K, max_m, cfg in entries:
-        lo, below[(N, K)] = below.get((N, K), 0) + 1, max_m
         if cfg is None:
             continue
         label = f"linear {N}x{K} M<={max_m} {cfg.name}"
         glu_too = (N, K) == GATE_UP  # `kernels.mlp` runs gate/up with the activation in its epilogue
-        # (silu_x, glu, L2 ranges, rows): o asks L2 for gate/up (two ranges) at the rows L2_AHEAD_TABLE names
-        variants = [(False, False, 0, max_m), (True, False, 0, max_m)] + ([(False, True, 0, max_m)] if glu_too else [])
-        l2_rows = [m for m in range(lo, max_m + 1) if projections.l2_ahead_share(N, K, m) > 0]
-        variants += [(False, False, 2, l2_rows[-1])] if l2_rows else []
-        for silu_x, glu, l2, rows in variants:  # the wrapper's constants: on the tensor-core path SILU_X stays False
+        variants = [(False, False), (True, False)] + ([(False, True)] if glu_too else [])
+        for silu_x, glu in variants[:1] if l2_ranges else variants:  # on the tensor-core path SILU_X stays False
             try:
-                consts = projections.launch_constants(cfg, rows, K, torch.bfloat16, silu_x, glu, l2)
+                consts = projections.launch_constants(cfg, max_m, K, torch.bfloat16, silu_x, glu, l2_ranges)
             except AssertionError as e:
                 out.append((label, None, f"invalid config: {e}", {}))
                 break
@@ -368,7 +371,7 @@ def linear_configs(entries) -> list:
                 **consts,
             )
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-            name = label + (" silu_x" if silu_x else "") + (" glu" if glu else "") + (" l2" if l2 else "")
+            name = label + (" silu_x" if silu_x else "") + (" glu" if glu else "") + (" l2" if l2_ranges else "")
             out.append((name, projections._linear_kernel, a, opts))
     return out
 
