@@ -179,19 +179,25 @@ def l2_variants() -> dict:
 def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | None = None) -> dict:
     res: dict = {"loops_ms": {}}
     default = loop.m.backend
-    knobs = l2_variants() | norm_warps_variants() | attn_split_variants()
+    backends = {
+        "default": default,
+        "fused_attention": FusedAttention,
+        "fused_no_prefetch_kv": FusedAttentionNoPrefetch,
+        "unfused_attention": UnfusedAttention,
+        "cublas": default,  # with OURO_LINEAR=cublas
+        **PROBES,
+        **l2_variants(),
+        **norm_warps_variants(),
+        **attn_split_variants(),
+    }
+    unknown = sorted(set(only or ()) - set(backends))
+    if unknown:
+        raise SystemExit(f"loop_bench variants: unknown names {unknown}; known: {', '.join(backends)}")
+    names = [n for n in backends if not only or n in only]
     for M in rows:
         inputs, ref = loop.inputs(M), None
-        names = ("default", "fused_attention", "fused_no_prefetch_kv", "unfused_attention", "cublas", *PROBES, *knobs)
-        for name in [n for n in names if not only or n in only]:
-            backends = {
-                "fused_attention": FusedAttention,
-                "fused_no_prefetch_kv": FusedAttentionNoPrefetch,
-                "unfused_attention": UnfusedAttention,
-                **PROBES,
-                **knobs,
-            }
-            loop.m.backend = backends.get(name, default)
+        for name in names:
+            loop.m.backend = backends[name]
             os.environ["OURO_LINEAR"] = "cublas" if name == "cublas" else ""
             ms, out = loop.time(inputs, replays)
             ref = out if ref is None else ref
