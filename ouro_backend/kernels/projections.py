@@ -337,7 +337,7 @@ def config_for(N: int, K: int, M: int) -> LinearConfig | None:
 
 
 # Where a projection's programs wait (PDL) on a latency-bound kernel, HBM idles: they ask L2 for the first
-# share of the next projection's weight, which then reads that part from L2 (`linear`'s ``next_weight``).
+# share of the next projection's weight, so that it finds that part in L2 (`linear`'s ``next_weight``).
 # Shares by weight shape (N, K): (largest M, share), ascending M; measured with
 # benchmarks/kernels/loop_bench.py ``variants`` (the ``l2_*`` rows). ``OURO_L2_AHEAD=0`` turns it off.
 L2_AHEAD_TABLE: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {
