@@ -261,19 +261,22 @@ def _decode_positions_and_slots(seq_lens, bt, bs):
 
 
 @pytest.mark.parametrize(
-    "H,kvh,dtype,splits,block_n",
+    "H,kvh,dtype,splits,block_n,grain",
     [
-        (4, 2, torch.float32, 1, None),
-        (4, 2, torch.float32, 3, 16),
-        (2, 2, torch.bfloat16, 2, None),
-        (4, 1, torch.bfloat16, 5, 32),
+        (4, 2, torch.float32, 1, None, None),
+        (4, 2, torch.float32, 3, 16, None),
+        (2, 2, torch.bfloat16, 2, None, None),
+        (4, 1, torch.bfloat16, 5, 32, None),
+        (4, 1, torch.bfloat16, 3, 32, 4),  # splits of whole blocks, partial tiles
+        (4, 2, torch.bfloat16, 8, None, None),  # the engine's one-row rule: 64-key tiles, 32-key splits
     ],
 )
-def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits, block_n):
+def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits, block_n, grain):
     """The decode fusion writes bitwise the caches `rope_and_write_kv` writes, leaves q as it was, and gives
     `paged_attention`'s output up to the order of the softmax sums (it adds the new position after the
     tiles); a pad row (slot -1, seq_len 0) writes nothing and yields zeros. The new position starts as NaN in
-    the cache: read from there, it would poison the output. ``block_n``: keys a tile (None: the default)."""
+    the cache: read from there, it would poison the output. ``block_n``: keys a tile, ``grain``: a split's
+    keys a multiple of it (None: the defaults)."""
     gen = torch.Generator().manual_seed(97 + H + kvh + splits)
     hd, bs = 16, 4
     seq_lens = [9, 1, 20, 0]  # rows: context 8, a first token, context 19 (5 blocks), a pad row
@@ -287,8 +290,9 @@ def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits, blo
     q0 = q.clone()
     kc2, vc2 = kc.clone(), vc.clone()
     got = K.rope_kv_attention(
-        q, k, v, positions, cache, kc, vc, slots, cu, sl, bt, 0.3, num_splits=splits, block_n=block_n
-    )
+        q, k, v, positions, cache, kc, vc, slots, cu, sl, bt, 0.3, num_splits=splits, block_n=block_n,
+        split_grain=grain,
+    )  # fmt: skip
     assert torch.equal(q, q0), "q must not be rotated in place"
     q2 = q.clone()
     K.rope_and_write_kv(q2, k, v, positions, cache, kc2, vc2, slots)
@@ -304,25 +308,30 @@ def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits, blo
     torch.testing.assert_close(got.float(), ref.float(), **tol)
 
 
-def test_decode_split_eight_ways_takes_tiles_of_32_keys():
+def test_decode_split_eight_ways_takes_multiples_of_32_keys():
     """`_attn_config`: a 16-bit decode whose KV is split 8 or more ways (one row of 16 kv heads on 132 SMs)
-    takes 32 keys a tile, so that every split has keys at short contexts; fewer splits, fp32, prefill and an
-    explicit block_n keep theirs."""
+    gives each split a multiple of 32 keys, in tiles of 64, so that every split has keys at short contexts;
+    fewer splits, fp32 and prefill split at whole tiles; explicit values win."""
     from ouro_backend.kernels.attention import _attn_config
 
-    def bn(max_q, fp32, splits, block_n=None):
-        return _attn_config(max_q, 1, 128, fp32, None, block_n, None, None, splits)[4]
+    def tile_and_grain(max_q, fp32, splits, block_n=None, grain=None):
+        cfg = _attn_config(max_q, 1, 128, fp32, None, block_n, None, None, splits, grain)
+        return cfg[4], cfg[7]
 
-    assert bn(1, False, 8) == bn(1, False, 16) == 32
-    assert bn(1, False, 4) == bn(1, True, 8) == bn(64, False, 8) == 64
-    assert bn(1, False, 8, block_n=64) == 64
+    assert tile_and_grain(1, False, 8) == tile_and_grain(1, False, 16) == (64, 32)
+    assert tile_and_grain(1, False, 4) == tile_and_grain(1, True, 8) == tile_and_grain(64, False, 8) == (64, 64)
+    assert tile_and_grain(1, False, 8, block_n=32) == (32, 32)
+    assert tile_and_grain(1, False, 8, grain=64) == (64, 64)
 
 
-@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 4)])
+@pytest.mark.parametrize(
+    "dtype,splits", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 4), (torch.bfloat16, 8)]
+)
 def test_rope_kv_attention_prefetch_kv_is_bitwise_the_same(dtype, splits):
     """``prefetch_kv`` (the metadata, the rotation and each split's first tile read before the PDL wait, the
     rest of the tiles in the loop) gives bitwise the output and caches of the plain path: rows of 3 tiles
-    (one split), of one tile, a first token, a pad row, and (4 splits) splits with no keys at all."""
+    (one split), of one tile, a first token, a pad row, and (4 splits) splits with no keys at all; 8 splits
+    take 32 keys each of the 150-key row in 64-key tiles (`_attn_config`), half of each tile masked."""
     gen = torch.Generator().manual_seed(131 + splits)
     H, kvh, hd, bs = 4, 2, 16, 4
     seq_lens = [150, 9, 1, 0]
@@ -345,6 +354,9 @@ def test_rope_kv_attention_prefetch_kv_is_bitwise_the_same(dtype, splits):
     assert torch.equal(outs[0], outs[1])
     for a, b in zip(caches[0], caches[1]):  # (unused slots hold NaN)
         assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+    ref = K.rope_kv_attention_ref(q, k, v, positions, cache, kc.clone(), vc.clone(), slots, cu, sl, bt, 0.3)
+    tol = dict(rtol=1e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(outs[0].float(), ref.float(), **tol)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1035,7 +1047,7 @@ def test_greedy_coda_on_the_real_lm_head(M):
 @pytest.mark.parametrize("context", [37, 256, 1500])
 def test_rope_kv_attention_at_the_engines_config_on_the_real_shape(rows, context):
     """The fused decode attention as the engine launches it (`auto_num_splits`, `_attn_config`'s tiles: at one
-    row 8 splits of 32-key tiles) for 16 heads of 128 in bf16, against the torch twin."""
+    row 8 splits of multiples of 32 keys in 64-key tiles) for 16 heads of 128 in bf16, against the torch twin."""
     gen = torch.Generator().manual_seed(rows * 7 + context)
     H = kvh = 16
     hd, bs = 128, 16

@@ -59,7 +59,7 @@ def configs():
         decode = ((1, 1, False), (1, 4, False), (1, 1, True), (1, 4, True), (1, 8, True))  # (max_q, splits, rope)
         for max_q, splits, rope_in in (*decode, (1024, 1, False)):
             cfg = attention._attn_config(max_q, 1, HD, fp32, None, None, None, None, splits)
-            g_pad, hd_pad, bq, bm, bn, nw, ns = cfg
+            g_pad, hd_pad, bq, bm, bn, nw, ns, grain = cfg
             a = dict(
                 q_ptr=f"*{dt}",
                 kc_ptr=f"*{dt}",
@@ -90,6 +90,7 @@ def configs():
                 BLOCK_M=bm,
                 BLOCK_N=bn,
                 NUM_SPLITS=splits,
+                SPLIT_GRAIN=grain,
                 ROPE=rope_in,
                 PREFETCH_KV=rope_in,  # as the engine launches it
                 DOT_PREC="ieee" if fp32 else "tf32",
@@ -102,14 +103,14 @@ def configs():
             out.append(
                 (
                     f"paged_attn {dt} max_q={max_q} splits={splits}{' rope' if rope_in else ''} BM={bm} BN={bn} "
-                    f"w={nw} s={ns}",
+                    f"grain={grain} w={nw} s={ns}",
                     attention._paged_attn_kernel,
                     a,
                     dict(num_warps=nw, num_stages=ns, enable_fp_fusion=False),
                 )
             )
     # GQA (G=3 padded to 4), head_dim 96 padded to 128, prefill tile
-    g_pad, hd_pad, bq, bm, bn, nw, ns = attention._attn_config(512, 3, 96, False, None, None, None, None)
+    g_pad, hd_pad, bq, bm, bn, nw, ns, grain = attention._attn_config(512, 3, 96, False, None, None, None, None)
     a = dict(
         q_ptr="*bf16",
         kc_ptr="*bf16",
@@ -140,6 +141,7 @@ def configs():
         BLOCK_M=bm,
         BLOCK_N=bn,
         NUM_SPLITS=1,
+        SPLIT_GRAIN=bn,
         ROPE=False,
         PREFETCH_KV=False,
         DOT_PREC="tf32",

@@ -10,8 +10,8 @@
   ``probe_no_attention`` (RoPE, the KV write and attention launch nothing: attention's share of the loop);
   ``l2_gate_up_*``: the o projection asks L2 for that share of its layer's gate/up weight before its
   PDL wait (`projections.L2_AHEAD_TABLE` holds the measured shares); ``norm_warps_*``: the sandwich norm
-  with that many warps; ``attn_s*_n*``: the fused decode attention's split-KV factor and keys a tile.
-  ``--names`` picks some (``default`` always runs first).
+  with that many warps; ``attn_s*_n*[_g*]``: the fused decode attention's split-KV factor, keys a tile and
+  split grain. ``--names`` picks some (``default`` always runs first).
 - ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
   and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
   the loop with the other shapes as chosen so far (one pass of coordinate descent from the table). The loop
@@ -102,12 +102,14 @@ class FusedAttention(TritonBackend):
     prefetch_kv = True
     num_splits: int | None = None  # None: `auto_num_splits`
     block_n: int | None = None
+    split_grain: int | None = None
 
     @classmethod
     def rope_kv_attention(cls, q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
         return rope_kv_attention(
             q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens,
-            meta.block_tables, scale, num_splits=cls.num_splits, block_n=cls.block_n, prefetch_kv=cls.prefetch_kv,
+            meta.block_tables, scale, num_splits=cls.num_splits, block_n=cls.block_n, split_grain=cls.split_grain,
+            prefetch_kv=cls.prefetch_kv,
         )  # fmt: skip
 
 
@@ -135,11 +137,18 @@ class ProbeNoAttention(TritonBackend):
 
 
 def attn_split_variants() -> dict:
-    """``attn_s<splits>_n<block_n>`` backends: the fused decode attention at every row count with that split-KV
-    factor and keys a tile, instead of `attention.auto_num_splits` (8 / 4 / 2 / 1 splits at 1 / 2 / 4 / >= 8
-    rows of 16 kv heads on 132 SMs) and `_attn_config`'s keys a tile (64; 32 when split 8 ways)."""
-    grid = ((1, 64), (2, 64), (4, 64), (4, 32), (8, 32), (16, 16))
-    return {f"attn_s{s}_n{n}": type("AttnSplits", (FusedAttention,), {"num_splits": s, "block_n": n}) for s, n in grid}
+    """``attn_s<splits>_n<block_n>[_g<grain>]`` backends: the fused decode attention at every row count with that
+    split-KV factor, keys a tile and split grain (default: the tile), instead of `attention.auto_num_splits`
+    (8 / 4 / 2 / 1 splits at 1 / 2 / 4 / >= 8 rows of 16 kv heads on 132 SMs) and `_attn_config`'s tiles (64
+    keys; splits of multiples of 32 keys when split 8 ways)."""
+    grid = ((1, 64, 0), (2, 64, 0), (4, 64, 0), (4, 32, 0), (4, 64, 32), (8, 64, 0), (8, 32, 0), (8, 64, 16))
+    grid += ((16, 16, 0),)
+    return {
+        f"attn_s{s}_n{n}" + (f"_g{g}" if g else ""): type(
+            "AttnSplits", (FusedAttention,), {"num_splits": s, "block_n": n, "split_grain": g or n}
+        )
+        for s, n, g in grid
+    }
 
 
 PROBES = {"probe_no_norms": ProbeNoNorms, "probe_no_attention": ProbeNoAttention}

@@ -262,6 +262,7 @@ def _paged_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SPLIT_GRAIN: tl.constexpr,
     ROPE: tl.constexpr,
     PREFETCH_KV: tl.constexpr,
     DOT_PREC: tl.constexpr,
@@ -300,10 +301,11 @@ def _paged_attn_kernel(
     offs_d = tl.arange(0, HD_PAD)
     d_mask = offs_d < HEAD_DIM
     offs_d64 = offs_d.to(tl.int64)
-    # keys this tile needs: [0, kv_end); this split takes [kv_lo, kv_hi)
+    # keys this tile needs: [0, kv_end); this split takes [kv_lo, kv_hi), a multiple of SPLIT_GRAIN keys (its
+    # last BLOCK_N tile masked past kv_hi)
     last_q = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, n_q) - 1
     kv_end = ctx + last_q + 1
-    chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), SPLIT_GRAIN) * SPLIT_GRAIN
     kv_lo = split * chunk
     kv_hi = tl.minimum(kv_lo + chunk, kv_end)
     bt_row = bt_ptr + row.to(tl.int64) * stride_bt
@@ -554,13 +556,15 @@ def _rope_decode(
 
 
 def _attn_config(
-    max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages, num_splits: int = 1
+    max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages, num_splits: int = 1,
+    split_grain=None,
 ):  # fmt: skip
     """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
     16x64 / 4 warps / 3 stages, bf16 prefill 128x64 / 8 warps / 2 stages; fp32 ("ieee" dots, no tensor
-    cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A 16-bit decode whose KV is
-    split 8 or more ways takes tiles of 32 keys: at short contexts every split then has keys (with 64, at
-    most four of eight do at 256 positions)."""
+    cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A split's keys are a multiple
+    of the split grain: a tile (BLOCK_N keys), except for a 16-bit decode split 8 or more ways, whose splits
+    take multiples of 32 keys: at short contexts every split then has keys (with 64, at most four of eight
+    do at 256 positions), and long contexts keep 64-key tiles (tiles of 32 took 13% longer at 4,096)."""
     g_pad = next_pow2(G)
     hd_pad = max(16, next_pow2(hd))
     decode = max_seqlen_q == 1
@@ -572,13 +576,15 @@ def _attn_config(
     block_m = max(block_m, g_pad, 16)
     block_q = 1 if decode else max(1, block_m // g_pad)
     if block_n is None:
-        block_n = 32 if decode and not fp32 and num_splits >= 8 else 64 if hd_pad <= 128 else 32
+        block_n = 64 if hd_pad <= 128 else 32
     block_n = max(16, block_n)
+    if split_grain is None:
+        split_grain = 32 if decode and not fp32 and num_splits >= 8 else block_n
     if num_warps is None:
         num_warps = 8 if (fp32 or block_m >= 128) else 4
     if num_stages is None:
         num_stages = 3 if decode and not fp32 else 2
-    return g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages
+    return g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages, max(1, split_grain)
 
 
 def auto_num_splits(num_rows: int, num_kv_heads: int, max_seqlen_q: int, device: torch.device) -> int:
@@ -655,6 +661,7 @@ def rope_kv_attention(
     *,
     num_splits: int | None = None,
     block_n: int | None = None,
+    split_grain: int | None = None,
     prefetch_kv: bool = False,
 ) -> torch.Tensor:
     """`rope.rope_and_write_kv` then `paged_attention`, for decode (one query token a row) in one launch:
@@ -669,8 +676,9 @@ def rope_kv_attention(
     ``seq_lens`` or ``block_tables``; each program then reads those (its first tile of cached keys and
     values only) before its programmatic-dependent-launch wait. Same results either way.
 
-    ``num_splits`` (split-KV; default `auto_num_splits`) and ``block_n`` (keys a tile) override the launch
-    config; the results agree up to the order of the softmax sums."""
+    ``num_splits`` (split-KV; default `auto_num_splits`), ``block_n`` (keys a tile) and ``split_grain`` (a
+    split's keys are a multiple of it) override the launch config; the results agree up to the order of the
+    softmax sums."""
     out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
     N, H, hd = q.shape
     assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
@@ -687,7 +695,7 @@ def rope_kv_attention(
     rope = (positions, cos_sin_cache, k, v, slot_mapping)
     _launch(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, 1, out, rope, num_splits,
-        block_n=block_n, prefetch_kv=prefetch_kv,
+        block_n=block_n, split_grain=split_grain, prefetch_kv=prefetch_kv,
     )  # fmt: skip
     return out
 
@@ -708,6 +716,7 @@ def _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, ou
 def _launch(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, out, rope,
     num_splits=None, block_m=None, block_n=None, num_warps=None, num_stages=None, prefetch_kv=False,
+    split_grain=None,
 ) -> None:  # fmt: skip
     assert rope is not None or not prefetch_kv, "prefetch_kv is for decode with RoPE (rope_kv_attention)"
     N, H, hd = q.shape
@@ -718,8 +727,8 @@ def _launch(
     if num_splits is None:
         num_splits = auto_num_splits(R, kvh, max_seqlen_q, q.device)
     num_splits = max(1, int(num_splits))
-    g_pad, hd_pad, block_q, bm, bn, nw, ns = _attn_config(
-        max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages, num_splits
+    g_pad, hd_pad, block_q, bm, bn, nw, ns, grain = _attn_config(
+        max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages, num_splits, split_grain
     )
     q_tiles = triton.cdiv(max_seqlen_q, block_q)
     if num_splits > 1:
@@ -769,6 +778,7 @@ def _launch(
         BLOCK_M=bm,
         BLOCK_N=bn,
         NUM_SPLITS=num_splits,
+        SPLIT_GRAIN=grain,
         ROPE=rope is not None,
         PREFETCH_KV=prefetch_kv,
         DOT_PREC=dot_prec,
