@@ -564,7 +564,7 @@ def _attn_config(
     cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A split's keys are a multiple
     of the split grain: a tile (BLOCK_N keys), except for a 16-bit decode split 8 or more ways, whose splits
     take multiples of 32 keys: at short contexts every split then has keys (with 64, at most four of eight
-    do at 256 positions), and long contexts keep 64-key tiles (tiles of 32 took 13% longer at 4,096)."""
+    do at 256 positions), while the tiles stay 64 keys (why not 32-key tiles: docs/engine.md)."""
     g_pad = next_pow2(G)
     hd_pad = max(16, next_pow2(hd))
     decode = max_seqlen_q == 1
@@ -590,7 +590,7 @@ def _attn_config(
 def auto_num_splits(num_rows: int, num_kv_heads: int, max_seqlen_q: int, device: torch.device) -> int:
     """Split-K factor chosen from shapes only (CUDA-graph safe): split decode KV when the grid would not
     fill the GPU, 4 to 8 ways (16 kv heads on 132 SMs: 8 / 4 / 4 / 4 splits at 1 / 2 / 3 / 4 rows, none from
-    5; at 3-4 rows 4 splits beat 2 end to end, docs/engine.md)."""
+    5; why at least 4: docs/engine.md)."""
     if max_seqlen_q != 1 or device.type != "cuda":
         return 1
     programs = num_rows * num_kv_heads
