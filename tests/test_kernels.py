@@ -268,7 +268,6 @@ def _decode_positions_and_slots(seq_lens, bt, bs):
         (2, 2, torch.bfloat16, 2, None, None),
         (4, 1, torch.bfloat16, 5, 32, None),
         (4, 1, torch.bfloat16, 3, 32, 4),  # splits of whole blocks, partial tiles
-        (4, 2, torch.bfloat16, 8, None, None),  # the engine's one-row rule: 64-key tiles, 32-key splits
     ],
 )
 def test_rope_kv_attention_equals_rope_then_attention(H, kvh, dtype, splits, block_n, grain):
@@ -316,7 +315,7 @@ def test_decode_split_eight_ways_takes_multiples_of_32_keys():
 
     def tile_and_grain(max_q, fp32, splits, block_n=None, grain=None):
         cfg = _attn_config(max_q, 1, 128, fp32, None, block_n, None, None, splits, grain)
-        return cfg[4], cfg[7]
+        return cfg.block_n, cfg.split_grain
 
     assert tile_and_grain(1, False, 8) == tile_and_grain(1, False, 16) == (64, 32)
     assert tile_and_grain(1, False, 4) == tile_and_grain(1, True, 8) == tile_and_grain(64, False, 8) == (64, 64)

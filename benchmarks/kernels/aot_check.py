@@ -58,8 +58,9 @@ def configs():
     for dt, fp32 in (("bf16", False), ("fp32", True)):
         decode = ((1, 1, False), (1, 4, False), (1, 1, True), (1, 4, True), (1, 8, True))  # (max_q, splits, rope)
         for max_q, splits, rope_in in (*decode, (1024, 1, False)):
-            cfg = attention._attn_config(max_q, 1, HD, fp32, None, None, None, None, splits)
-            g_pad, hd_pad, bq, bm, bn, nw, ns, grain = cfg
+            g_pad, hd_pad, bq, bm, bn, nw, ns, grain = attention._attn_config(
+                max_q, 1, HD, fp32, None, None, None, None, splits
+            )
             a = dict(
                 q_ptr=f"*{dt}",
                 kc_ptr=f"*{dt}",

@@ -20,6 +20,8 @@ On CPU tensors without ``TRITON_INTERPRET=1`` the public functions fall back to 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -555,10 +557,21 @@ def _rope_decode(
     return q_rot, k_rot, v
 
 
+class AttnConfig(NamedTuple):
+    g_pad: int  # query heads a kv head, padded to a power of two
+    hd_pad: int  # head_dim padded
+    block_q: int  # query tokens a program
+    block_m: int  # tile rows (block_q x g_pad)
+    block_n: int  # keys a tile
+    num_warps: int
+    num_stages: int
+    split_grain: int  # a KV split's keys are a multiple of this
+
+
 def _attn_config(
     max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages, num_splits: int = 1,
-    split_grain=None,
-):  # fmt: skip
+    split_grain: int | None = None,
+) -> AttnConfig:  # fmt: skip
     """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
     16x64 / 4 warps / 3 stages, bf16 prefill 128x64 / 8 warps / 2 stages; fp32 ("ieee" dots, no tensor
     cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A split's keys are a multiple
@@ -584,7 +597,7 @@ def _attn_config(
         num_warps = 8 if (fp32 or block_m >= 128) else 4
     if num_stages is None:
         num_stages = 3 if decode and not fp32 else 2
-    return g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages, max(1, split_grain)
+    return AttnConfig(g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages, max(1, split_grain))
 
 
 def auto_num_splits(num_rows: int, num_kv_heads: int, max_seqlen_q: int, device: torch.device) -> int:
