@@ -328,10 +328,9 @@ def config_for(N: int, K: int, M: int) -> LinearConfig | None:
     mode = os.environ.get("OURO_LINEAR", "")
     if M > MAX_M or mode == "cublas":
         return None
-    for max_m, cfg in DECODE_TABLE.get((N, K), ()):
-        if max_m >= M:
-            return cfg
-    if mode == "kernel" and (N, K) not in DECODE_TABLE:
+    if (N, K) in DECODE_TABLE:
+        return _row_entry(DECODE_TABLE[(N, K)], M, None)
+    if mode == "kernel":
         return _fma(16, 64, 1, 4) if M <= MAX_FMA_M else _dot(16, 64, 1, 4, 2)
     return None
 
@@ -349,10 +348,16 @@ def l2_ahead_share(N: int, K: int, M: int) -> float:
     """The measured share of the next weight that the projection [N, K] at M rows asks L2 for (0: none)."""
     if os.environ.get("OURO_L2_AHEAD", "1") == "0":
         return 0.0
-    for max_m, share in L2_AHEAD_TABLE.get((N, K), ()):
+    return _row_entry(L2_AHEAD_TABLE.get((N, K), ()), M, 0.0)
+
+
+def _row_entry(rows, M: int, default):
+    """The entry of a table's (largest M, entry) rows, in ascending M, that covers M rows; ``default`` past
+    the last."""
+    for max_m, entry in rows:
         if max_m >= M:
-            return share
-    return 0.0
+            return entry
+    return default
 
 
 def l2_ranges_of(v: torch.Tensor, share: float) -> tuple[int, int, int]:
