@@ -9,9 +9,9 @@
   sandwich norms launch nothing: what folding them into the next projection could gain at most) and
   ``probe_no_attention`` (RoPE, the KV write and attention launch nothing: attention's share of the loop);
   ``l2_gate_up_*``: the o projection asks L2 for that share of its layer's gate/up weight before its
-  PDL wait (`projections.L2_AHEAD_TABLE` holds the measured shares); ``norm_warps_*``: the sandwich norm
-  with that many warps; ``attn_s*_n*[_g*]``: the fused decode attention's split-KV factor, keys a tile and
-  split grain. ``--names`` picks some (``default`` always runs first).
+  PDL wait (`projections.L2_AHEAD_TABLE` holds the measured shares); ``attn_s*_n*[_g*]``: the fused decode
+  attention's split-KV factor, keys a tile and split grain. ``--names`` picks some (``default`` always runs
+  first).
 - ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
   and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
   the loop with the other shapes as chosen so far (one pass of coordinate descent from the table). The loop
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import time
@@ -39,7 +38,6 @@ from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.kernels import projections
 from ouro_backend.kernels.attention import rope_kv_attention
 from ouro_backend.kernels.backend import TritonBackend
-from ouro_backend.kernels.norm import sandwich_norm
 from ouro_backend.kernels.projections import LinearConfig
 from ouro_backend.model.attention import AttentionMetadata
 
@@ -154,19 +152,6 @@ def attn_split_variants() -> dict:
 PROBES = {"probe_no_norms": ProbeNoNorms, "probe_no_attention": ProbeNoAttention}
 
 
-def norm_warps_variants() -> dict:
-    """``norm_warps_<w>`` backends: the sandwich norm's programs (one a row) with w warps instead of the
-    default (8 for a row of 2,048): fewer warps reduce across fewer shared-memory steps."""
-    return {
-        f"norm_warps_{w}": type(
-            "NormWarps",
-            (TritonBackend,),
-            {"sandwich_norm": staticmethod(functools.partial(sandwich_norm, num_warps=w))},
-        )
-        for w in (1, 2, 4)
-    }
-
-
 class L2Ahead(TritonBackend):
     """The o projection asks L2 for ``share`` of the next weight the model names (its layer's gate/up) before
     its PDL wait, at every row count, instead of `projections.L2_AHEAD_TABLE`'s share."""
@@ -196,7 +181,6 @@ def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | No
         "cublas": default,  # with OURO_LINEAR=cublas
         **PROBES,
         **l2_variants(),
-        **norm_warps_variants(),
         **attn_split_variants(),
     }
     unknown = sorted(set(only or ()) - set(backends))

@@ -137,13 +137,11 @@ def sandwich_norm(
     *,
     residual_out: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused Ouro layer epilogue: returns ``(new_residual, y)`` with
     ``new_residual = residual + rms_norm(x, w_post)`` and ``y = rms_norm(new_residual, w_next)``, rounded
     like the two torch ops in x.dtype. One read of x and residual, two writes.
-    ``residual_out=residual`` updates the residual in place (each row is read before it is written).
-    ``num_warps``: a program's warps (one row a program; default by the row's width)."""
+    ``residual_out=residual`` updates the residual in place (each row is read before it is written)."""
     D = x.shape[-1]
     assert residual.shape == x.shape and residual.dtype == x.dtype, (residual.shape, x.shape)
     assert w_post.shape == (D,) and w_next.shape == (D,)
@@ -176,7 +174,7 @@ def sandwich_norm(
         float(eps),
         BLOCK_D=bd,
         INTERP=kernel_is_interpreted(_sandwich_norm_kernel),
-        num_warps=num_warps or _warps(bd),
+        num_warps=_warps(bd),
         enable_fp_fusion=False,  # exact torch rounding in fp32 too
         **pdl_launch(_sandwich_norm_kernel, x.device),
     )
