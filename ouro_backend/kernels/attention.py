@@ -676,6 +676,8 @@ def rope_kv_attention(
     num_splits: int | None = None,
     block_n: int | None = None,
     split_grain: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     prefetch_kv: bool = False,
 ) -> torch.Tensor:
     """`rope.rope_and_write_kv` then `paged_attention`, for decode (one query token a row) in one launch:
@@ -690,9 +692,9 @@ def rope_kv_attention(
     ``seq_lens`` or ``block_tables``; each program then reads those (its first tile of cached keys and
     values only) before its programmatic-dependent-launch wait. Same results either way.
 
-    ``num_splits`` (split-KV; default `auto_num_splits`), ``block_n`` (keys a tile) and ``split_grain`` (a
-    split's keys are a multiple of it) override the launch config; the results agree up to the order of the
-    softmax sums."""
+    ``num_splits`` (split-KV; default `auto_num_splits`), ``block_n`` (keys a tile), ``split_grain`` (a split's
+    keys are a multiple of it), ``num_warps`` and ``num_stages`` override the launch config; the results agree
+    up to the order of the softmax sums."""
     out = _check_and_out(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out)
     N, H, hd = q.shape
     assert cu_seqlens_q.shape[0] == N + 1, "rope_kv_attention is for decode: one query token a row"
@@ -709,7 +711,7 @@ def rope_kv_attention(
     rope = (positions, cos_sin_cache, k, v, slot_mapping)
     _launch(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, 1, out, rope, num_splits,
-        block_n=block_n, split_grain=split_grain, prefetch_kv=prefetch_kv,
+        block_n=block_n, num_warps=num_warps, num_stages=num_stages, split_grain=split_grain, prefetch_kv=prefetch_kv,
     )  # fmt: skip
     return out
 

@@ -1,0 +1,175 @@
+"""Decode attention's launch config at 8-64 rows: a sweep timed alone, then its best few inside the decode loop.
+
+Up to `backend.FUSED_ROPE_MAX_ROWS` rows the engine runs `rope_kv_attention` (RoPE + KV write + attention in one
+kernel), above it `paged_attention` after the rope kernel; both take their tile (``block_n``), warps, stages and
+split-KV factor from `attention._attn_config` / `auto_num_splits` unless told. For each (rows, context):
+
+1. every config of the grid, timed alone: 24 launches (one per layer, each over its own layer's KV, so the reads
+   come from HBM) captured as one CUDA graph, reported as us a launch and the KV bytes' share of ``--hbm-tb-s``;
+   each output is compared with the default config's;
+2. the default and the ``--top`` fastest configs in one decode loop of the 1.4B shape (`loop_bench.Loop`: 24
+   layers, random bf16 weights, the same context), where the kernel runs between the projections (PDL).
+
+    PYTHONPATH=$PWD python3 benchmarks/kernels/attn_sweep.py --rows 8,16,32,64 --contexts 192,1024 --out attn.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+
+from benchmarks.graph_timing import graph_ms
+from benchmarks.kernels.loop_bench import Loop
+from ouro_backend.kernels.attention import paged_attention, rope_kv_attention
+from ouro_backend.kernels.backend import FUSED_ROPE_MAX_ROWS, TritonBackend
+
+LAYERS, KVH, HD, BS = 24, 16, 128, 16
+GRID = [
+    dict(block_n=bn, num_warps=w, num_stages=s, num_splits=sp)
+    for bn, w, s, sp in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4), (1, 2))
+]
+
+
+class Case:
+    """Random caches of 24 layers for ``rows`` decode rows at ``ctx`` positions, and the engine's call at that
+    row count (fused up to FUSED_ROPE_MAX_ROWS rows)."""
+
+    def __init__(self, rows: int, ctx: int):
+        dev, dt = torch.device("cuda"), torch.bfloat16
+        per_row = (ctx + BS - 1) // BS
+        self.kv = torch.randn(LAYERS, 2, rows * per_row, BS, KVH, HD, device=dev, dtype=dt)
+        self.tables = torch.arange(rows * per_row, device=dev, dtype=torch.int32).view(rows, per_row)
+        self.cu = torch.arange(rows + 1, device=dev, dtype=torch.int32)
+        self.lens = torch.full((rows,), ctx, device=dev, dtype=torch.int32)
+        self.q = torch.randn(rows, KVH, HD, device=dev, dtype=dt)
+        self.k, self.v = torch.randn(2, rows, KVH, HD, device=dev, dtype=dt)
+        self.pos = torch.full((rows,), ctx - 1, device=dev, dtype=torch.int64)
+        self.slots = self.tables[:, -1].to(torch.int64) * BS + (ctx - 1) % BS
+        inv = 1.0 / (10000.0 ** (torch.arange(0, HD, 2, device=dev, dtype=torch.float32) / HD))
+        ang = torch.arange(ctx, device=dev, dtype=torch.float32)[:, None] * inv[None]
+        self.cos_sin = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        self.out = torch.empty_like(self.q)
+        self.fused = rows <= FUSED_ROPE_MAX_ROWS
+        self.bytes = LAYERS * rows * ctx * 2 * KVH * HD * 2
+
+    def call(self, layer: int, cfg: dict) -> None:
+        kc, vc = self.kv[layer, 0], self.kv[layer, 1]
+        if self.fused:
+            rope_kv_attention(
+                self.q, self.k, self.v, self.pos, self.cos_sin, kc, vc, self.slots, self.cu, self.lens, self.tables,
+                HD**-0.5, out=self.out, prefetch_kv=True, **cfg,
+            )  # fmt: skip
+        else:
+            paged_attention(self.q, kc, vc, self.cu, self.lens, self.tables, HD**-0.5, 1, out=self.out, **cfg)
+
+    def time_us(self, cfg: dict, replays: int) -> float:
+        return graph_ms(lambda: [self.call(layer, cfg) for layer in range(LAYERS)], replays) * 1e3 / LAYERS
+
+
+def config_backend(cfg: dict | None) -> type:
+    """The Triton backend with decode attention launched with ``cfg`` (None: the defaults)."""
+    if cfg is None:
+        return TritonBackend
+
+    class Configured(TritonBackend):
+        @staticmethod
+        def rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
+            if meta.max_seqlen_q == 1 and q.shape[0] <= FUSED_ROPE_MAX_ROWS:
+                return rope_kv_attention(
+                    q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q,
+                    meta.seq_lens, meta.block_tables, scale, prefetch_kv=True, **cfg,
+                )  # fmt: skip
+            TritonBackend.rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping)
+            return paged_attention(
+                q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale, 1, **cfg
+            )
+
+    return Configured
+
+
+def name(cfg: dict | None) -> str:
+    if cfg is None:
+        return "default"
+    return f"n{cfg['block_n']}_w{cfg['num_warps']}_st{cfg['num_stages']}_s{cfg['num_splits']}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="8,16,32,64")
+    ap.add_argument("--contexts", default="192,1024")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--top", type=int, default=3)
+    ap.add_argument("--hbm-tb-s", type=float, default=4.8)
+    ap.add_argument("--loop-context", type=int, default=0, help="the loop check's context (0: each swept one)")
+    ap.add_argument("--skip-loop", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    t0 = time.time()
+    rows_list = [int(r) for r in args.rows.split(",")]
+    res: dict = {"device": torch.cuda.get_device_name(), "hbm_tb_s": args.hbm_tb_s, "alone": [], "loop": []}
+    best: dict = {}
+    for ctx in [int(c) for c in args.contexts.split(",")]:
+        for rows in rows_list:
+            case = Case(rows, ctx)
+            case.call(0, {})
+            ref = case.out.float().clone()
+            times = [(case.time_us({}, args.replays), None)]
+            for cfg in GRID:
+                try:
+                    us = case.time_us(cfg, args.replays)
+                except Exception as e:  # a config the kernel cannot take (shared memory): recorded, not fatal
+                    print(f"  rows={rows} ctx={ctx} {name(cfg)}: {type(e).__name__}: {str(e)[:120]}")
+                    continue
+                case.call(0, cfg)
+                err = ((case.out.float() - ref).abs().max() / ref.abs().max()).item()
+                if err > 2e-2:
+                    print(f"  rows={rows} ctx={ctx} {name(cfg)}: differs from the default by {err:.1e}; dropped")
+                    continue
+                times.append((us, cfg))
+            times.sort(key=lambda t: t[0])
+            dflt = next(us for us, c in times if c is None)
+            per_launch = case.bytes // LAYERS
+            pct = lambda us: round(100 * per_launch / (us * 1e-6) / (args.hbm_tb_s * 1e12), 1)  # noqa: E731
+            row = dict(
+                rows=rows,
+                context=ctx,
+                fused=case.fused,
+                kv_bytes_a_launch=per_launch,
+                default_us=round(dflt, 2),
+                default_pct_of_hbm=pct(dflt),
+                ranked=[dict(config=name(c), us=round(us, 2), pct_of_hbm=pct(us)) for us, c in times[:8]],
+            )
+            res["alone"].append(row)
+            best[(rows, ctx)] = [c for _, c in times if c is not None][: args.top]
+            top = ", ".join(f"{r['config']} {r['us']} ({r['pct_of_hbm']}%)" for r in row["ranked"][:4])
+            print(f"rows={rows:3d} ctx={ctx:5d} default {dflt:7.2f} us ({pct(dflt)}%) | best: {top}", flush=True)
+            del case
+            torch.cuda.empty_cache()
+    if not args.skip_loop:
+        for ctx in sorted({args.loop_context or c for _, c in best}):
+            loop = Loop(ctx, max(rows_list))
+            for rows in rows_list:
+                cands = [None, *best.get((rows, ctx), best.get((rows, min(c for _, c in best))))]
+                inputs, ref_out = loop.inputs(rows), None
+                for cfg in cands:
+                    loop.m.backend = config_backend(cfg)
+                    ms, out = loop.time(inputs, 30)
+                    ref_out = out if ref_out is None else ref_out
+                    err = ((out.float() - ref_out.float()).abs().max() / ref_out.float().abs().max()).item()
+                    res["loop"].append(dict(rows=rows, context=ctx, config=name(cfg), loop_ms=round(ms, 4), diff=err))
+                    print(f"loop rows={rows:3d} ctx={ctx:5d} {name(cfg):22s} {ms:.4f} ms (diff {err:.1e})", flush=True)
+            loop.m.backend = TritonBackend
+            del loop
+            torch.cuda.empty_cache()
+    res["elapsed_s"] = round(time.time() - t0, 1)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
