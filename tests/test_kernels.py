@@ -682,6 +682,16 @@ def test_linear_deferred_sum_runs_on_cuda_cores_only():
     assert not K.projections.launch_constants(lane_cfg, beyond, 72, torch.bfloat16, True)["DEFER_SUM"]
 
 
+def test_attn_sweep_reads_back_the_config_names_it_prints():
+    """benchmarks/kernels/attn_sweep.py: ``--grid`` takes the names the sweep prints (`name`) back as configs
+    (`parse`), for every config of its grid."""
+    from benchmarks.kernels.attn_sweep import GRID, name, parse
+
+    assert len({name(c) for c in GRID}) == len(GRID) == 54
+    assert all(parse(name(c)) == c for c in GRID)
+    assert parse("n64_w2_st3_s1") == dict(block_n=64, num_warps=2, num_stages=3, num_splits=1)
+
+
 def test_a_tunes_choices_replace_the_table_only_where_tuned():
     """benchmarks/kernels/loop_bench.py: a tune's ``table`` output read back (`tuned_choices`) and put in place
     of the table (`table_override`, what ``tune`` and bench_with_tune.py run under): the tuned row counts take

@@ -7,8 +7,9 @@ split-KV factor from `attention._attn_config` / `auto_num_splits` unless told. F
 1. every config of the grid, timed alone: 24 launches (one per layer, each over its own layer's KV, so the reads
    come from HBM) captured as one CUDA graph, reported as us a launch and the KV bytes' share of ``--hbm-tb-s``;
    each output is compared with the default config's;
-2. the default and the ``--top`` fastest configs in one decode loop of the 1.4B shape (`loop_bench.Loop`: 24
-   layers, random bf16 weights, the same context), where the kernel runs between the projections (PDL).
+2. at ``--loop-context``, right after each row count's sweep: the default and the ``--top`` fastest configs in
+   one decode loop of the 1.4B shape (`loop_bench.Loop`: 24 layers, random bf16 weights), where the kernel runs
+   between the projections (PDL).
 
     PYTHONPATH=$PWD python3 benchmarks/kernels/attn_sweep.py --rows 8,16,32,64 --contexts 192,1024 --out attn.json
 """
@@ -97,43 +98,59 @@ def name(cfg: dict | None) -> str:
     return f"n{cfg['block_n']}_w{cfg['num_warps']}_st{cfg['num_stages']}_s{cfg['num_splits']}"
 
 
+def parse(label: str) -> dict:
+    """`name`'s inverse: ``n64_w2_st3_s1`` -> the config."""
+    n, w, st, sp = label.split("_")
+    return dict(block_n=int(n[1:]), num_warps=int(w[1:]), num_stages=int(st[2:]), num_splits=int(sp[1:]))
+
+
+def sweep(case: Case, grid: list[dict], replays: int) -> list[tuple[float, dict | None]]:
+    """(us a launch, config) of the default (None) and every config of ``grid`` that runs and agrees with it,
+    fastest first."""
+    case.call(0, {})
+    ref = case.out.float().clone()
+    times: list[tuple[float, dict | None]] = [(case.time_us({}, replays), None)]
+    for cfg in grid:
+        try:
+            us = case.time_us(cfg, replays)
+        except Exception as e:  # a config the kernel cannot take (shared memory): recorded, not fatal
+            print(f"  {name(cfg)}: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        case.call(0, cfg)
+        err = ((case.out.float() - ref).abs().max() / ref.abs().max()).item()
+        if err > 2e-2:
+            print(f"  {name(cfg)}: differs from the default by {err:.1e}; dropped")
+            continue
+        times.append((us, cfg))
+    return sorted(times, key=lambda t: t[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="8,16,32,64")
     ap.add_argument("--contexts", default="192,1024")
+    ap.add_argument("--grid", help="only these configs (comma-separated names as printed, e.g. n64_w2_st3_s1)")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--hbm-tb-s", type=float, default=4.8)
-    ap.add_argument("--loop-context", type=int, default=0, help="the loop check's context (0: each swept one)")
+    ap.add_argument("--loop-context", type=int, default=0, help="the loop check's context (0: the first swept)")
     ap.add_argument("--skip-loop", action="store_true")
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="JSON, rewritten after every case (a call cut short keeps what it measured)")
     args = ap.parse_args()
     t0 = time.time()
     rows_list = [int(r) for r in args.rows.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    grid = [parse(g) for g in args.grid.split(",")] if args.grid else GRID
+    loop_ctx = args.loop_context or contexts[0]
+    loop = None if args.skip_loop else Loop(loop_ctx, max(rows_list))
     res: dict = {"device": torch.cuda.get_device_name(), "hbm_tb_s": args.hbm_tb_s, "alone": [], "loop": []}
-    best: dict = {}
-    for ctx in [int(c) for c in args.contexts.split(",")]:
+    for ctx in contexts:
         for rows in rows_list:
             case = Case(rows, ctx)
-            case.call(0, {})
-            ref = case.out.float().clone()
-            times = [(case.time_us({}, args.replays), None)]
-            for cfg in GRID:
-                try:
-                    us = case.time_us(cfg, args.replays)
-                except Exception as e:  # a config the kernel cannot take (shared memory): recorded, not fatal
-                    print(f"  rows={rows} ctx={ctx} {name(cfg)}: {type(e).__name__}: {str(e)[:120]}")
-                    continue
-                case.call(0, cfg)
-                err = ((case.out.float() - ref).abs().max() / ref.abs().max()).item()
-                if err > 2e-2:
-                    print(f"  rows={rows} ctx={ctx} {name(cfg)}: differs from the default by {err:.1e}; dropped")
-                    continue
-                times.append((us, cfg))
-            times.sort(key=lambda t: t[0])
-            dflt = next(us for us, c in times if c is None)
+            times = sweep(case, grid, args.replays)
             per_launch = case.bytes // LAYERS
             pct = lambda us: round(100 * per_launch / (us * 1e-6) / (args.hbm_tb_s * 1e12), 1)  # noqa: E731
+            dflt = next(us for us, c in times if c is None)
             row = dict(
                 rows=rows,
                 context=ctx,
@@ -144,16 +161,12 @@ def main() -> None:
                 ranked=[dict(config=name(c), us=round(us, 2), pct_of_hbm=pct(us)) for us, c in times[:8]],
             )
             res["alone"].append(row)
-            best[(rows, ctx)] = [c for _, c in times if c is not None][: args.top]
             top = ", ".join(f"{r['config']} {r['us']} ({r['pct_of_hbm']}%)" for r in row["ranked"][:4])
             print(f"rows={rows:3d} ctx={ctx:5d} default {dflt:7.2f} us ({pct(dflt)}%) | best: {top}", flush=True)
             del case
             torch.cuda.empty_cache()
-    if not args.skip_loop:
-        for ctx in sorted({args.loop_context or c for _, c in best}):
-            loop = Loop(ctx, max(rows_list))
-            for rows in rows_list:
-                cands = [None, *best.get((rows, ctx), best.get((rows, min(c for _, c in best))))]
+            if loop is not None and ctx == loop_ctx:
+                cands = [None, *[c for _, c in times if c is not None][: args.top]]
                 inputs, ref_out = loop.inputs(rows), None
                 for cfg in cands:
                     loop.m.backend = config_backend(cfg)
@@ -162,13 +175,11 @@ def main() -> None:
                     err = ((out.float() - ref_out.float()).abs().max() / ref_out.float().abs().max()).item()
                     res["loop"].append(dict(rows=rows, context=ctx, config=name(cfg), loop_ms=round(ms, 4), diff=err))
                     print(f"loop rows={rows:3d} ctx={ctx:5d} {name(cfg):22s} {ms:.4f} ms (diff {err:.1e})", flush=True)
-            loop.m.backend = TritonBackend
-            del loop
-            torch.cuda.empty_cache()
-    res["elapsed_s"] = round(time.time() - t0, 1)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+                loop.m.backend = TritonBackend
+            res["elapsed_s"] = round(time.time() - t0, 1)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
