@@ -55,105 +55,61 @@ def configs():
     H = KVH = 16
     HD, D, BS = 128, 2048, 16
     out = []
+
+    def paged_attn(label, dt, fp32, max_q, H, G, hd, splits, rope_in):
+        """`_paged_attn_kernel` at `_attn_config`'s choice for these shapes, as `attention._launch` binds it."""
+        c = attention._attn_config(max_q, G, hd, fp32, None, None, None, None, splits)
+        a = dict(
+            q_ptr=f"*{dt}",
+            kc_ptr=f"*{dt}",
+            vc_ptr=f"*{dt}",
+            out_ptr=f"*{dt}",
+            o_part_ptr="*fp32",
+            lse_part_ptr="*fp32",
+            cu_q_ptr="*i32",
+            seq_lens_ptr="*i32",
+            bt_ptr="*i32",
+            count_ptr="*i32",
+            pos_ptr="*i64",
+            cs_ptr="*fp32",
+            kn_ptr=f"*{dt}",
+            vn_ptr=f"*{dt}",
+            slot_ptr="*i64",
+            qk_scale="fp32",
+            num_tokens="i32",
+            stride_bt="i32",
+            stride_cs="i32",
+            NUM_HEADS=H,
+            QUERIES_PER_KV=G,
+            G_PAD=c.g_pad,
+            HEAD_DIM=hd,
+            HD_PAD=c.hd_pad,
+            BLOCK_SIZE=BS,
+            BLOCK_Q=c.block_q,
+            BLOCK_M=c.block_m,
+            BLOCK_N=c.block_n,
+            NUM_SPLITS=splits,
+            SPLIT_GRAIN=c.split_grain,
+            ROPE=rope_in,
+            PREFETCH_KV=rope_in,  # as the engine launches it
+            DOT_PREC="ieee" if fp32 else "tf32",
+            INTERP=False,
+        )
+        for p in ("q", "o", "kn", "vn"):
+            a.update(_strides(p, "nhd"))
+        for p in "kv":
+            a.update(_strides(p, "bshd"))
+        label += f" BM={c.block_m} BN={c.block_n} grain={c.split_grain} w={c.num_warps} s={c.num_stages}"
+        opts = dict(num_warps=c.num_warps, num_stages=c.num_stages, enable_fp_fusion=False)
+        return label, attention._paged_attn_kernel, a, opts
+
     for dt, fp32 in (("bf16", False), ("fp32", True)):
         decode = ((1, 1, False), (1, 4, False), (1, 1, True), (1, 4, True), (1, 8, True))  # (max_q, splits, rope)
         for max_q, splits, rope_in in (*decode, (1024, 1, False)):
-            g_pad, hd_pad, bq, bm, bn, nw, ns, grain = attention._attn_config(
-                max_q, 1, HD, fp32, None, None, None, None, splits
-            )
-            a = dict(
-                q_ptr=f"*{dt}",
-                kc_ptr=f"*{dt}",
-                vc_ptr=f"*{dt}",
-                out_ptr=f"*{dt}",
-                o_part_ptr="*fp32",
-                lse_part_ptr="*fp32",
-                cu_q_ptr="*i32",
-                seq_lens_ptr="*i32",
-                bt_ptr="*i32",
-                count_ptr="*i32",
-                pos_ptr="*i64",
-                cs_ptr="*fp32",
-                kn_ptr=f"*{dt}",
-                vn_ptr=f"*{dt}",
-                slot_ptr="*i64",
-                qk_scale="fp32",
-                num_tokens="i32",
-                stride_bt="i32",
-                stride_cs="i32",
-                NUM_HEADS=H,
-                QUERIES_PER_KV=1,
-                G_PAD=g_pad,
-                HEAD_DIM=HD,
-                HD_PAD=hd_pad,
-                BLOCK_SIZE=BS,
-                BLOCK_Q=bq,
-                BLOCK_M=bm,
-                BLOCK_N=bn,
-                NUM_SPLITS=splits,
-                SPLIT_GRAIN=grain,
-                ROPE=rope_in,
-                PREFETCH_KV=rope_in,  # as the engine launches it
-                DOT_PREC="ieee" if fp32 else "tf32",
-                INTERP=False,
-            )
-            for p in ("q", "o", "kn", "vn"):
-                a.update(_strides(p, "nhd"))
-            for p in "kv":
-                a.update(_strides(p, "bshd"))
-            out.append(
-                (
-                    f"paged_attn {dt} max_q={max_q} splits={splits}{' rope' if rope_in else ''} BM={bm} BN={bn} "
-                    f"grain={grain} w={nw} s={ns}",
-                    attention._paged_attn_kernel,
-                    a,
-                    dict(num_warps=nw, num_stages=ns, enable_fp_fusion=False),
-                )
-            )
+            label = f"paged_attn {dt} max_q={max_q} splits={splits}{' rope' if rope_in else ''}"
+            out.append(paged_attn(label, dt, fp32, max_q, H, 1, HD, splits, rope_in))
     # GQA (G=3 padded to 4), head_dim 96 padded to 128, prefill tile
-    g_pad, hd_pad, bq, bm, bn, nw, ns, grain = attention._attn_config(512, 3, 96, False, None, None, None, None)
-    a = dict(
-        q_ptr="*bf16",
-        kc_ptr="*bf16",
-        vc_ptr="*bf16",
-        out_ptr="*bf16",
-        o_part_ptr="*fp32",
-        lse_part_ptr="*fp32",
-        cu_q_ptr="*i32",
-        seq_lens_ptr="*i32",
-        bt_ptr="*i32",
-        count_ptr="*i32",
-        pos_ptr="*i64",
-        cs_ptr="*fp32",
-        kn_ptr="*bf16",
-        vn_ptr="*bf16",
-        slot_ptr="*i64",
-        qk_scale="fp32",
-        num_tokens="i32",
-        stride_bt="i32",
-        stride_cs="i32",
-        NUM_HEADS=12,
-        QUERIES_PER_KV=3,
-        G_PAD=g_pad,
-        HEAD_DIM=96,
-        HD_PAD=hd_pad,
-        BLOCK_SIZE=BS,
-        BLOCK_Q=bq,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        NUM_SPLITS=1,
-        SPLIT_GRAIN=bn,
-        ROPE=False,
-        PREFETCH_KV=False,
-        DOT_PREC="tf32",
-        INTERP=False,
-    )
-    for p in ("q", "o", "kn", "vn"):
-        a.update(_strides(p, "nhd"))
-    for p in "kv":
-        a.update(_strides(p, "bshd"))
-    opts = dict(num_warps=nw, num_stages=ns, enable_fp_fusion=False)
-    out.append(("paged_attn bf16 GQA G=3 hd=96", attention._paged_attn_kernel, a, opts))
+    out.append(paged_attn("paged_attn bf16 GQA G=3 hd=96", "bf16", False, 512, 12, 3, 96, 1, False))
 
     dt = "bf16"
     kv_tile = dict(BLOCK_SIZE=BS, NUM_KV_HEADS=KVH, HEAD_DIM=HD, BLOCK_H=16, BLOCK_D=HD)

@@ -743,10 +743,8 @@ def _launch(
     if num_splits is None:
         num_splits = auto_num_splits(R, kvh, max_seqlen_q, q.device)
     num_splits = max(1, int(num_splits))
-    g_pad, hd_pad, block_q, bm, bn, nw, ns, grain = _attn_config(
-        max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages, num_splits, split_grain
-    )
-    q_tiles = triton.cdiv(max_seqlen_q, block_q)
+    cfg = _attn_config(max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages, num_splits, split_grain)
+    q_tiles = triton.cdiv(max_seqlen_q, cfg.block_q)
     if num_splits > 1:
         o_part = torch.empty(num_splits, N, H, hd, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(num_splits, N, H, dtype=torch.float32, device=q.device)
@@ -786,21 +784,21 @@ def _launch(
         *rope_strides,
         NUM_HEADS=H,
         QUERIES_PER_KV=G,
-        G_PAD=g_pad,
+        G_PAD=cfg.g_pad,
         HEAD_DIM=hd,
-        HD_PAD=hd_pad,
+        HD_PAD=cfg.hd_pad,
         BLOCK_SIZE=bs,
-        BLOCK_Q=block_q,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
+        BLOCK_Q=cfg.block_q,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
         NUM_SPLITS=num_splits,
-        SPLIT_GRAIN=grain,
+        SPLIT_GRAIN=cfg.split_grain,
         ROPE=rope is not None,
         PREFETCH_KV=prefetch_kv,
         DOT_PREC=dot_prec,
         INTERP=kernel_is_interpreted(_paged_attn_kernel),
-        num_warps=nw,
-        num_stages=ns,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         enable_fp_fusion=not (fp32 or rope is not None),  # RoPE rounds as the rope kernels (compiled without)
         **pdl_launch(_paged_attn_kernel, q.device),
     )
