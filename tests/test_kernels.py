@@ -692,6 +692,40 @@ def test_attn_sweep_reads_back_the_config_names_it_prints():
     assert parse("n64_w2_st3_s1") == dict(block_n=64, num_warps=2, num_stages=3, num_splits=1)
 
 
+@pytest.mark.parametrize("rows", [2, 20])
+def test_attn_sweep_configured_backend_runs_the_engines_attention(rows):
+    """attn_sweep.py's loop check: its configured backend takes the engine's path at each row count (fused up
+    to FUSED_ROPE_MAX_ROWS rows, RoPE + KV write then attention above) with the config passed through, and
+    gives the default backend's output and caches (here the kernels' torch fallbacks: the plumbing, not the
+    timing)."""
+    from benchmarks.kernels.attn_sweep import config_backend
+    from ouro_backend.kernels.backend import TritonBackend
+    from ouro_backend.model.attention import AttentionMetadata
+    from ouro_backend.model.torch_ops import build_cos_sin_cache
+
+    gen = torch.Generator().manual_seed(rows)
+    H = kvh = 2
+    hd, bs, ctx = 16, 4, 9
+    per_row = -(-ctx // bs)
+    tables = torch.arange(rows * per_row, dtype=torch.int32).view(rows, per_row)
+    lens = torch.full((rows,), ctx, dtype=torch.int32)
+    cu = torch.arange(rows + 1, dtype=torch.int32)
+    slots = tables[:, -1].to(torch.int64) * bs + (ctx - 1) % bs
+    meta = AttentionMetadata(cu, lens, tables, slots, 1, ctx, cu.tolist(), lens.tolist())
+    q, k, v = (torch.randn(rows, n, hd, generator=gen) for n in (H, kvh, kvh))
+    kv = torch.randn(2, rows * per_row, bs, kvh, hd, generator=gen)
+    pos = torch.full((rows,), ctx - 1, dtype=torch.int64)
+    cos_sin = build_cos_sin_cache(ctx, hd, 10000.0)
+    cfg = dict(block_n=32, num_warps=2, num_stages=2, num_splits=1)
+    outs = []
+    for backend in (TritonBackend, config_backend(cfg)):
+        caches = kv.clone()
+        out = backend.rope_kv_attention(q.clone(), k, v, pos, cos_sin, caches[0], caches[1], meta, hd**-0.5)
+        outs.append((out, caches))
+    torch.testing.assert_close(outs[1][0].view_as(outs[0][0]), outs[0][0])
+    assert torch.equal(outs[0][1], outs[1][1])
+
+
 def test_a_tunes_choices_replace_the_table_only_where_tuned():
     """benchmarks/kernels/loop_bench.py: a tune's ``table`` output read back (`tuned_choices`) and put in place
     of the table (`table_override`, what ``tune`` and bench_with_tune.py run under): the tuned row counts take

@@ -11,6 +11,11 @@ split-KV factor from `attention._attn_config` / `auto_num_splits` unless told. F
    one decode loop of the 1.4B shape (`loop_bench.Loop`: 24 layers, random bf16 weights), where the kernel runs
    between the projections (PDL).
 
+`bench_kernels.py --sweep` also sweeps `paged_attention`'s configs, one launch at a time under
+`triton.testing.do_bench` (L2 flushed, launch overhead included): at these few-microsecond kernels that ranks
+launch costs as much as the kernel; here the launches replay back to back in a graph, as in the engine, and
+the fused kernel is swept too.
+
     PYTHONPATH=$PWD python3 benchmarks/kernels/attn_sweep.py --rows 8,16,32,64 --contexts 192,1024 --out attn.json
 """
 
@@ -24,7 +29,8 @@ import time
 import torch
 
 from benchmarks.graph_timing import graph_ms
-from benchmarks.kernels.loop_bench import Loop
+from benchmarks.kernels.loop_bench import FusedAttention, Loop
+from ouro_backend.kernels import build_cos_sin_cache
 from ouro_backend.kernels.attention import paged_attention, rope_kv_attention
 from ouro_backend.kernels.backend import FUSED_ROPE_MAX_ROWS, TritonBackend
 
@@ -50,9 +56,7 @@ class Case:
         self.k, self.v = torch.randn(2, rows, KVH, HD, device=dev, dtype=dt)
         self.pos = torch.full((rows,), ctx - 1, device=dev, dtype=torch.int64)
         self.slots = self.tables[:, -1].to(torch.int64) * BS + (ctx - 1) % BS
-        inv = 1.0 / (10000.0 ** (torch.arange(0, HD, 2, device=dev, dtype=torch.float32) / HD))
-        ang = torch.arange(ctx, device=dev, dtype=torch.float32)[:, None] * inv[None]
-        self.cos_sin = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        self.cos_sin = build_cos_sin_cache(ctx, HD, 10000.0, device=dev)
         self.out = torch.empty_like(self.q)
         self.fused = rows <= FUSED_ROPE_MAX_ROWS
         self.bytes = LAYERS * rows * ctx * 2 * KVH * HD * 2
@@ -72,23 +76,24 @@ class Case:
 
 
 def config_backend(cfg: dict | None) -> type:
-    """The Triton backend with decode attention launched with ``cfg`` (None: the defaults)."""
+    """The Triton backend with decode attention launched with ``cfg`` (None: the defaults): the fused kernel
+    up to FUSED_ROPE_MAX_ROWS rows (`loop_bench.FusedAttention`), else RoPE + KV write then `paged_attention`,
+    as the engine splits them."""
     if cfg is None:
         return TritonBackend
 
-    class Configured(TritonBackend):
-        @staticmethod
-        def rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
-            if meta.max_seqlen_q == 1 and q.shape[0] <= FUSED_ROPE_MAX_ROWS:
-                return rope_kv_attention(
-                    q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q,
-                    meta.seq_lens, meta.block_tables, scale, prefetch_kv=True, **cfg,
-                )  # fmt: skip
-            TritonBackend.rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping)
+    class Configured(FusedAttention):
+        @classmethod
+        def rope_kv_attention(cls, q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
+            if q.shape[0] <= FUSED_ROPE_MAX_ROWS:
+                return super().rope_kv_attention(q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale)
+            cls.rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping)
             return paged_attention(
                 q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale, 1, **cfg
             )
 
+    for key, value in cfg.items():
+        setattr(Configured, key, value)
     return Configured
 
 

@@ -98,16 +98,18 @@ class FusedAttention(TritonBackend):
     """`rope_kv_attention` for every decode round, whatever its rows (the default stops at a row count)."""
 
     prefetch_kv = True
-    num_splits: int | None = None  # None: `auto_num_splits`
+    num_splits: int | None = None  # None: `auto_num_splits`; these five: `rope_kv_attention`'s overrides
     block_n: int | None = None
     split_grain: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
 
     @classmethod
     def rope_kv_attention(cls, q, k, v, positions, cos_sin, k_cache, v_cache, meta, scale):
         return rope_kv_attention(
             q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens,
             meta.block_tables, scale, num_splits=cls.num_splits, block_n=cls.block_n, split_grain=cls.split_grain,
-            prefetch_kv=cls.prefetch_kv,
+            num_warps=cls.num_warps, num_stages=cls.num_stages, prefetch_kv=cls.prefetch_kv,
         )  # fmt: skip
 
 
@@ -137,7 +139,7 @@ class ProbeNoAttention(TritonBackend):
 def attn_split_variants() -> dict:
     """``attn_s<splits>_n<block_n>[_g<grain>]`` backends: the fused decode attention at every row count with that
     split-KV factor, keys a tile and split grain (default: the tile), instead of `attention.auto_num_splits`
-    (8 / 4 / 4 / 1 splits at 1 / 2 / 4 / >= 8 rows of 16 kv heads on 132 SMs) and `_attn_config`'s tiles (64
+    (8 / 4 / 4 / 4 / 1 splits at 1 / 2 / 3 / 4 / >= 5 rows of 16 kv heads on 132 SMs) and `_attn_config`'s tiles (64
     keys; splits of multiples of 32 keys when split 8 ways)."""
     grid = ((1, 64, 0), (2, 64, 0), (4, 64, 0), (4, 32, 0), (4, 64, 32), (8, 64, 0), (8, 32, 0), (8, 64, 16))
     grid += ((16, 16, 0),)
