@@ -323,6 +323,24 @@ def test_decode_split_eight_ways_takes_multiples_of_32_keys():
     assert tile_and_grain(1, False, 8, grain=64) == (64, 64)
 
 
+def test_decode_launch_rules_by_rows():
+    """A 16-bit decode's first tile is one 32-key grain where the splits take grains below a tile (else a
+    tile); 3 stages up to 4 rows, 2 from 5; 4 warps up to 16 rows, 2 from 17; fp32, prefill and calls that
+    do not say their rows keep the defaults. `splits_for` on 132 SMs at 16 kv heads: 8 / 4 / 4 / 4 / 2 splits
+    at 1 / 2 / 3 / 4 / 5-8 rows, none from 9."""
+    from ouro_backend.kernels.attention import _attn_config, splits_for
+
+    def cfg(rows, splits=1, fp32=False, max_q=1, **kw):
+        c = _attn_config(max_q, 1, 128, fp32, None, kw.get("block_n"), None, None, splits, kw.get("grain"), rows=rows)
+        return c.first_n, c.num_stages, c.num_warps
+
+    assert cfg(1, 8) == (32, 3, 4)
+    assert cfg(4, 4) == (64, 3, 4) and cfg(5, 2) == cfg(16) == (64, 2, 4) and cfg(17) == cfg(64) == (64, 2, 2)
+    assert cfg(1, 8, grain=16) == (16, 3, 4) and cfg(1, 8, block_n=32) == (32, 3, 4)
+    assert cfg(64, fp32=True) == (64, 2, 8) and cfg(None) == (64, 3, 4) and cfg(64, max_q=512)[1:] == (2, 8)
+    assert [splits_for(rows * 16, 132) for rows in range(1, 10)] == [8, 4, 4, 4, 2, 2, 2, 2, 1]
+
+
 @pytest.mark.parametrize(
     "dtype,splits", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 4), (torch.bfloat16, 8)]
 )
@@ -330,15 +348,16 @@ def test_rope_kv_attention_prefetch_kv_is_bitwise_the_same(dtype, splits):
     """``prefetch_kv`` (the metadata, the rotation and each split's first tile read before the PDL wait, the
     rest of the tiles in the loop) gives bitwise the output and caches of the plain path: rows of 3 tiles
     (one split), of one tile, a first token, a pad row, and (4 splits) splits with no keys at all; 8 splits
-    take 32 keys each of the 150-key row in 64-key tiles (`_attn_config`), half of each tile masked."""
+    take 32 keys each of the 150-key row in one 32-key first tile (`_attn_config`'s ``first_n``), and 96 of the
+    600-key row: that first tile, then one of 64 keys."""
     gen = torch.Generator().manual_seed(131 + splits)
     H, kvh, hd, bs = 4, 2, 16, 4
-    seq_lens = [150, 9, 1, 0]
-    q, kc, vc, cu, sl, bt = _make_batch([1, 1, 1, 1], seq_lens, H, kvh, hd, bs, dtype, gen)
+    seq_lens = [150, 9, 1, 0, 600]
+    q, kc, vc, cu, sl, bt = _make_batch([1] * 5, seq_lens, H, kvh, hd, bs, dtype, gen)
     positions, slots = _decode_positions_and_slots(seq_lens, bt, bs)
-    k = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
-    v = torch.randn(4, kvh, hd, generator=gen).to(dtype).to(DEV)
-    cache = K.build_cos_sin_cache(256, hd, 10000.0, device=DEV)
+    k = torch.randn(5, kvh, hd, generator=gen).to(dtype).to(DEV)
+    v = torch.randn(5, kvh, hd, generator=gen).to(dtype).to(DEV)
+    cache = K.build_cos_sin_cache(1024, hd, 10000.0, device=DEV)
     caches = [(kc.clone(), vc.clone()) for _ in range(2)]
     outs = []
     for prefetch, (kcx, vcx) in zip((False, True), caches):

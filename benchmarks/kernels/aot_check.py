@@ -56,9 +56,9 @@ def configs():
     HD, D, BS = 128, 2048, 16
     out = []
 
-    def paged_attn(label, dt, fp32, max_q, H, G, hd, splits, rope_in):
+    def paged_attn(label, dt, fp32, max_q, rows, H, G, hd, splits, rope_in):
         """`_paged_attn_kernel` at `_attn_config`'s choice for these shapes, as `attention._launch` binds it."""
-        c = attention._attn_config(max_q, G, hd, fp32, None, None, None, None, splits)
+        c = attention._attn_config(max_q, G, hd, fp32, None, None, None, None, splits, rows=rows)
         a = dict(
             q_ptr=f"*{dt}",
             kc_ptr=f"*{dt}",
@@ -90,6 +90,7 @@ def configs():
             BLOCK_N=c.block_n,
             NUM_SPLITS=splits,
             SPLIT_GRAIN=c.split_grain,
+            FIRST_N=c.first_n,
             ROPE=rope_in,
             PREFETCH_KV=rope_in,  # as the engine launches it
             DOT_PREC="ieee" if fp32 else "tf32",
@@ -99,17 +100,20 @@ def configs():
             a.update(_strides(p, "nhd"))
         for p in "kv":
             a.update(_strides(p, "bshd"))
-        label += f" BM={c.block_m} BN={c.block_n} grain={c.split_grain} w={c.num_warps} s={c.num_stages}"
+        label += (
+            f" BM={c.block_m} BN={c.block_n} grain={c.split_grain} first={c.first_n} w={c.num_warps} s={c.num_stages}"
+        )
         opts = dict(num_warps=c.num_warps, num_stages=c.num_stages, enable_fp_fusion=False)
         return label, attention._paged_attn_kernel, a, opts
 
     for dt, fp32 in (("bf16", False), ("fp32", True)):
-        decode = ((1, 1, False), (1, 4, False), (1, 1, True), (1, 4, True), (1, 8, True))  # (max_q, splits, rope)
-        for max_q, splits, rope_in in (*decode, (1024, 1, False)):
-            label = f"paged_attn {dt} max_q={max_q} splits={splits}{' rope' if rope_in else ''}"
-            out.append(paged_attn(label, dt, fp32, max_q, H, 1, HD, splits, rope_in))
+        # (max_q, rows, splits, rope): decode as `auto_num_splits` splits 16 kv heads on 132 SMs, then a prompt
+        decode = ((1, 64, 1, False), (1, 4, 4, False), (1, 16, 1, True), (1, 8, 2, True), (1, 4, 4, True))
+        for max_q, rows, splits, rope_in in (*decode, (1, 1, 8, True), (1024, 4, 1, False)):
+            label = f"paged_attn {dt} max_q={max_q} rows={rows} splits={splits}{' rope' if rope_in else ''}"
+            out.append(paged_attn(label, dt, fp32, max_q, rows, H, 1, HD, splits, rope_in))
     # GQA (G=3 padded to 4), head_dim 96 padded to 128, prefill tile
-    out.append(paged_attn("paged_attn bf16 GQA G=3 hd=96", "bf16", False, 512, 12, 3, 96, 1, False))
+    out.append(paged_attn("paged_attn bf16 GQA G=3 hd=96", "bf16", False, 512, 4, 12, 3, 96, 1, False))
 
     dt = "bf16"
     kv_tile = dict(BLOCK_SIZE=BS, NUM_KV_HEADS=KVH, HEAD_DIM=HD, BLOCK_H=16, BLOCK_D=HD)

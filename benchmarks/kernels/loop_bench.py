@@ -139,8 +139,8 @@ class ProbeNoAttention(TritonBackend):
 def attn_split_variants() -> dict:
     """``attn_s<splits>_n<block_n>[_g<grain>]`` backends: the fused decode attention at every row count with that
     split-KV factor, keys a tile and split grain (default: the tile), instead of `attention.auto_num_splits`
-    (8 / 4 / 4 / 4 / 1 splits at 1 / 2 / 3 / 4 / >= 5 rows of 16 kv heads on 132 SMs) and `_attn_config`'s tiles (64
-    keys; splits of multiples of 32 keys when split 8 ways)."""
+    (8 / 4 / 4 / 2 / 1 splits at 1 / 2 / 3-4 / 5-8 / >= 9 rows of 16 kv heads on 132 SMs) and `_attn_config`'s
+    tiles (64 keys; splits of multiples of 32 keys and a first tile of 32 when split 8 ways)."""
     grid = ((1, 64, 0), (2, 64, 0), (4, 64, 0), (4, 32, 0), (4, 64, 32), (8, 64, 0), (8, 32, 0), (8, 64, 16))
     grid += ((16, 16, 0),)
     return {

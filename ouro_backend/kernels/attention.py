@@ -265,6 +265,7 @@ def _paged_attn_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLIT_GRAIN: tl.constexpr,
+    FIRST_N: tl.constexpr,
     ROPE: tl.constexpr,
     PREFETCH_KV: tl.constexpr,
     DOT_PREC: tl.constexpr,
@@ -312,10 +313,10 @@ def _paged_attn_kernel(
     kv_hi = tl.minimum(kv_lo + chunk, kv_end)
     bt_row = bt_ptr + row.to(tl.int64) * stride_bt
     kvh64 = kvh.to(tl.int64)
-    if PREFETCH_KV:
+    if PREFETCH_KV:  # the first tile: FIRST_N keys (<= BLOCK_N)
         k0, v0, offs_n0, n_mask0 = _kv_tile(
             kc_ptr, vc_ptr, bt_row, kv_lo, kv_hi, ctx, kvh64, offs_d64, d_mask, stride_kb, stride_ks, stride_kh,
-            stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, BLOCK_N, ROPE, CACHE,
+            stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, FIRST_N, ROPE, CACHE,
         )  # fmt: skip
     if ROPE:
         cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, n_q > 0, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
@@ -342,12 +343,20 @@ def _paged_attn_kernel(
     acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
     v_dtype: tl.constexpr = vc_ptr.dtype.element_ty
 
+    # The first tile (FIRST_N keys) apart when it was read before the wait or is smaller than the rest, with
+    # or without the read ahead (so that both give the same tiles, and the same sums); an empty split's is
+    # all masked: a no-op.
     start0 = kv_lo
-    if PREFETCH_KV:  # the first tile, read before the wait (an empty split's is all masked: a no-op)
+    if PREFETCH_KV or FIRST_N < BLOCK_N:
+        if not PREFETCH_KV:
+            k0, v0, offs_n0, n_mask0 = _kv_tile(
+                kc_ptr, vc_ptr, bt_row, kv_lo, kv_hi, ctx, kvh64, offs_d64, d_mask, stride_kb, stride_ks,
+                stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, FIRST_N, ROPE, "",
+            )  # fmt: skip
         m_i, l_i, acc = _online_softmax_step(
             q, k0, v0, offs_n0, n_mask0, q_pos, m_i, l_i, acc, qk_scale, v_dtype, DOT_PREC, INTERP
         )
-        start0 = kv_lo + BLOCK_N
+        start0 = kv_lo + FIRST_N
     for start in range(start0, kv_hi, BLOCK_N):
         k, v, offs_n, n_mask = _kv_tile(
             kc_ptr, vc_ptr, bt_row, start, kv_hi, ctx, kvh64, offs_d64, d_mask, stride_kb, stride_ks, stride_kh,
@@ -566,21 +575,26 @@ class AttnConfig(NamedTuple):
     num_warps: int
     num_stages: int
     split_grain: int  # a KV split's keys are a multiple of this
+    first_n: int  # keys of a split's first tile (read ahead of the PDL wait with prefetch_kv)
 
 
 def _attn_config(
     max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages, num_splits: int = 1,
-    split_grain: int | None = None,
+    split_grain: int | None = None, rows: int | None = None,
 ) -> AttnConfig:  # fmt: skip
     """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
     16x64 / 4 warps / 3 stages, bf16 prefill 128x64 / 8 warps / 2 stages; fp32 ("ieee" dots, no tensor
-    cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A split's keys are a multiple
-    of the split grain: a tile (BLOCK_N keys), except for a 16-bit decode split 8 or more ways, whose splits
-    take multiples of 32 keys: at short contexts every split then has keys (with 64, at most four of eight
-    do at 256 positions), while the tiles stay 64 keys (why not 32-key tiles: docs/engine.md)."""
+    cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A 16-bit decode of ``rows`` rows
+    (one query a row) takes 2 stages from 5 rows and 2 warps from 17 (those rows' measured best).
+    A split's keys are a multiple of the split grain: a tile (BLOCK_N keys), except for a 16-bit decode split
+    8 or more ways, whose splits take multiples of 32 keys: at short contexts every split then has keys (with
+    64, at most four of eight do at 256 positions), while the tiles stay 64 keys. The first tile (the one read
+    ahead of the PDL wait, `rope_kv_attention`'s ``prefetch_kv``) takes ``first_n`` keys: one grain where the
+    grain is below a tile, so that a short split is one small tile (why: docs/engine.md)."""
     g_pad = next_pow2(G)
     hd_pad = max(16, next_pow2(hd))
     decode = max_seqlen_q == 1
+    rows_rule = decode and not fp32 and rows is not None
     if block_m is None:
         if decode:
             block_m = 16
@@ -593,24 +607,31 @@ def _attn_config(
     block_n = max(16, block_n)
     if split_grain is None:
         split_grain = 32 if decode and not fp32 and num_splits >= 8 else block_n
+    split_grain = max(1, split_grain)
     if num_warps is None:
-        num_warps = 8 if (fp32 or block_m >= 128) else 4
+        num_warps = 8 if (fp32 or block_m >= 128) else (2 if rows_rule and rows > 16 else 4)
     if num_stages is None:
-        num_stages = 3 if decode and not fp32 else 2
-    return AttnConfig(g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages, max(1, split_grain))
+        num_stages = (2 if rows_rule and rows > 4 else 3) if decode and not fp32 else 2
+    first_n = split_grain if 16 <= split_grain < block_n and split_grain == next_pow2(split_grain) else block_n
+    return AttnConfig(g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages, split_grain, first_n)
+
+
+def splits_for(programs: int, sms: int) -> int:
+    """Split-KV factor for a decode grid of ``programs`` (rows x kv heads) on ``sms`` SMs: none once the grid
+    fills the GPU, 2 ways when it fills more than half of it, else 4 to 8 (16 kv heads on 132 SMs: 8 / 4 / 4 /
+    4 / 2 splits at 1 / 2 / 3 / 4 / 5-8 rows, none from 9; why: docs/engine.md)."""
+    if programs >= sms:
+        return 1
+    if programs * 2 > sms:
+        return 2
+    return max(4, min(8, sms // max(programs, 1)))
 
 
 def auto_num_splits(num_rows: int, num_kv_heads: int, max_seqlen_q: int, device: torch.device) -> int:
-    """Split-K factor chosen from shapes only (CUDA-graph safe): split decode KV when the grid would not
-    fill the GPU, 4 to 8 ways (16 kv heads on 132 SMs: 8 / 4 / 4 / 4 splits at 1 / 2 / 3 / 4 rows, none from
-    5; why at least 4: docs/engine.md)."""
+    """Split-K factor chosen from shapes only (CUDA-graph safe): `splits_for` a decode launch on a GPU, else 1."""
     if max_seqlen_q != 1 or device.type != "cuda":
         return 1
-    programs = num_rows * num_kv_heads
-    sms = sm_count(device)
-    if programs * 2 > sms:
-        return 1
-    return max(4, min(8, sms // max(programs, 1)))
+    return splits_for(num_rows * num_kv_heads, sm_count(device))
 
 
 def paged_attention(
@@ -743,7 +764,9 @@ def _launch(
     if num_splits is None:
         num_splits = auto_num_splits(R, kvh, max_seqlen_q, q.device)
     num_splits = max(1, int(num_splits))
-    cfg = _attn_config(max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages, num_splits, split_grain)
+    cfg = _attn_config(
+        max_seqlen_q, G, hd, fp32, block_m, block_n, num_warps, num_stages, num_splits, split_grain, rows=R
+    )
     q_tiles = triton.cdiv(max_seqlen_q, cfg.block_q)
     if num_splits > 1:
         o_part = torch.empty(num_splits, N, H, hd, dtype=torch.float32, device=q.device)
@@ -793,6 +816,7 @@ def _launch(
         BLOCK_N=cfg.block_n,
         NUM_SPLITS=num_splits,
         SPLIT_GRAIN=cfg.split_grain,
+        FIRST_N=cfg.first_n,
         ROPE=rope is not None,
         PREFETCH_KV=prefetch_kv,
         DOT_PREC=dot_prec,
