@@ -55,7 +55,9 @@ class Loop:
     """The model's loop at M rows over a real paged KV cache, timed as a CUDA graph."""
 
     def __init__(self, context: int, max_rows: int):
-        opts = {"model": ensure_shape_checkpoint("ouro-1.4b"), "cuda_graphs": "0"}
+        # The engine is only the model's holder: its own KV cache stays small (the loop reads self.kv), so that
+        # the loop's cache fits at long contexts and many rows.
+        opts = {"model": ensure_shape_checkpoint("ouro-1.4b"), "cuda_graphs": "0", "num_blocks": "256"}
         self.eng = LLMEngine(EngineConfig.from_strings(opts))
         m = self.m = self.eng.runner.model
         cfg = m.cfg
