@@ -179,6 +179,9 @@ def test_measured_in_flight_from_profile_export(tmp_path):
     path.write_text(json.dumps(export))
     assert run_perf.measured_in_flight(run_perf.load_export(str(path))) == pytest.approx(1.5)  # 3 s over 2 s
     assert run_perf.measured_in_flight({"experiments": [{"requests": []}]}) is None  # no windows
+    # The last send before the windows close: what follows is the drain, left out (2 s over 1.5 s).
+    export["experiments"][0]["requests"].pop()
+    assert run_perf.measured_in_flight(export) == pytest.approx((0.5 + 1.5 + 0.0) / 1.5)
 
 
 @pytest.mark.unit

@@ -117,15 +117,21 @@ def first_response_latency(export: dict) -> dict[str, float] | None:
 
 
 def measured_in_flight(export: dict) -> float | None:
-    """Requests open on average over perf_analyzer's measurement windows, from its profile export (each
-    request's send time and last response), or None without windows."""
+    """Requests open on average over perf_analyzer's measurement windows up to its last send, from its profile
+    export (each request's send time and last response), or None without windows. perf_analyzer stops sending
+    once its last window's requests are out and that window then closes on a drain (the requests still open
+    finish with no successors): the drain says nothing about the concurrency it kept, so it is left out."""
     for experiment in export.get("experiments") or []:
         bounds = experiment.get("window_boundaries") or []
+        requests = experiment.get("requests") or []
         if len(bounds) < 2:
             continue
         lo, hi = bounds[0], bounds[-1]
+        last_send = max((r["timestamp"] for r in requests), default=hi)
+        if lo < last_send < hi:
+            hi = last_send
         open_ns = 0
-        for r in experiment.get("requests") or []:
+        for r in requests:
             times = r.get("response_timestamps") or []
             if times:
                 open_ns += max(0, min(times[-1], hi) - max(r["timestamp"], lo))
