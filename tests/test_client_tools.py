@@ -82,6 +82,9 @@ def test_run_perf_defaults_work_when_a_request_outlasts_the_old_time_window(
     # one unmeasured request first: perf_analyzer was told, and the export holds the measured ones only
     assert r["warmup_requests"] == 1 and "--warmup-request-count 1" in open(r["log"]).readline()
     assert len(json.load(open(r["profile_export"]))["experiments"][0]["requests"]) == r["request_count"]
+    timeline = json.load(open(r["request_timeline"]))  # the export's request times, written beside it
+    assert len(timeline["requests"]) == r["request_count"] and len(timeline["window_boundaries"]) >= 4
+    assert all(q["send"] < q["first"] <= q["last"] and q["responses"] >= 1 for q in timeline["requests"])
 
 
 def test_run_perf_failure_prints_a_hint(demo_server, seconds_per_token, tmp_path, capsys):
@@ -182,6 +185,10 @@ def test_measured_in_flight_from_profile_export(tmp_path):
     # The last send before the windows close: what follows is the drain, left out (2 s over 1.5 s).
     export["experiments"][0]["requests"].pop()
     assert run_perf.measured_in_flight(export) == pytest.approx((0.5 + 1.5 + 0.0) / 1.5)
+    timeline = run_perf.request_timeline(export)
+    assert timeline is not None and timeline["window_boundaries"] == [1000 * ms, 2000 * ms, 3000 * ms]
+    assert timeline["requests"][1] == {"send": 1000 * ms, "first": 1200 * ms, "last": 3000 * ms, "responses": 2}
+    assert len(timeline["requests"]) == 3 and run_perf.request_timeline({"experiments": []}) is None
 
 
 @pytest.mark.unit

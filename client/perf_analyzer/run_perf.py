@@ -139,6 +139,20 @@ def measured_in_flight(export: dict) -> float | None:
     return None
 
 
+def request_timeline(export: dict) -> dict | None:
+    """The export reduced to what pacing questions need (1-2% of its size at C64): the first experiment's
+    window boundaries and, per request that got responses, its send time, first and last response time (ns)
+    and number of responses. None without an experiment."""
+    for experiment in export.get("experiments") or []:
+        requests = [
+            {"send": r["timestamp"], "first": t[0], "last": t[-1], "responses": len(t)}
+            for r in experiment.get("requests") or []
+            if (t := r.get("response_timestamps"))
+        ]
+        return {"window_boundaries": experiment.get("window_boundaries") or [], "requests": requests}
+    return None
+
+
 def failure_hint(res: dict[str, Any], out: str, url: str) -> str:
     """One line saying what to change when a run failed."""
     if res["exit_code"] == "timeout":
@@ -243,6 +257,11 @@ def run_one(
     exported = load_export(export) if res["profile_export"] else None
     res["first_response_latency_ms"] = first_response_latency(exported) if exported else None
     res["measured_in_flight"] = measured_in_flight(exported) if exported else None
+    timeline = request_timeline(exported) if exported else None
+    res["request_timeline"] = stem + ".requests.json" if timeline else None
+    if timeline:  # small enough to bring back from a device run, unlike the export
+        with open(stem + ".requests.json", "w") as f:
+            json.dump(timeline, f, separators=(",", ":"))
     error_lines = [
         ln.strip()
         for ln in out.splitlines()

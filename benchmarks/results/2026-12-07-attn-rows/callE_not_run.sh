@@ -2,7 +2,7 @@
 # Session 2026-12-07, call E (issue 25): served C64 full depth, 128/64, 512 requests. Run 1: engine-direct,
 # load.py and perf_analyzer with TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1 (each of its contexts on its own gRPC
 # channel); run 2, as time allows: load.py and perf_analyzer with the client library's default channel sharing.
-# perf_analyzer's exports are reduced to each request's send / first / last response (pa_windows.py --compact).
+# perf_analyzer's request timelines (each request's send / first / last response) come back with pa_windows.py's reading.
 set -u
 DL=${DL:-420}
 source benchmarks/device_call.sh cE
@@ -17,7 +17,8 @@ served() {  # label share_count extra-args...
   "${e[@]}" timeout -k 5 $(cap 330) python3 benchmarks/served.py --concurrency 64 --requests 512 --repeats 1 --trace --out /tmp/e_$l "$@" > $R/served_$l.log 2>&1
   echo "$l rc=$? $(t)"
   mkdir -p $R/$l; cp /tmp/e_$l/served_summary.json /tmp/e_$l/perf_analyzer.log $R/$l/ 2>/dev/null
-  python3 $PW --compact /tmp/e_$l/perf_analyzer/ouro_c64.profile_export.json --out $R/$l > $R/$l/pa_windows.txt 2>&1
+  cp /tmp/e_$l/perf_analyzer/ouro_c64.requests.json $R/$l/ 2>/dev/null  # run_perf.py's request timeline
+  python3 $PW $R/$l/ouro_c64.requests.json > $R/$l/pa_windows.txt 2>&1
   tail -6 $R/$l/pa_windows.txt | cut -c1-400
   python3 -c "
 import json;d=json.load(open('$R/$l/served_summary.json'))
