@@ -226,8 +226,9 @@ def run_one(
         *(["--warmup-request-count", str(warmup)] if warmup else []),
         *extra,
     ]
-    if os.path.exists(export):
-        os.remove(export)  # a failed run must not report an earlier run's export
+    for stale in (export, stem + ".requests.json"):  # a failed run must not report an earlier run's
+        if os.path.exists(stale):
+            os.remove(stale)
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
