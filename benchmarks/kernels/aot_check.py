@@ -81,16 +81,9 @@ def configs():
             stride_cs="i32",
             NUM_HEADS=H,
             QUERIES_PER_KV=G,
-            G_PAD=c.g_pad,
             HEAD_DIM=hd,
-            HD_PAD=c.hd_pad,
             BLOCK_SIZE=BS,
-            BLOCK_Q=c.block_q,
-            BLOCK_M=c.block_m,
-            BLOCK_N=c.block_n,
             NUM_SPLITS=splits,
-            SPLIT_GRAIN=c.split_grain,
-            FIRST_N=c.first_n,
             ROPE=rope_in,
             PREFETCH_KV=rope_in,  # as the engine launches it
             DOT_PREC="ieee" if fp32 else "tf32",
@@ -103,11 +96,12 @@ def configs():
         label += (
             f" BM={c.block_m} BN={c.block_n} grain={c.split_grain} first={c.first_n} w={c.num_warps} s={c.num_stages}"
         )
-        opts = dict(num_warps=c.num_warps, num_stages=c.num_stages, enable_fp_fusion=False)
-        return label, attention._paged_attn_kernel, a, opts
+        args = c.launch_args()
+        opts = dict(num_warps=args.pop("num_warps"), num_stages=args.pop("num_stages"))
+        return label, attention._paged_attn_kernel, {**a, **args}, {**opts, "enable_fp_fusion": False}
 
     for dt, fp32 in (("bf16", False), ("fp32", True)):
-        # (max_q, rows, splits, rope): decode as `auto_num_splits` splits 16 kv heads on 132 SMs, then a prompt
+        # (max_q, rows, splits, rope): decode as `splits_for` splits 16 kv heads on 132 SMs, then a prompt
         decode = ((1, 64, 1, False), (1, 4, 4, False), (1, 16, 1, True), (1, 8, 2, True), (1, 4, 4, True))
         for max_q, rows, splits, rope_in in (*decode, (1, 1, 8, True), (1024, 4, 1, False)):
             label = f"paged_attn {dt} max_q={max_q} rows={rows} splits={splits}{' rope' if rope_in else ''}"

@@ -577,15 +577,32 @@ class AttnConfig(NamedTuple):
     split_grain: int  # a KV split's keys are a multiple of this
     first_n: int  # keys of a split's first tile (read ahead of the PDL wait with prefetch_kv)
 
+    def launch_args(self) -> dict[str, int]:
+        """`_paged_attn_kernel`'s compile-time arguments this config sets (the rest come from the call's shapes),
+        and the launch's warps and stages: the one place a new field is bound, for `_launch` and for the
+        ahead-of-time compile check (benchmarks/kernels/aot_check.py)."""
+        return dict(
+            G_PAD=self.g_pad,
+            HD_PAD=self.hd_pad,
+            BLOCK_Q=self.block_q,
+            BLOCK_M=self.block_m,
+            BLOCK_N=self.block_n,
+            SPLIT_GRAIN=self.split_grain,
+            FIRST_N=self.first_n,
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+        )
+
 
 def _attn_config(
     max_seqlen_q: int, G: int, hd: int, fp32: bool, block_m, block_n, num_warps, num_stages, num_splits: int = 1,
-    split_grain: int | None = None, rows: int | None = None,
+    split_grain: int | None = None, *, rows: int,
 ) -> AttnConfig:  # fmt: skip
     """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
     16x64 / 4 warps / 3 stages, bf16 prefill 128x64 / 8 warps / 2 stages; fp32 ("ieee" dots, no tensor
     cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A 16-bit decode of ``rows`` rows
-    (one query a row) takes 2 stages from 5 rows and 2 warps from 17 (those rows' measured best).
+    (one query a row) takes 2 stages from 5 rows and 2 warps from 17 (the best measured alone at 8-64 rows;
+    5-7 rows follow 8, and the loop at 5 rows was not slower: docs/engine.md).
     A split's keys are a multiple of the split grain: a tile (BLOCK_N keys), except for a 16-bit decode split
     8 or more ways, whose splits take multiples of 32 keys: at short contexts every split then has keys (with
     64, at most four of eight do at 256 positions), while the tiles stay 64 keys. The first tile (the one read
@@ -594,7 +611,7 @@ def _attn_config(
     g_pad = next_pow2(G)
     hd_pad = max(16, next_pow2(hd))
     decode = max_seqlen_q == 1
-    rows_rule = decode and not fp32 and rows is not None
+    rows_rule = decode and not fp32
     if block_m is None:
         if decode:
             block_m = 16
@@ -807,22 +824,14 @@ def _launch(
         *rope_strides,
         NUM_HEADS=H,
         QUERIES_PER_KV=G,
-        G_PAD=cfg.g_pad,
         HEAD_DIM=hd,
-        HD_PAD=cfg.hd_pad,
         BLOCK_SIZE=bs,
-        BLOCK_Q=cfg.block_q,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
         NUM_SPLITS=num_splits,
-        SPLIT_GRAIN=cfg.split_grain,
-        FIRST_N=cfg.first_n,
         ROPE=rope is not None,
         PREFETCH_KV=prefetch_kv,
         DOT_PREC=dot_prec,
         INTERP=kernel_is_interpreted(_paged_attn_kernel),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **cfg.launch_args(),
         enable_fp_fusion=not (fp32 or rope is not None),  # RoPE rounds as the rope kernels (compiled without)
         **pdl_launch(_paged_attn_kernel, q.device),
     )
