@@ -29,6 +29,7 @@ import time
 import torch
 
 from benchmarks.graph_timing import graph_ms
+from benchmarks.kernels.bench_kernels import rel_err
 from benchmarks.kernels.loop_bench import FusedAttention, Loop
 from ouro_backend.kernels import build_cos_sin_cache
 from ouro_backend.kernels.attention import paged_attention, rope_kv_attention
@@ -122,7 +123,7 @@ def sweep(case: Case, grid: list[dict], replays: int) -> list[tuple[float, dict 
             print(f"  {name(cfg)}: {type(e).__name__}: {str(e)[:120]}")
             continue
         case.call(0, cfg)
-        err = ((case.out.float() - ref).abs().max() / ref.abs().max()).item()
+        err = rel_err(case.out, ref)
         if err > 2e-2:
             print(f"  {name(cfg)}: differs from the default by {err:.1e}; dropped")
             continue
@@ -177,7 +178,7 @@ def main() -> None:
                     loop.m.backend = config_backend(cfg)
                     ms, out = loop.time(inputs, 30)
                     ref_out = out if ref_out is None else ref_out
-                    err = ((out.float() - ref_out.float()).abs().max() / ref_out.float().abs().max()).item()
+                    err = rel_err(out, ref_out)
                     res["loop"].append(dict(rows=rows, context=ctx, config=name(cfg), loop_ms=round(ms, 4), diff=err))
                     print(f"loop rows={rows:3d} ctx={ctx:5d} {name(cfg):22s} {ms:.4f} ms (diff {err:.1e})", flush=True)
                 loop.m.backend = TritonBackend

@@ -40,7 +40,8 @@ def _bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
 
 
-def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max abs difference over ref's max magnitude (inf if ``got`` is not finite)."""
     got, ref = got.float(), ref.float()
     if not torch.isfinite(got).all():
         return float("inf")
@@ -160,7 +161,7 @@ def bench_decode_attention(run: Runner, dev, gen):
             scale = HD**-0.5
             out = paged_attention(q, kc, vc, cu, sl, bt, scale, 1)
             ref = paged_attention_ref(q, kc, vc, cu, sl, bt, scale, 1)
-            err = _rel_err(out, ref)
+            err = rel_err(out, ref)
             nbytes = B * ctx * KVH * HD * 2 * 2 + 2 * q.numel() * 2 + bt.numel() * 4
             k_d, v_d = _gather_dense(kc, vc, bt, ctx, B)
             q_d = q.view(B, H, 1, HD)
@@ -178,7 +179,7 @@ def bench_decode_attention(run: Runner, dev, gen):
             )
             if splits != 1:
                 out1 = paged_attention(q, kc, vc, cu, sl, bt, scale, 1, num_splits=1)
-                err1 = _rel_err(out1, ref)
+                err1 = rel_err(out1, ref)
                 run.record(
                     name + " splits=1",
                     {"B": B, "ctx": ctx},
@@ -204,7 +205,7 @@ def bench_prefill_attention(run: Runner, dev, gen):
         scale = HD**-0.5
         out = paged_attention(q, kc, vc, cu, sl, bt, scale, n)
         ref = paged_attention_ref(q, kc, vc, cu, sl, bt, scale, n)
-        err = _rel_err(out, ref)
+        err = rel_err(out, ref)
         nbytes = R * n * KVH * HD * 2 * 2 + 2 * q.numel() * 2
         flops = 4 * H * HD * R * n * (n + 1) / 2
         k_d, v_d = _gather_dense(kc, vc, bt, n, R)
@@ -235,7 +236,7 @@ def bench_prefill_attention(run: Runner, dev, gen):
         scale = HD**-0.5
         out = paged_attention(q, kc, vc, cu, sl, bt, scale, chunk)
         ref = paged_attention_ref(q, kc, vc, cu, sl, bt, scale, chunk)
-        err = _rel_err(out, ref)
+        err = rel_err(out, ref)
         nbytes = sum(sls) * KVH * HD * 2 * 2 + 2 * q.numel() * 2
         run.record(
             name,
@@ -558,7 +559,7 @@ def _check_cuda_graph(run: Runner, dev, gen, B):
                 for u, w in ((attn_out, a1), (res_out, r1), (y, y1), (kc, kc1), (vc, vc1), (qkv, qkv1))
             )
             a_ref, (nr_ref, y_ref) = eager_ref(qkv0, kc0, vc0)
-            errs.append(max(_rel_err(attn_out, a_ref), _rel_err(res_out, nr_ref), _rel_err(y, y_ref)))
+            errs.append(max(rel_err(attn_out, a_ref), rel_err(res_out, nr_ref), rel_err(y, y_ref)))
         err = max(errs)
         run.record(
             name,

@@ -33,6 +33,7 @@ import time
 import torch
 
 from benchmarks.graph_timing import replay_ms
+from benchmarks.kernels.bench_kernels import rel_err
 from ouro_backend import EngineConfig, LLMEngine
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.kernels import projections
@@ -140,9 +141,8 @@ class ProbeNoAttention(TritonBackend):
 
 def attn_split_variants() -> dict:
     """``attn_s<splits>_n<block_n>[_g<grain>]`` backends: the fused decode attention at every row count with that
-    split-KV factor, keys a tile and split grain (default: the tile), instead of `attention.auto_num_splits`
-    (8 / 4 / 4 / 2 / 1 splits at 1 / 2 / 3-4 / 5-8 / >= 9 rows of 16 kv heads on 132 SMs) and `_attn_config`'s
-    tiles (64 keys; splits of multiples of 32 keys and a first tile of 32 when split 8 ways)."""
+    split-KV factor, keys a tile and split grain (default: the tile), instead of `attention.splits_for`'s factor
+    and `_attn_config`'s tiles."""
     grid = ((1, 64, 0), (2, 64, 0), (4, 64, 0), (4, 32, 0), (4, 64, 32), (8, 64, 0), (8, 32, 0), (8, 64, 16))
     grid += ((16, 16, 0),)
     return {
@@ -199,7 +199,7 @@ def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | No
             ms, out = loop.time(inputs, replays)
             ref = out if ref is None else ref
             res["loops_ms"].setdefault(name, {})[str(M)] = round(ms, 4)
-            err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+            err = rel_err(out, ref)
             tag = f"max rel. difference to default {err:.1e}"
             tag = "timing probe: output wrong on purpose" if name in PROBES else tag
             print(f"M={M:3d} {name:20s} {ms:7.4f} ms  {loop.weight_bytes / ms / 1e6:6.0f} GB/s  {tag}", flush=True)
