@@ -161,9 +161,10 @@ def test_an_empty_profile_export_is_a_warning_not_a_missing_number(tmp_path):
 
 
 @pytest.mark.unit
-def test_measured_in_flight_from_profile_export(tmp_path):
-    """Requests open on average over the measurement windows, each request clipped to them: what perf_analyzer
-    really kept in flight, where its own numbers only allow Little's law."""
+def test_request_timeline_and_measured_in_flight_from_profile_export(tmp_path):
+    """The export reduced to each request's times, and from them the requests open on average over the
+    measurement windows, each request clipped to them: what perf_analyzer really kept in flight, where its own
+    numbers only allow Little's law."""
     ms = 1_000_000
     export = {
         "experiments": [
@@ -180,15 +181,15 @@ def test_measured_in_flight_from_profile_export(tmp_path):
     }
     path = tmp_path / "export.json"
     path.write_text(json.dumps(export))
-    assert run_perf.measured_in_flight(run_perf.load_export(str(path))) == pytest.approx(1.5)  # 3 s over 2 s
-    assert run_perf.measured_in_flight({"experiments": [{"requests": []}]}) is None  # no windows
-    # The last send before the windows close: what follows is the drain, left out (2 s over 1.5 s).
-    export["experiments"][0]["requests"].pop()
-    assert run_perf.measured_in_flight(export) == pytest.approx((0.5 + 1.5 + 0.0) / 1.5)
-    timeline = run_perf.request_timeline(export)
+    timeline = run_perf.request_timeline(run_perf.load_export(str(path)))
     assert timeline is not None and timeline["window_boundaries"] == [1000 * ms, 2000 * ms, 3000 * ms]
     assert timeline["requests"][1] == {"send": 1000 * ms, "first": 1200 * ms, "last": 3000 * ms, "responses": 2}
-    assert len(timeline["requests"]) == 3 and run_perf.request_timeline({"experiments": []}) is None
+    assert run_perf.request_timeline({"experiments": []}) is None
+    assert run_perf.measured_in_flight(timeline) == pytest.approx(1.5)  # 3 s over 2 s
+    assert run_perf.measured_in_flight({"window_boundaries": [], "requests": []}) is None  # no windows
+    # The last send before the windows close: what follows is the drain, left out (2 s over 1.5 s).
+    timeline["requests"].pop()
+    assert run_perf.measured_in_flight(timeline) == pytest.approx((0.5 + 1.5 + 0.0) / 1.5)
 
 
 @pytest.mark.unit

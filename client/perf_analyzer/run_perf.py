@@ -116,29 +116,6 @@ def first_response_latency(export: dict) -> dict[str, float] | None:
     return {"avg": sum(ttft) / len(ttft), **stats, "min": ttft[0], "max": ttft[-1], "count": len(ttft)}
 
 
-def measured_in_flight(export: dict) -> float | None:
-    """Requests open on average over perf_analyzer's measurement windows up to its last send, from its profile
-    export (each request's send time and last response), or None without windows. perf_analyzer stops sending
-    once its last window's requests are out and that window then closes on a drain (the requests still open
-    finish with no successors): the drain says nothing about the concurrency it kept, so it is left out."""
-    for experiment in export.get("experiments") or []:
-        bounds = experiment.get("window_boundaries") or []
-        requests = experiment.get("requests") or []
-        if len(bounds) < 2:
-            continue
-        lo, hi = bounds[0], bounds[-1]
-        last_send = max((r["timestamp"] for r in requests), default=hi)
-        if lo < last_send < hi:
-            hi = last_send
-        open_ns = 0
-        for r in requests:
-            times = r.get("response_timestamps") or []
-            if times:
-                open_ns += max(0, min(times[-1], hi) - max(r["timestamp"], lo))
-        return open_ns / (hi - lo)
-    return None
-
-
 def request_timeline(export: dict) -> dict | None:
     """The export reduced to what pacing questions need (1-2% of its size at C64): the first experiment's
     window boundaries and, per request that got responses, its send time, first and last response time (ns)
@@ -151,6 +128,22 @@ def request_timeline(export: dict) -> dict | None:
         ]
         return {"window_boundaries": experiment.get("window_boundaries") or [], "requests": requests}
     return None
+
+
+def measured_in_flight(timeline: dict) -> float | None:
+    """Requests open on average over perf_analyzer's measurement windows up to its last send, from its request
+    timeline (`request_timeline`: each request's send and last response), or None without windows.
+    perf_analyzer stops sending once its last window's requests are out and that window then closes on a drain
+    (the requests still open finish with no successors): the drain says nothing about the concurrency it
+    kept, so it is left out."""
+    bounds, requests = timeline["window_boundaries"], timeline["requests"]
+    if len(bounds) < 2:
+        return None
+    lo, hi = bounds[0], bounds[-1]
+    last_send = max((r["send"] for r in requests), default=hi)
+    if lo < last_send < hi:
+        hi = last_send
+    return sum(max(0, min(r["last"], hi) - max(r["send"], lo)) for r in requests) / (hi - lo)
 
 
 def failure_hint(res: dict[str, Any], out: str, url: str) -> str:
@@ -257,8 +250,8 @@ def run_one(
         res[key] = float(m.group(1)) if m else None
     exported = load_export(export) if res["profile_export"] else None
     res["first_response_latency_ms"] = first_response_latency(exported) if exported else None
-    res["measured_in_flight"] = measured_in_flight(exported) if exported else None
     timeline = request_timeline(exported) if exported else None
+    res["measured_in_flight"] = measured_in_flight(timeline) if timeline else None
     res["request_timeline"] = stem + ".requests.json" if timeline else None
     if timeline:  # small enough to bring back from a device run, unlike the export
         with open(stem + ".requests.json", "w") as f:
