@@ -117,7 +117,7 @@ def first_response_latency(export: dict) -> dict[str, float] | None:
 
 
 def request_timeline(export: dict) -> dict | None:
-    """The export reduced to what pacing questions need (1-2% of its size at C64): the first experiment's
+    """The export reduced to what pacing questions need (under 2% of its size at C64): the first experiment's
     window boundaries and, per request that got responses, its send time, first and last response time (ns)
     and number of responses. None without an experiment."""
     for experiment in export.get("experiments") or []:
