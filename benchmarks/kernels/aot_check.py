@@ -242,9 +242,9 @@ def fused_mlp_configs(candidates=None) -> list:
         for dt in ("bf16", "fp32"):
             a = dict(
                 x_ptr=f"*{dt}", gu_ptr=f"*{dt}", down_ptr=f"*{dt}", part_ptr="*fp32", M="i32", H="i32", I="i32",
-                stride_xm="i32", stride_gu="i32", stride_dn="i32", BLOCK_M=max(1, 1 << (m - 1).bit_length()),
-                COLS=cfg.cols, BLOCK_K=cfg.block_k, BLOCK_H=cfg.block_h, INTERP=False,
-                LIBDEVICE=activation._HAS_LIBDEVICE,
+                stride_xm="i32", stride_gu="i32", stride_dh="i32", stride_di=1,
+                BLOCK_M=max(1, 1 << (m - 1).bit_length()), COLS=cfg.cols, BLOCK_K=cfg.block_k,
+                BLOCK_H=cfg.block_h, INTERP=False, LIBDEVICE=activation._HAS_LIBDEVICE,
             )  # fmt: skip
             opts = dict(num_warps=cfg.num_warps, num_stages=1)
             out.append((f"fused_mlp {cfg.name} M<={m} {dt}", decode_mlp._up_down_kernel, a, opts))

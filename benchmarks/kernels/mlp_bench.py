@@ -13,7 +13,8 @@ weights (streamed from HBM, not L2), median of ``--replays`` replays, reported p
    pair with gate/up on candidate kernel configs with GLU (then down at its table config).
 4. ``fused``: at 1, 2 and 4 rows, the two projections (``OURO_FUSED_MLP=0``) against `decode_mlp.fused_mlp`
    over candidate configs (the MLP split over its intermediate dimension), each with its share of HBM
-   bandwidth and its largest difference to the two projections' output.
+   bandwidth and its largest difference to the two projections' output; at one row also with down stored
+   transposed (``*_down_t``: each program's columns of down contiguous).
 """
 
 from __future__ import annotations
@@ -128,6 +129,13 @@ def main() -> None:
             pct = mlp_bytes / us / (args.hbm_tb_s * 1e6) * 100
             out["fused"].append(dict(M=M, cfg=cfg.name, us=us, pct_of_hbm=pct, max_abs_diff_to_pair=diff))
             print(json.dumps(out["fused"][-1]), flush=True)
+        dns_t = [d.t().contiguous().t() for d in dns] if M == 1 else []  # each program's columns contiguous
+        for cfg in FUSED_CANDIDATES if M == 1 else ():
+            us = per_layer(lambda: [decode_mlp.fused_mlp(x, g, d, cfg) for g, d in zip(gus, dns_t)])
+            pct = mlp_bytes / us / (args.hbm_tb_s * 1e6) * 100
+            out["fused"].append(dict(M=M, cfg=cfg.name + "_down_t", us=us, pct_of_hbm=pct))
+            print(json.dumps(out["fused"][-1]), flush=True)
+        dns_t = []  # freed before the next row count
         with open(args.out, "w") as f:  # after every row count: a capped call keeps what ran
             json.dump(out, f, indent=1)
     with open(args.out, "w") as f:

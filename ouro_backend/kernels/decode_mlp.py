@@ -35,7 +35,7 @@ from .activation import _HAS_LIBDEVICE, silu_mul_f32
 
 @triton.jit(do_not_specialize=["M"])
 def _up_down_kernel(
-    x_ptr, gu_ptr, down_ptr, part_ptr, M, H, I, stride_xm, stride_gu, stride_dn,
+    x_ptr, gu_ptr, down_ptr, part_ptr, M, H, I, stride_xm, stride_gu, stride_dh, stride_di,
     BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     PDL: tl.constexpr, INTERP: tl.constexpr, LIBDEVICE: tl.constexpr,
 ):  # fmt: skip
@@ -49,7 +49,7 @@ def _up_down_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     g_ptrs = gu_ptr + ci[:, None] * stride_gu + offs_k[None, :]  # [COLS, BLOCK_K]: gate rows j
     u_ptrs = gu_ptr + (ci + I)[:, None] * stride_gu + offs_k[None, :]  # up rows I + j
-    d_ptrs = down_ptr + offs_h[:, None].to(tl.int64) * stride_dn + ci[None, :]  # [BLOCK_H, COLS]
+    d_ptrs = down_ptr + offs_h[:, None].to(tl.int64) * stride_dh + ci[None, :] * stride_di  # [BLOCK_H, COLS]
     # weights are read-only: gate/up's first chunk before the wait
     g_next = tl.load(g_ptrs)
     u_next = tl.load(u_ptrs)
@@ -80,8 +80,8 @@ def _up_down_kernel(
     for h in range(0, H, BLOCK_H):
         wd = d_next.to(tl.float32)  # [BLOCK_H, COLS]
         ahead = tl.minimum(h + BLOCK_H, H - BLOCK_H) - h
-        d_next = tl.load(d_ptrs + ahead * stride_dn)
-        d_ptrs += BLOCK_H * stride_dn
+        d_next = tl.load(d_ptrs + ahead * stride_dh)
+        d_ptrs += BLOCK_H * stride_dh
         for i in tl.static_range(BLOCK_M):
             a_i = tl.sum(tl.where(row_of == i, act, 0.0), axis=1)  # [COLS]: row i's activations
             p_i = tl.sum(wd * a_i[None, :], axis=1)  # [BLOCK_H]
@@ -158,7 +158,8 @@ def config_for(gate_up: torch.Tensor, M: int) -> MlpConfig | None:
 
 def fused_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, config: MlpConfig) -> torch.Tensor:
     """``silu_mul(x @ gate_up.T) @ down.T`` in x's dtype: x [M, H], gate_up [2I, H] (gate rows, then up
-    rows), down [H, I], one dtype, M <= MAX_ROWS, H a multiple of the config's chunks. Twin: `mlp_ref`."""
+    rows), down [H, I] (row-major, or the transpose of a row-major [I, H]), one dtype, M <= MAX_ROWS, H a
+    multiple of the config's chunks. Twin: `mlp_ref`."""
     M, H = x.shape
     I = gate_up.shape[0] // 2
     assert gate_up.shape == (2 * I, H) and down.shape == (H, I), (x.shape, gate_up.shape, down.shape)
@@ -169,7 +170,7 @@ def fused_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, config
         return mlp_ref(x, gate_up, down)
     x = x if x.stride(1) == 1 else x.contiguous()
     gate_up = gate_up if gate_up.stride(1) == 1 else gate_up.contiguous()
-    down = down if down.stride(1) == 1 else down.contiguous()
+    down = down if 1 in down.stride() else down.contiguous()
     y = torch.empty((M, H), dtype=x.dtype, device=x.device)
     if M == 0:
         return y
@@ -177,7 +178,7 @@ def fused_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, config
     part = torch.empty((P, M, H), dtype=torch.float32, device=x.device)
     interp = kernel_is_interpreted(_up_down_kernel)
     _up_down_kernel[(P,)](
-        x, gate_up, down, part, M, H, I, x.stride(0), gate_up.stride(0), down.stride(0),
+        x, gate_up, down, part, M, H, I, x.stride(0), gate_up.stride(0), down.stride(0), down.stride(1),
         BLOCK_M=next_pow2(M), COLS=config.cols, BLOCK_K=config.block_k, BLOCK_H=config.block_h,
         INTERP=interp, LIBDEVICE=_HAS_LIBDEVICE and not interp, num_warps=config.num_warps, num_stages=1,
         **pdl_launch(_up_down_kernel, x.device),
