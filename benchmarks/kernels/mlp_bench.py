@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=40)
     ap.add_argument("--hbm-tb-s", type=float, default=4.8)
     ap.add_argument("--sections", default="pair,down,gate_up,fused", help="which of the four to run")
+    ap.add_argument("--fused-rows", default="1,2,4", help="the row counts of the fused section")
     args = ap.parse_args()
     sections = args.sections.split(",")
     dev = torch.device("cuda")
@@ -110,7 +111,7 @@ def main() -> None:
             out["gate_up"].append(dict(M=M, cfg=cfg.name, us=us))
             print(json.dumps(out["gate_up"][-1]), flush=True)
     mlp_bytes = 3 * H * I * 2
-    for M in (1, 2, 4) if "fused" in sections else ():
+    for M in [int(m) for m in args.fused_rows.split(",")] if "fused" in sections else ():
         x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
         os.environ["OURO_FUSED_MLP"] = "0"
         pair_us = per_layer(lambda: [mlp(x, g, d) for g, d in zip(gus, dns)])
