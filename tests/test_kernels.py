@@ -704,8 +704,12 @@ def test_fused_mlp_matches_the_product_of_its_roundings(dtype, cfg, M):
         torch.testing.assert_close(y.float(), exact, rtol=2e-2, atol=2e-2)
     assert torch.equal(K.decode_mlp.fused_mlp(x, gu, down, cfg), y)
     torch.testing.assert_close(y.float(), K.mlp_ref(x, gu, down).float(), rtol=3e-2, atol=3e-2)
-    # down stored transposed ([I, H] row-major, passed as its [H, I] view): the same values
-    assert torch.equal(K.decode_mlp.fused_mlp(x, gu, down.t().contiguous().t(), cfg), y)
+    # down stored transposed ([I, H] row-major, passed as its [H, I] view): the same values to rounding (the
+    # tiles' layout, so the order of the sums over a program's columns, follows the storage)
+    y_t = K.decode_mlp.fused_mlp(x, gu, down.t().contiguous().t(), cfg)
+    torch.testing.assert_close(
+        y_t, y, rtol=1e-5 if dtype == torch.float32 else 8e-3, atol=1e-5 if dtype == torch.float32 else 8e-3
+    )
 
 
 def test_fused_mlp_routing(monkeypatch):

@@ -199,6 +199,12 @@ def mlp_variants() -> dict:
     }
 
 
+def down_t_variants() -> dict:
+    """``down_t_<config>``: `FusedMlp` at that config with every layer's down stored transposed ([I, H]
+    row-major, passed as its [H, I] view) while it runs, so that each program's columns of down are contiguous."""
+    return {f"down_t_{n}": b for n, b in mlp_variants().items() if n != "two_projection_mlp"}
+
+
 def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | None = None) -> dict:
     res: dict = {"loops_ms": {}}
     default = loop.m.backend
@@ -212,6 +218,7 @@ def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | No
         **l2_variants(),
         **attn_split_variants(),
         **mlp_variants(),
+        **down_t_variants(),
     }
     unknown = sorted(set(only or ()) - set(backends))
     if unknown:
@@ -223,7 +230,13 @@ def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | No
             loop.m.backend = backends[name]
             os.environ["OURO_LINEAR"] = "cublas" if name == "cublas" else ""
             os.environ["OURO_FUSED_MLP"] = "0" if name == "two_projection_mlp" else "1"
+            downs = [ly.down for ly in loop.m.layers]
+            if name.startswith("down_t_"):
+                for ly in loop.m.layers:
+                    ly.down = ly.down.t().contiguous().t()
             ms, out = loop.time(inputs, replays)
+            for ly, d in zip(loop.m.layers, downs):
+                ly.down = d
             ref = out if ref is None else ref
             res["loops_ms"].setdefault(name, {})[str(M)] = round(ms, 4)
             err = rel_err(out, ref)

@@ -154,3 +154,7 @@ FUSED_CANDIDATES = [
         (4, 256, 256, 4), (4, 512, 256, 4),
     )
 ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
