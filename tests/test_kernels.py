@@ -656,7 +656,6 @@ def test_mlp_routes_the_activation_and_both_routes_agree(monkeypatch, M):
     gu = (torch.randn(2 * I, H, generator=gen) / H**0.5 * 2).to(torch.bfloat16).to(DEV)
     down = (torch.randn(H, I, generator=gen) / I**0.5).to(torch.bfloat16).to(DEV)
     monkeypatch.setenv("OURO_LINEAR", "kernel")
-    monkeypatch.setenv("OURO_FUSED_MLP", "0")  # the two-projection routes (the fused one: its own tests)
     calls = []
     real = K.projections.linear
     monkeypatch.setattr(K.projections, "linear", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
@@ -672,76 +671,6 @@ def test_mlp_routes_the_activation_and_both_routes_agree(monkeypatch, M):
         assert torch.equal(y, y_apart)
     else:
         torch.testing.assert_close(y, y_apart, rtol=2e-2, atol=2e-2)
-
-
-MLP_CONFIGS = [
-    K.decode_mlp.MlpConfig(16, 16, 16, 4),  # the default of unmeasured shapes
-    K.decode_mlp.MlpConfig(8, 64, 32, 2),  # I = 44 over 6 programs (the last one's columns clamped); one gate/up chunk
-    K.decode_mlp.MlpConfig(4, 32, 64, 4),  # 11 programs; one down chunk
-    K.decode_mlp.MlpConfig(1, 16, 32, 1),  # 44 programs: the partials' sum takes two steps, the second partial
-]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cfg", MLP_CONFIGS, ids=lambda c: c.name)
-@pytest.mark.parametrize("M", [1, 2, 3])
-def test_fused_mlp_matches_the_product_of_its_roundings(dtype, cfg, M):
-    """`decode_mlp.fused_mlp` against the fp32 product of what it multiplies: gate/up rounded to dtype, the
-    activation as `silu_mul` (both bitwise the two-projection path's), then down in fp32 with one rounding.
-    Twice the same bits (the partials are summed in a fixed order); the twin agrees to rounding."""
-    gen = torch.Generator().manual_seed(23 + M)
-    H, I = 64, 44
-    x = torch.randn(M, H, generator=gen).to(dtype).to(DEV)
-    gu = (torch.randn(2 * I, H, generator=gen) / H**0.5 * 2).to(dtype).to(DEV)
-    down = (torch.randn(H, I, generator=gen) / I**0.5).to(dtype).to(DEV)
-    y = K.decode_mlp.fused_mlp(x, gu, down, cfg)
-    assert y.shape == (M, H) and y.dtype == dtype and torch.isfinite(y).all()
-    act = K.silu_mul((x.float() @ gu.float().t()).to(dtype))  # the roundings the kernel applies before down
-    exact = act.float() @ down.float().t()
-    if dtype == torch.float32:
-        torch.testing.assert_close(y, exact, rtol=1e-5, atol=1e-5)
-    else:  # the activations may differ in their last bit where the fp32 sums over H round differently
-        torch.testing.assert_close(y.float(), exact, rtol=2e-2, atol=2e-2)
-    assert torch.equal(K.decode_mlp.fused_mlp(x, gu, down, cfg), y)
-    torch.testing.assert_close(y.float(), K.mlp_ref(x, gu, down).float(), rtol=3e-2, atol=3e-2)
-    # down stored transposed ([I, H] row-major, passed as its [H, I] view): the same values to rounding (the
-    # tiles' layout, so the order of the sums over a program's columns, follows the storage)
-    y_t = K.decode_mlp.fused_mlp(x, gu, down.t().contiguous().t(), cfg)
-    torch.testing.assert_close(
-        y_t, y, rtol=1e-5 if dtype == torch.float32 else 8e-3, atol=1e-5 if dtype == torch.float32 else 8e-3
-    )
-
-
-def test_fused_mlp_routing(monkeypatch):
-    """`mlp` takes the fused path where `decode_mlp.config_for` gives a config: the table's shapes at its rows,
-    toy shapes under OURO_LINEAR=kernel up to MAX_ROWS rows; never with OURO_FUSED_MLP=0 or OURO_LINEAR=cublas."""
-    D = K.decode_mlp
-    big = torch.empty(11264, 2048, dtype=torch.bfloat16)
-    monkeypatch.delenv("OURO_LINEAR", raising=False)
-    monkeypatch.delenv("OURO_FUSED_MLP", raising=False)
-    assert D.config_for(big, 1) == D.FUSED_MLP_TABLE[(11264, 2048)][0][1]
-    assert D.config_for(big, 2) is None and D.config_for(big, 0) is None
-    toy = torch.empty(88, 48)
-    assert D.config_for(toy, 1) is None
-    monkeypatch.setenv("OURO_LINEAR", "kernel")
-    assert D.config_for(toy, 1) is not None and D.config_for(toy, D.MAX_ROWS) is not None
-    assert D.config_for(toy, D.MAX_ROWS + 1) is None and D.config_for(torch.empty(88, 40), 1) is None
-    monkeypatch.setenv("OURO_FUSED_MLP", "0")
-    assert D.config_for(big, 1) is None and D.config_for(toy, 1) is None
-    monkeypatch.setenv("OURO_FUSED_MLP", "1")
-    monkeypatch.setenv("OURO_LINEAR", "cublas")
-    assert D.config_for(big, 1) is None
-    # mlp routes there: the fused kernel's values, not the two-projection path's
-    monkeypatch.setenv("OURO_LINEAR", "kernel")
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(1, 48, generator=gen).to(DEV)
-    gu = torch.randn(88, 48, generator=gen).to(DEV)
-    down = torch.randn(48, 44, generator=gen).to(DEV)
-    calls = []
-    real = D.fused_mlp
-    monkeypatch.setattr(D, "fused_mlp", lambda *a: calls.append(a[3]) or real(*a))
-    assert torch.equal(K.mlp(x, gu, down), real(x, gu, down, D.config_for(gu, 1)))
-    assert calls == [D.config_for(gu, 1)]
 
 
 def test_linear_one_chunk_path_is_the_one_tested_and_the_one_o_uses():
@@ -1195,24 +1124,6 @@ def test_rope_kv_attention_at_the_engines_config_on_the_real_shape(rows, context
     want = K.rope_kv_attention_ref(q, k, v, positions, cache, kc2, vc2, slots, cu, sl, bt, hd**-0.5)
     assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.skipif(not HAS_CUDA, reason="the measured table's shapes at full size: GPU only")
-@pytest.mark.parametrize("shape,M", [(s, m) for s, rows in K.decode_mlp.FUSED_MLP_TABLE.items() for m, _ in rows])
-def test_fused_mlp_table_on_real_shapes(shape, M):
-    """Every fused-MLP config the engine picks, at the largest M it serves, against the fp32 product of the
-    two-projection path's activations."""
-    I2, H = shape
-    gen = torch.Generator(device="cuda").manual_seed(M)
-    x = torch.randn(M, H, generator=gen, device="cuda").to(torch.bfloat16)
-    gu = (torch.randn(I2, H, generator=gen, device="cuda") / H**0.5).to(torch.bfloat16)
-    down = (torch.randn(H, I2 // 2, generator=gen, device="cuda") / (I2 // 2) ** 0.5).to(torch.bfloat16)
-    cfg = K.decode_mlp.config_for(gu, M)
-    y = K.decode_mlp.fused_mlp(x, gu, down, cfg)
-    ref = K.linear(x, gu, glu=True).float() @ down.float().t()
-    err = ((y.float() - ref).norm() / ref.norm()).item()
-    assert torch.isfinite(y).all() and err < 5e-3, (cfg.name, err)
-    assert torch.equal(K.decode_mlp.fused_mlp(x, gu, down, cfg), y)
 
 
 TABLE_ROWS = [(shape, m) for shape, rows in K.projections.DECODE_TABLE.items() for m, cfg in rows if cfg is not None]

@@ -226,37 +226,6 @@ def configs():
     ]
     out += linear_configs(l2, l2_ranges=2)
     out += coda_configs()
-    out += fused_mlp_configs()
-    return out
-
-
-def fused_mlp_configs(candidates=None) -> list:
-    """(label, kernel, args, options) of the fused decode MLP (`kernels.decode_mlp`) at its table's configs and
-    rows, or at each of `candidates` (`decode_mlp.MlpConfig`s) at one row, and of its partials' sum."""
-    from ouro_backend.kernels import activation, decode_mlp
-
-    pairs = [(c, 1) for c in candidates] if candidates else []
-    pairs += [(c, m) for rows in decode_mlp.FUSED_MLP_TABLE.values() for m, c in rows] if not candidates else []
-    out = []
-    for cfg, m in pairs:
-        for dt in ("bf16", "fp32"):
-            a = dict(
-                x_ptr=f"*{dt}", gu_ptr=f"*{dt}", down_ptr=f"*{dt}", part_ptr="*fp32", M="i32", H="i32", I="i32",
-                stride_xm="i32", stride_gu="i32", stride_dh="i32", stride_di=1,
-                BLOCK_M=max(1, 1 << (m - 1).bit_length()), COLS=cfg.cols, BLOCK_K=cfg.block_k,
-                BLOCK_H=cfg.block_h, INTERP=False, LIBDEVICE=activation._HAS_LIBDEVICE,
-            )  # fmt: skip
-            opts = dict(num_warps=cfg.num_warps, num_stages=1)
-            out.append((f"fused_mlp {cfg.name} M<={m} {dt}", decode_mlp._up_down_kernel, a, opts))
-    sums = {cfg.cols: decode_mlp.sum_launch(-(-5632 // cfg.cols)) for cfg, _ in pairs}  # I of Ouro-1.4B/2.6B
-    for dt in ("bf16", "fp32"):
-        for cols, sl in sums.items():
-            a = dict(
-                part_ptr="*fp32", y_ptr=f"*{dt}", P="i32", M="i32", H="i32", stride_ym="i32",
-                BLOCK_P=sl["BLOCK_P"], BLOCK_H=sl["BLOCK_H"], INTERP=False,
-            )  # fmt: skip
-            opts = dict(num_warps=sl["num_warps"])
-            out.append((f"fused_mlp partials' sum cols={cols} {dt}", decode_mlp._sum_parts_kernel, a, opts))
     return out
 
 

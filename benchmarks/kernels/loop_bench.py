@@ -10,10 +10,8 @@
   ``probe_no_attention`` (RoPE, the KV write and attention launch nothing: attention's share of the loop);
   ``l2_gate_up_*``: the o projection asks L2 for that share of its layer's gate/up weight before its
   PDL wait (`projections.L2_AHEAD_TABLE` holds the measured shares); ``attn_s*_n*[_g*]``: the fused decode
-  attention's split-KV factor, keys a tile and split grain; ``two_projection_mlp``: the MLP as gate/up then
-  down (``OURO_FUSED_MLP=0``) where the default splits it over the intermediate dimension
-  (`kernels.decode_mlp`); ``mlp_c*_k*_h*_w*``: that fused-MLP config wherever the fused MLP runs at most
-  `decode_mlp.MAX_ROWS` rows. ``--names`` picks some (``default`` always runs first).
+  attention's split-KV factor, keys a tile and split grain. ``--names`` picks some (``default`` always runs
+  first).
 - ``tune``: the decode table in context. For each M and each projection shape, the table's config, cuBLAS
   and the fastest configs of a `linear_bench.py` sweep (``--sweep``, timed there in isolation) are timed in
   the loop with the other shapes as chosen so far (one pass of coordinate descent from the table). The loop
@@ -38,7 +36,7 @@ from benchmarks.graph_timing import replay_ms
 from benchmarks.kernels.bench_kernels import rel_err
 from ouro_backend import EngineConfig, LLMEngine
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
-from ouro_backend.kernels import decode_mlp, projections
+from ouro_backend.kernels import projections
 from ouro_backend.kernels.attention import rope_kv_attention
 from ouro_backend.kernels.backend import TritonBackend
 from ouro_backend.kernels.projections import LinearConfig
@@ -176,35 +174,6 @@ def l2_variants() -> dict:
     return {f"l2_gate_up_{pct}": type("L2Ahead", (L2Ahead,), {"share": pct / 100}) for pct in (0, 10, 20, 30, 40, 50)}
 
 
-class FusedMlp(TritonBackend):
-    """The MLP split over its intermediate dimension with ``config`` at up to `decode_mlp.MAX_ROWS` rows (the
-    table's rows and config are what ``default`` runs), `kernels.mlp` beyond."""
-
-    config = decode_mlp.MlpConfig(16, 128, 128, 4)
-
-    @classmethod
-    def mlp(cls, x, gate_up, down):
-        if x.shape[0] <= decode_mlp.MAX_ROWS:
-            return decode_mlp.fused_mlp(x, gate_up, down, cls.config)
-        return projections.mlp(x, gate_up, down)
-
-
-def mlp_variants() -> dict:
-    """``mlp_<config>`` backends (`FusedMlp`) over a few configs around the table's."""
-    grid = ((16, 128, 128, 4), (16, 64, 64, 4), (16, 128, 128, 8), (8, 128, 128, 4), (8, 256, 128, 4))
-    grid += ((8, 256, 256, 4), (32, 128, 128, 8), (16, 256, 128, 8), (4, 256, 256, 4))
-    cfgs = [decode_mlp.MlpConfig(*g) for g in grid]
-    return {"two_projection_mlp": TritonBackend} | {
-        c.name: type("FusedMlpAt", (FusedMlp,), {"config": c}) for c in cfgs
-    }
-
-
-def down_t_variants() -> dict:
-    """``down_t_<config>``: `FusedMlp` at that config with every layer's down stored transposed ([I, H]
-    row-major, passed as its [H, I] view) while it runs, so that each program's columns of down are contiguous."""
-    return {f"down_t_{n}": b for n, b in mlp_variants().items() if n != "two_projection_mlp"}
-
-
 def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | None = None) -> dict:
     res: dict = {"loops_ms": {}}
     default = loop.m.backend
@@ -217,8 +186,6 @@ def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | No
         **PROBES,
         **l2_variants(),
         **attn_split_variants(),
-        **mlp_variants(),
-        **down_t_variants(),
     }
     unknown = sorted(set(only or ()) - set(backends))
     if unknown:
@@ -229,14 +196,7 @@ def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | No
         for name in names:
             loop.m.backend = backends[name]
             os.environ["OURO_LINEAR"] = "cublas" if name == "cublas" else ""
-            os.environ["OURO_FUSED_MLP"] = "0" if name == "two_projection_mlp" else "1"
-            downs = [ly.down for ly in loop.m.layers]
-            if name.startswith("down_t_"):
-                for ly in loop.m.layers:
-                    ly.down = ly.down.t().contiguous().t()
             ms, out = loop.time(inputs, replays)
-            for ly, d in zip(loop.m.layers, downs):
-                ly.down = d
             ref = out if ref is None else ref
             res["loops_ms"].setdefault(name, {})[str(M)] = round(ms, 4)
             err = rel_err(out, ref)
@@ -245,7 +205,6 @@ def run_variants(loop: Loop, rows: list[int], replays: int, only: list[str] | No
             print(f"M={M:3d} {name:20s} {ms:7.4f} ms  {loop.weight_bytes / ms / 1e6:6.0f} GB/s  {tag}", flush=True)
     loop.m.backend = default
     os.environ.pop("OURO_LINEAR", None)
-    os.environ.pop("OURO_FUSED_MLP", None)
     return res
 
 

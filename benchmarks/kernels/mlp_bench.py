@@ -11,23 +11,16 @@ weights (streamed from HBM, not L2), median of ``--replays`` replays, reported p
    runs after a GLU gate/up) and with the activation in its x load.
 3. ``gate_up``: at rows where the table runs gate/up on cuBLAS, `kernels.mlp` as it runs now against the
    pair with gate/up on candidate kernel configs with GLU (then down at its table config).
-4. ``fused``: at 1, 2 and 4 rows, the two projections (``OURO_FUSED_MLP=0``) against `decode_mlp.fused_mlp`
-   over candidate configs (the MLP split over its intermediate dimension), each with its share of HBM
-   bandwidth and its largest difference to the two projections' output; at one row also with down stored
-   transposed (``*_down_t``: each program's columns of down contiguous).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 
 from benchmarks.graph_timing import graph_ms
-from ouro_backend.kernels import decode_mlp
-from ouro_backend.kernels.decode_mlp import MlpConfig
 from ouro_backend.kernels.projections import LinearConfig, _dot, _fma, config_for, linear, mlp
 
 H, I, LAYERS = 2048, 5632, 24
@@ -42,8 +35,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--replays", type=int, default=40)
     ap.add_argument("--hbm-tb-s", type=float, default=4.8)
-    ap.add_argument("--sections", default="pair,down,gate_up,fused", help="which of the four to run")
-    ap.add_argument("--fused-rows", default="1,2,4", help="the row counts of the fused section")
+    ap.add_argument("--sections", default="pair,down,gate_up", help="which of the three to run")
     args = ap.parse_args()
     sections = args.sections.split(",")
     dev = torch.device("cuda")
@@ -51,7 +43,7 @@ def main() -> None:
     gus = [torch.randn(2 * I, H, device=dev, dtype=torch.bfloat16) / H**0.5 for _ in range(LAYERS)]
     dns = [torch.randn(H, I, device=dev, dtype=torch.bfloat16) / I**0.5 for _ in range(LAYERS)]
     per_layer = lambda fn: graph_ms(fn, args.replays) * 1e3 / LAYERS  # noqa: E731
-    out: dict = dict(device=torch.cuda.get_device_name(), pair=[], down=[], gate_up=[], fused=[])
+    out: dict = dict(device=torch.cuda.get_device_name(), pair=[], down=[], gate_up=[])
 
     for M in (1, 2, 4, 8, 12, 16) if "pair" in sections else ():
         x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
@@ -110,50 +102,8 @@ def main() -> None:
                 continue
             out["gate_up"].append(dict(M=M, cfg=cfg.name, us=us))
             print(json.dumps(out["gate_up"][-1]), flush=True)
-    mlp_bytes = 3 * H * I * 2
-    for M in [int(m) for m in args.fused_rows.split(",")] if "fused" in sections else ():
-        x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
-        os.environ["OURO_FUSED_MLP"] = "0"
-        pair_us = per_layer(lambda: [mlp(x, g, d) for g, d in zip(gus, dns)])
-        pair = mlp(x, gus[0], dns[0])
-        os.environ.pop("OURO_FUSED_MLP")
-        row = dict(M=M, cfg="two projections", us=pair_us, pct_of_hbm=mlp_bytes / pair_us / (args.hbm_tb_s * 1e6) * 100)
-        out["fused"].append(row)
-        print(json.dumps(row), flush=True)
-        for cfg in FUSED_CANDIDATES:
-            try:
-                us = per_layer(lambda: [decode_mlp.fused_mlp(x, g, d, cfg) for g, d in zip(gus, dns)])
-                diff = (decode_mlp.fused_mlp(x, gus[0], dns[0], cfg).float() - pair.float()).abs().max().item()
-            except Exception as e:  # recorded, not fatal
-                print("failed", M, cfg.name, str(e)[:200], flush=True)
-                continue
-            pct = mlp_bytes / us / (args.hbm_tb_s * 1e6) * 100
-            out["fused"].append(dict(M=M, cfg=cfg.name, us=us, pct_of_hbm=pct, max_abs_diff_to_pair=diff))
-            print(json.dumps(out["fused"][-1]), flush=True)
-        dns_t = [d.t().contiguous().t() for d in dns] if M == 1 else []  # each program's columns contiguous
-        for cfg in FUSED_CANDIDATES if M == 1 else ():
-            us = per_layer(lambda: [decode_mlp.fused_mlp(x, g, d, cfg) for g, d in zip(gus, dns_t)])
-            pct = mlp_bytes / us / (args.hbm_tb_s * 1e6) * 100
-            out["fused"].append(dict(M=M, cfg=cfg.name + "_down_t", us=us, pct_of_hbm=pct))
-            print(json.dumps(out["fused"][-1]), flush=True)
-        dns_t = []  # freed before the next row count
-        with open(args.out, "w") as f:  # after every row count: a capped call keeps what ran
-            json.dump(out, f, indent=1)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
-
-
-# (cols, block_k, block_h, warps): the table's config first; at most ~170 registers a thread at 4 warps (three
-# programs an SM), as aot_check.py --ptxas-v reports for these
-FUSED_CANDIDATES = [
-    MlpConfig(c, k, h, w)
-    for c, k, h, w in (
-        (16, 128, 128, 4), (16, 64, 64, 4), (16, 128, 64, 4), (16, 64, 256, 4), (16, 128, 128, 8),
-        (16, 256, 256, 8), (16, 256, 128, 8), (8, 128, 128, 4), (8, 256, 128, 4), (8, 256, 256, 4),
-        (8, 128, 256, 4), (8, 128, 128, 2), (32, 64, 64, 4), (32, 128, 128, 8), (32, 64, 128, 8),
-        (4, 256, 256, 4), (4, 512, 256, 4),
-    )
-]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ import triton
 import triton.language as tl
 
 from ..model.torch_ops import linear_ref, mlp_ref  # the torch twins
-from . import decode_mlp
 from ._common import (
     arrival_counters,
     cast_rne,
@@ -481,18 +480,13 @@ def linear(
 
 
 def mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The MLP ``silu_mul(x @ gate_up.T) @ down.T``. Where `decode_mlp.config_for`'s table says so (one or a
-    few decode rows), split over the intermediate dimension (`decode_mlp.fused_mlp`: down streams beside
-    gate/up). Otherwise in two projections, the activation where it costs least: in gate/up's epilogue
-    (``glu``) when the kernel runs gate/up at these rows (`config_for`); otherwise gate/up is cuBLAS and the
-    activation goes into down's x load (``silu_x``, its CUDA-core path) or its own kernel. Those two give the
-    same values bitwise (the same roundings). ``OURO_GLU=0`` keeps the activation out of the epilogue (the
-    A/B switch of the benchmarks)."""
+    """The MLP ``silu_mul(x @ gate_up.T) @ down.T`` in two kernels, the activation where it costs least: in
+    gate/up's epilogue (``glu``) when the kernel runs gate/up at these rows (`config_for`); otherwise gate/up
+    is cuBLAS and the activation goes into down's x load (``silu_x``, its CUDA-core path) or its own kernel.
+    Both give the same values bitwise (the same roundings). ``OURO_GLU=0`` keeps the activation out of the
+    epilogue (the A/B switch of the benchmarks)."""
     if not use_triton(_linear_kernel, x, gate_up):
         return mlp_ref(x, gate_up, down)
-    fused = decode_mlp.config_for(gate_up, x.shape[0])
-    if fused is not None:
-        return decode_mlp.fused_mlp(x, gate_up, down, fused)
     if glu_in_epilogue(gate_up, x.shape[0]):
         return linear(linear(x, gate_up, glu=True), down)
     return linear(linear(x, gate_up), down, silu_x=True)
