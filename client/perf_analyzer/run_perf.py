@@ -219,7 +219,8 @@ def run_one(
         *(["--warmup-request-count", str(warmup)] if warmup else []),
         *extra,
     ]
-    for stale in (export, stem + ".requests.json"):  # a failed run must not report an earlier run's
+    timeline_path = stem + ".requests.json"
+    for stale in (export, timeline_path):  # a failed run must not report an earlier run's
         if os.path.exists(stale):
             os.remove(stale)
     t0 = time.monotonic()
@@ -252,9 +253,9 @@ def run_one(
     res["first_response_latency_ms"] = first_response_latency(exported) if exported else None
     timeline = request_timeline(exported) if exported else None
     res["measured_in_flight"] = measured_in_flight(timeline) if timeline else None
-    res["request_timeline"] = stem + ".requests.json" if timeline else None
+    res["request_timeline"] = timeline_path if timeline else None
     if timeline:  # small enough to bring back from a device run, unlike the export
-        with open(stem + ".requests.json", "w") as f:
+        with open(timeline_path, "w") as f:
             json.dump(timeline, f, separators=(",", ":"))
     error_lines = [
         ln.strip()

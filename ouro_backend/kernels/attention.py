@@ -628,7 +628,7 @@ def _attn_config(
     if num_warps is None:
         num_warps = 8 if (fp32 or block_m >= 128) else (2 if rows_rule and rows > 16 else 4)
     if num_stages is None:
-        num_stages = (2 if rows_rule and rows > 4 else 3) if decode and not fp32 else 2
+        num_stages = (2 if rows > 4 else 3) if rows_rule else 2
     first_n = split_grain if 16 <= split_grain < block_n and split_grain == next_pow2(split_grain) else block_n
     return AttnConfig(g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages, split_grain, first_n)
 
