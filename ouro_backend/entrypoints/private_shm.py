@@ -5,16 +5,20 @@ local user could read a stub's tensors. Two ways to stop that, for TritonServer'
 * a private /dev/shm: tritonserver runs in a mount namespace of its own with a fresh tmpfs there
   (`private_shm_wrapper`: as root, or in an unprivileged user namespace), so no other user sees the
   regions. Clients' system shared-memory regions in the host's /dev/shm are out of its sight too;
-* chmod: the regions are chmod 0600 as soon as they appear (`ShmGuard`, polled), which a local user can race.
+* chmod: the regions are chmod 0600 as soon as they appear (`ShmGuard`: inotify, and a polled sweep), which a
+  local user can race.
 `on` insists on the first, `off` takes the second, `auto` the first where it works, else the second.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import select
 import shutil
 import stat
+import struct
 import subprocess
 import threading
 
@@ -77,47 +81,128 @@ def private_shm_wrapper() -> tuple[tuple[str, ...] | None, str]:
 
 
 class ShmGuard(threading.Thread):
-    """Without a private /dev/shm: chmod 0600 each region named `<prefix>*` as soon as it appears (Triton's
-    Python backend makes them 0644 whatever the umask). Polls every 20 ms until `relax()` (the server is
-    ready; later regions are rare), then every 0.5 s. A local user who opens a region between its creation
-    and the chmod keeps that access: that race is the residual risk."""
+    """Without a private /dev/shm: keep each region named `<prefix>*` in `directory` mode 0600 (Triton's
+    Python backend makes them 0644 whatever the umask). Where the kernel offers inotify, a region is secured
+    as soon as its creation or a change of its mode is reported; a sweep of every region also runs every 20
+    ms until `relax()` (the server is ready; later regions are rare), then every 0.5 s, for what inotify
+    cannot report (none, or a full event queue). A local user who opens a region between its creation and
+    the chmod keeps that access: that race is the residual risk.
 
-    def __init__(self, prefix: str):
+    NOTE a region is never taken as done: the backend (Boost.Interprocess) creates it with mode 0644, which
+    tritonserver's umask 077 makes 0600, and only then `fchmod`s it to 0644, so a region seen private may
+    turn readable a moment later. Every sweep looks at every region's mode again, and inotify reports that
+    `fchmod`."""
+
+    def __init__(self, prefix: str, directory: str = SHM_DIR):
         super().__init__(name="ouro-shm-guard", daemon=True)
         self.prefix = prefix
+        self.directory = directory
         self.interval = 0.02
         self._stop_event = threading.Event()
+        # stop() wakes a thread waiting on inotify through this pipe; run() closes it when it ends
+        self._wake_r, self._wake_w = os.pipe()
+        self._wake_lock = threading.Lock()
+        self._wake_open = True
 
     def relax(self) -> None:
         self.interval = 0.5
 
     def stop(self) -> None:
-        self._stop_event.set()
+        with self._wake_lock:
+            self._stop_event.set()
+            if self._wake_open:
+                os.write(self._wake_w, b"x")
 
     def run(self) -> None:
-        done: set = set()
-        while True:
-            self.sweep(done)
-            if self._stop_event.wait(self.interval):
-                return
-
-    def sweep(self, done: set) -> None:
+        notify = _Inotify.open(self.directory)
         try:
-            names = [n for n in os.listdir(SHM_DIR) if n.startswith(self.prefix) and n not in done]
+            while not self._stop_event.is_set():
+                self.sweep()
+                if notify is None:
+                    self._stop_event.wait(self.interval)
+                    continue
+                for name in notify.names(self.interval, self._wake_r):
+                    if name.startswith(self.prefix):
+                        self.secure(name)
+        finally:
+            if notify is not None:
+                notify.close()
+            with self._wake_lock:
+                self._wake_open = False
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+
+    def sweep(self) -> None:
+        """Secure every region of the prefix that others may read now."""
+        try:
+            entries = [e for e in os.scandir(self.directory) if e.name.startswith(self.prefix)]
         except OSError:
             return
-        for name in names:
-            try:  # through an fd opened without following links: never chmod what a link points to
-                fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            try:
-                st = os.fstat(fd)
-                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-                    if st.st_mode & 0o077:
-                        os.fchmod(fd, 0o600)
-                    done.add(name)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+                self.secure(entry.name)
+
+    def secure(self, name: str) -> None:
+        """chmod 0600 the region `name` if it is this user's regular file that others may read; through an
+        fd opened without following links, so never what a link points to."""
+        try:
+            fd = os.open(os.path.join(self.directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+class _Inotify:
+    """The names of the entries created, moved in or changed in mode in one directory (Linux inotify through
+    libc; `open` returns None where it is not available)."""
+
+    _EVENTS = 0x00000004 | 0x00000080 | 0x00000100  # IN_ATTRIB | IN_MOVED_TO | IN_CREATE
+    _HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then len bytes of name)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    @classmethod
+    def open(cls, directory: str) -> _Inotify | None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        except (OSError, AttributeError):
+            return None
+        if fd < 0:
+            return None
+        if libc.inotify_add_watch(fd, os.fsencode(directory), cls._EVENTS) < 0:
+            os.close(fd)
+            return None
+        return cls(fd)
+
+    def names(self, timeout_s: float, wake_fd: int) -> list[str]:
+        """The names reported within `timeout_s` (empty when none, or when `wake_fd` turns readable)."""
+        ready, _, _ = select.select([self.fd, wake_fd], [], [], timeout_s)
+        if self.fd not in ready:
+            return []
+        try:
+            data = os.read(self.fd, 64 * 1024)
+        except BlockingIOError:
+            return []
+        names, i = [], 0
+        while i + self._HEADER.size <= len(data):
+            _, _, _, length = self._HEADER.unpack_from(data, i)
+            i += self._HEADER.size
+            names.append(os.fsdecode(data[i : i + length].rstrip(b"\0")))
+            i += length
+        return [n for n in names if n]
+
+    def close(self) -> None:
+        os.close(self.fd)
