@@ -244,6 +244,13 @@ def main() -> int:
         help="perf_analyzer's --max-threads (default: perf_analyzer's own, 16 in concurrency mode)",
     )
     p.add_argument(
+        "--perf-analyzer-stability",
+        type=float,
+        default=10.0,
+        help="run_perf.py --stability-percentage (with --max-trials 10): perf_analyzer reports three windows "
+        "in a row that agree within it, not a first window that runs few requests (default 10, its own)",
+    )
+    p.add_argument(
         "--perf-analyzer-warmup",
         type=int,
         default=None,
@@ -507,7 +514,8 @@ def main() -> int:
         served = per_model[args.models[0]]
         pa = None
         if not args.skip_perf_analyzer:
-            pa_options = []  # run_perf.py's own options, then perf_analyzer's after "--"
+            pa_options = ["--stability-percentage", f"{args.perf_analyzer_stability:g}", "--max-trials", "10"]
+            # run_perf.py's own options, then perf_analyzer's after "--"
             if args.perf_analyzer_warmup is not None:
                 pa_options += ["--warmup-request-count", str(args.perf_analyzer_warmup)]
             if args.perf_analyzer_max_threads is not None:

@@ -81,6 +81,7 @@ def test_run_perf_defaults_work_when_a_request_outlasts_the_old_time_window(
     assert 0.5 < r["measured_in_flight"] <= 1.05, r["measured_in_flight"]  # the same, from the export
     # one unmeasured request first: perf_analyzer was told, and the export holds the measured ones only
     assert r["warmup_requests"] == 1 and "--warmup-request-count 1" in open(r["log"]).readline()
+    assert r["stability_percentage"] == 999 and "--stability-percentage 999 " in open(r["log"]).readline()
     assert len(json.load(open(r["profile_export"]))["experiments"][0]["requests"]) == r["request_count"]
     timeline = json.load(open(r["request_timeline"]))  # the export's request times, written beside it
     assert len(timeline["requests"]) == r["request_count"] and len(timeline["window_boundaries"]) >= 4
@@ -210,6 +211,26 @@ def test_run_perf_window_options(capsys):
 
 
 @pytest.mark.unit
+def test_run_perf_passes_the_stability_check_it_is_given(tmp_path, monkeypatch):
+    """``--stability-percentage P`` reaches perf_analyzer's command line (its own check then picks three steady
+    windows) and the report; the default is no check (999: the first three windows)."""
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        raise FileNotFoundError("no perf_analyzer in this test")  # the command line is all this test needs
+
+    monkeypatch.setattr(run_perf.subprocess, "run", fake_run)
+    for given, flag in ((None, "999"), (10.0, "10"), (12.5, "12.5")):
+        kw = {} if given is None else {"stability_percentage": given}
+        with pytest.raises(FileNotFoundError):
+            run_perf.run_one("pa", {}, "u:1", "ouro", 64, "in.json", str(tmp_path), None, 10, 5.0, [], **kw)
+        cmd = seen[-1]
+        assert cmd[cmd.index("--stability-percentage") + 1] == flag and cmd[cmd.index("--max-trials") + 1] == "10"
+    with pytest.raises(SystemExit):
+        run_perf.main(["--stability-percentage", "ten"])
+
+
 def test_served_benchmark_prompts_have_no_nul():
     """benchmarks/served.py decodes random token ids into prompts; perf_analyzer reads its input data's strings
     up to the first NUL, so a prompt that began with one reached the server empty ("text_input is empty"),

@@ -57,6 +57,7 @@ _FIELDS = {
 }
 _ERRORS = re.compile(r"(error|failed|Failed|Thread \[\d+\] had error|unexpected)", re.I)
 NO_VALID_REQUESTS = "No valid requests recorded within time interval"
+NO_STABILITY_CHECK = 999.0  # a --stability-percentage no three windows can miss: the first three count
 
 
 def default_request_count(concurrency: int) -> int:
@@ -182,10 +183,13 @@ def run_one(
     measurement_request_count: int | None = None,
     max_tokens: int | None = None,
     warmup_request_count: int | None = None,
+    stability_percentage: float = NO_STABILITY_CHECK,
 ) -> dict[str, Any]:
     """One perf_analyzer run. measurement_ms: fixed time windows of that length; None: count windows of
     measurement_request_count requests (default: default_request_count(concurrency)). warmup_request_count:
-    unmeasured requests first (default: default_warmup_count(concurrency); 0: none)."""
+    unmeasured requests first (default: default_warmup_count(concurrency); 0: none). stability_percentage:
+    perf_analyzer reports the first three windows in a row whose throughput and latency agree within it
+    (NO_STABILITY_CHECK: its first three)."""
     stem = os.path.join(out_dir, f"{model}_c{concurrency}")
     csv, export, log = stem + ".csv", stem + ".profile_export.json", stem + ".log"
     if measurement_ms:
@@ -211,7 +215,7 @@ def run_one(
         "--max-trials",
         str(max_trials),
         "--stability-percentage",
-        "999",
+        f"{stability_percentage:g}",
         "-f",
         csv,
         "--profile-export-file",
@@ -243,6 +247,7 @@ def run_one(
             else {"mode": "count_windows", "requests_per_window": int(window[-1])}
         ),
         "warmup_requests": warmup,
+        "stability_percentage": stability_percentage,
         "log": log,
         "profile_export": export if os.path.exists(export) else None,
     }
@@ -294,6 +299,7 @@ def run(
     prompts: list[str] | None = None,
     measurement_request_count: int | None = None,
     warmup_request_count: int | None = None,
+    stability_percentage: float = NO_STABILITY_CHECK,
 ) -> dict[str, Any]:
     """measurement_ms None (default): count windows; a number: time windows of that many ms."""
     for c in concurrency:
@@ -325,6 +331,7 @@ def run(
             measurement_request_count=measurement_request_count,
             max_tokens=max_tokens,
             warmup_request_count=warmup_request_count,
+            stability_percentage=stability_percentage,
         )
         for m in models
         for c in concurrency
@@ -383,6 +390,15 @@ def main(argv: list[str] | None = None) -> int:
         help="unmeasured requests before the first window (default: 4 x concurrency, 1 at concurrency 1; 0: "
         "none; else at least the concurrency): a run's first seconds need not be steady",
     )
+    p.add_argument(
+        "--stability-percentage",
+        type=float,
+        default=NO_STABILITY_CHECK,
+        help="report the first three windows in a row whose throughput and latency agree within this many "
+        "percent (perf_analyzer's own check; e.g. 10 with --max-trials 10 for a steady state on a GPU server, "
+        "whose first window after the warm-up can run few requests: README.md, 'Warm-up'); default: no "
+        "check, the first three windows",
+    )
     p.add_argument("--max-trials", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per perf_analyzer run")
     p.add_argument("--out-dir", default=None)
@@ -424,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts,
             measurement_request_count=args.measurement_request_count,
             warmup_request_count=args.warmup_request_count,
+            stability_percentage=args.stability_percentage,
         )
     except PerfAnalyzerUnavailable as e:
         print(f"perf_analyzer unavailable: {e}", file=sys.stderr)
