@@ -9,18 +9,26 @@ state machine, the rest). The floor is the bytes of one loop's weights over the 
 a function of its rows (with the capture's attention lengths, not a run's), which with ouro-bench's
 `ideal_rounds` says how much a drained round saves.
 
+``--prompt-tokens N`` profiles instead one fresh N-token prompt end to end (all four loops, max_tokens 1, the
+engine's own steps: eager above `cuda_graph_max_tokens`), after one unprofiled warm-up prompt: its wall time,
+the GPU kernels by kind and the top kernels, with the GEMMs' and attention's TFLOP/s against ``--bf16-tflops``
+(what holds a prompt chunk below its share of peak FLOP/s).
+
     python3 benchmarks/round_profile.py [--out FILE.json] [--hbm-tb-s 4.8]
+    python3 benchmarks/round_profile.py --prompt-tokens 2048 [--out FILE.json]
 """
 
 import argparse
 import json
+import random
+import time
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.graph_timing import replay_ms
-from ouro_backend import EngineConfig, LLMEngine
+from ouro_backend import EngineConfig, LLMEngine, SamplingParams
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.model.sampler import SamplerMode
 
@@ -49,6 +57,11 @@ def kernels(graph, n: int = 5) -> dict:
         for _ in range(n):
             graph.replay()
         torch.cuda.synchronize()
+    return summarize(prof, n)
+
+
+def summarize(prof, n: int, top_n: int = 12) -> dict:
+    """A profile's CUDA kernels, per replay of n: us by kind, counts by kind, the top_n kernels by us."""
     by_kind, count = defaultdict(float), defaultdict(int)
     top = defaultdict(float)
     for ev in prof.events():
@@ -61,16 +74,60 @@ def kernels(graph, n: int = 5) -> dict:
     return dict(
         kernel_us_by_kind={k: round(v, 1) for k, v in sorted(by_kind.items(), key=lambda x: -x[1])},
         kernels_per_replay={k: c // n for k, c in count.items()},
-        top_kernels_us={k: round(v, 1) for k, v in sorted(top.items(), key=lambda x: -x[1])[:12]},
+        top_kernels_us={k: round(v, 1) for k, v in sorted(top.items(), key=lambda x: -x[1])[:top_n]},
     )
+
+
+def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
+    """One fresh prompt of ``tokens`` tokens through the engine's own steps (max_tokens 1), profiled after an
+    unprofiled one of the same length (compiles, sizes the eager path); prompts random, never seen before."""
+    cfg, m = eng.runner.model.cfg, eng.runner.model
+    rng = random.Random(time.time_ns())
+
+    def run(tag: str) -> float:
+        ids = [rng.randrange(3, cfg.vocab_size) for _ in range(tokens)]
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        eng.add_request(tag, ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        while eng.get_num_unfinished_requests():
+            eng.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    run("warm-up")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall_ms = run("profiled")
+    rep = dict(prompt_tokens=tokens, wall_ms=round(wall_ms, 3), **summarize(prof, 1, top_n=25))
+    loop_params = sum(t.numel() for layer in m.layers for t in vars(layer).values())
+    T, L, nh, hd = tokens, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim
+    gemm_flops = cfg.num_loops * 2 * T * loop_params + 2 * m.lm_head.numel()  # the LM head: the last token
+    attn_flops = cfg.num_loops * L * 2 * T * T * nh * hd  # QK^T and PV, causal (half of 4 T^2 nh hd)
+    us = rep["kernel_us_by_kind"]
+    for kind, flops in (("gemm", gemm_flops), ("attention", attn_flops)):
+        if us.get(kind):
+            tf = flops / (us[kind] * 1e-6) / 1e12
+            rep[f"{kind}_tflops"] = round(tf, 1)
+            rep[f"{kind}_pct_of_peak"] = round(100 * tf / peak_tflops, 1)
+    rep["kernel_ms"] = round(sum(us.values()) / 1e3, 3)
+    rep["all_tflops"] = round((gemm_flops + attn_flops) / (wall_ms * 1e-3) / 1e12, 1)
+    return rep
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--hbm-tb-s", type=float, default=4.8)
+    ap.add_argument("--bf16-tflops", type=float, default=990.0)
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="profile one fresh prompt of N tokens instead")
     args = ap.parse_args()
     eng = LLMEngine(EngineConfig.from_strings({"model": ensure_shape_checkpoint("ouro-1.4b")}))
+    if args.prompt_tokens:
+        rep = prompt_profile(eng, args.prompt_tokens, args.bf16_tflops)
+        print(json.dumps(rep, indent=1))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(rep, f, indent=1)
+        return
     r, m = eng.runner, eng.runner.model
     loop_bytes = sum(t.numel() * t.element_size() for layer in m.layers for t in vars(layer).values())
     head_bytes = m.lm_head.numel() * m.lm_head.element_size()

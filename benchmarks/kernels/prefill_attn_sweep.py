@@ -1,0 +1,149 @@
+"""Prompt-chunk attention's launch config: `paged_attention` over one chunk's queries, timed alone, against
+torch's SDPA (FlashAttention) on the same keys laid out contiguously: how far the paged prefill kernel is
+from a well-kept library's, and which tile, warps and stages close it.
+
+A case is ``rows`` prompts of ``tokens`` new tokens each after ``ctx`` cached ones (the 1.4B shape: 16 heads, 16 kv
+heads of 128; block size 16, each row's blocks scattered over the cache), causal. Every config runs 24 launches
+(one per layer, each over its own layer's KV) captured as one CUDA graph: us a launch (median of
+``--replays``) and TFLOP/s (QK^T and PV of the causal part: 2 x queries x keys seen x heads x head dim x 2). Each
+output is compared with the default config's; SDPA's with the default's too (a wrong layout would show).
+
+    PYTHONPATH=$PWD python3 benchmarks/kernels/prefill_attn_sweep.py --cases 1x2048+0,4x512+512 --out attn.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.graph_timing import graph_ms
+from benchmarks.kernels.bench_kernels import rel_err
+from ouro_backend.kernels.attention import paged_attention
+
+LAYERS, H, KVH, HD, BS = 24, 16, 16, 128, 16
+GRID = [
+    dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+    for bm, bn, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3))
+]
+
+
+class Case:
+    def __init__(self, rows: int, tokens: int, ctx: int, device: str = "cuda", layers: int = LAYERS):
+        dev, dt = torch.device(device), torch.bfloat16
+        self.layers = layers
+        self.rows, self.tokens, self.ctx = rows, tokens, ctx
+        seq = ctx + tokens
+        per_row = (seq + BS - 1) // BS
+        gen = torch.Generator(device=dev).manual_seed(0)
+        self.kv = torch.randn(layers, 2, rows * per_row, BS, KVH, HD, device=dev, dtype=dt, generator=gen)
+        perm = torch.randperm(rows * per_row, device=dev, generator=gen).to(torch.int32)
+        self.tables = perm.view(rows, per_row)  # scattered blocks, as a busy cache holds them
+        self.cu = torch.arange(0, rows * tokens + 1, tokens, device=dev, dtype=torch.int32)
+        self.lens = torch.full((rows,), seq, device=dev, dtype=torch.int32)
+        self.q = torch.randn(rows * tokens, H, HD, device=dev, dtype=dt, generator=gen)
+        self.out = torch.empty_like(self.q)
+        keys_seen = sum(ctx + i + 1 for i in range(tokens))  # causal: query i sees ctx + i + 1 keys
+        self.flops = rows * keys_seen * H * HD * 2 * 2
+
+    @property
+    def label(self) -> str:
+        return f"{self.rows}x{self.tokens}+{self.ctx}"
+
+    def call(self, layer: int, cfg: dict) -> None:
+        kc, vc = self.kv[layer, 0], self.kv[layer, 1]
+        paged_attention(self.q, kc, vc, self.cu, self.lens, self.tables, HD**-0.5, self.tokens, out=self.out, **cfg)
+
+    def time_us(self, cfg: dict, replays: int) -> float:
+        return graph_ms(lambda: [self.call(layer, cfg) for layer in range(self.layers)], replays) * 1e3 / self.layers
+
+    def sdpa(self, replays: int) -> tuple[float, torch.Tensor]:
+        """torch SDPA (its FlashAttention backend) on contiguous [rows, heads, seq, hd] keys: us a launch and
+        layer 0's output in the paged kernel's layout. The queries sit at the end of each row (bottom-right
+        causal alignment, as a chunk after cached tokens)."""
+        seq = self.ctx + self.tokens
+        ks, vs = [], []
+        for layer in range(self.layers):
+            blocks = self.tables.long()
+            k = self.kv[layer, 0][blocks].reshape(self.rows, -1, KVH, HD)[:, :seq].transpose(1, 2).contiguous()
+            v = self.kv[layer, 1][blocks].reshape(self.rows, -1, KVH, HD)[:, :seq].transpose(1, 2).contiguous()
+            ks.append(k)
+            vs.append(v)
+        q = self.q.view(self.rows, self.tokens, H, HD).transpose(1, 2).contiguous()
+        mask = None
+        if self.ctx:  # bottom-right causal: query i sees keys < ctx + i + 1
+            i = torch.arange(self.tokens, device=q.device)[:, None]
+            j = torch.arange(seq, device=q.device)[None, :]
+            mask = j <= self.ctx + i
+        outs: list = []
+
+        def run() -> None:
+            outs.clear()
+            for layer in range(self.layers):
+                if mask is None:
+                    outs.append(F.scaled_dot_product_attention(q, ks[layer], vs[layer], is_causal=True))
+                else:
+                    outs.append(F.scaled_dot_product_attention(q, ks[layer], vs[layer], attn_mask=mask))
+
+        us = graph_ms(run, replays) * 1e3 / self.layers if self.q.is_cuda else 0.0
+        run()
+        return us, outs[0].transpose(1, 2).reshape(self.rows * self.tokens, H, HD)
+
+
+def name(cfg: dict | None) -> str:
+    if not cfg:
+        return "default"
+    return f"m{cfg['block_m']}_n{cfg['block_n']}_w{cfg['num_warps']}_st{cfg['num_stages']}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="1x2048+0,4x512+512", help="ROWSxTOKENS+CONTEXT, comma-separated")
+    ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--bf16-tflops", type=float, default=990.0)
+    ap.add_argument("--grid", help="only these configs (names as printed, e.g. m128_n64_w8_st2)")
+    ap.add_argument("--out", help="JSON, rewritten after every case")
+    args = ap.parse_args()
+    grid = GRID if not args.grid else [c for c in GRID if name(c) in args.grid.split(",")]
+    report: dict = {"device": torch.cuda.get_device_name(), "bf16_tflops": args.bf16_tflops, "cases": {}}
+    for spec in args.cases.split(","):
+        rows, rest = spec.split("x")
+        tokens, ctx = rest.split("+")
+        case = Case(int(rows), int(tokens), int(ctx))
+        case.call(0, {})
+        ref = case.out.float().clone()
+        res: dict = {"flops": case.flops, "configs": {}}
+
+        def record(label: str, us: float, err: float | None, res=res, case=case) -> None:
+            tf = case.flops / (us * 1e-6) / 1e12
+            res["configs"][label] = dict(us=round(us, 2), tflops=round(tf, 1), max_rel_diff=err)
+            pct = 100 * tf / args.bf16_tflops
+            print(f"{case.label:14s} {label:20s} {us:9.2f} us {tf:7.1f} TFLOP/s {pct:5.1f}%  diff {err}", flush=True)
+
+        record("default", case.time_us({}, args.replays), 0.0)
+        try:
+            us, out = case.sdpa(args.replays)
+            record("torch_sdpa", us, round(rel_err(out, ref), 5))
+        except Exception as e:  # no flash backend for this shape: recorded, not fatal
+            print(f"{case.label:14s} torch_sdpa: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        for cfg in grid:
+            try:
+                us = case.time_us(cfg, args.replays)
+            except Exception as e:  # a config the kernel cannot take (shared memory, registers): not fatal
+                print(f"{case.label:14s} {name(cfg)}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            case.call(0, cfg)
+            record(name(cfg), us, round(rel_err(case.out, ref), 5))
+        best = min(res["configs"].items(), key=lambda kv: kv[1]["us"])
+        print(f"{case.label:14s} fastest: {best[0]} {best[1]}", flush=True)
+        report["cases"][case.label] = res
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
