@@ -599,8 +599,10 @@ def _attn_config(
     split_grain: int | None = None, *, rows: int,
 ) -> AttnConfig:  # fmt: skip
     """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
-    16x64 / 4 warps / 3 stages, bf16 prefill 128x64 / 8 warps / 2 stages; fp32 ("ieee" dots, no tensor
-    cores, register-hungry) decode 16x64 / 8 warps, prefill 32x64 / 8 warps. A 16-bit decode of ``rows`` rows
+    16x64 / 4 warps / 3 stages, bf16 prefill 64x64 / 4 warps / 3 stages (the fastest of
+    benchmarks/kernels/prefill_attn_sweep.py's grid at 1 x 2,048 and 16 x 128 prompt tokens; 2 stages below
+    64 query rows, as speculation's verify rows); fp32 ("ieee" dots, no tensor cores, register-hungry) decode
+    16x64 / 8 warps, prefill 32x64 / 8 warps. A 16-bit decode of ``rows`` rows
     (one query a row) takes 2 stages from 5 rows and 2 warps from 17 (the best measured alone at 8-64 rows;
     5-7 rows follow 8, and the loop at 5 rows was not slower: docs/engine.md).
     A split's keys are a multiple of the split grain: a tile (BLOCK_N keys), except for a 16-bit decode split
@@ -616,7 +618,7 @@ def _attn_config(
         if decode:
             block_m = 16
         else:
-            block_m = max(16, min(32 if fp32 else 128, next_pow2(max_seqlen_q * g_pad)))
+            block_m = max(16, min(32 if fp32 else 64, next_pow2(max_seqlen_q * g_pad)))
     block_m = max(block_m, g_pad, 16)
     block_q = 1 if decode else max(1, block_m // g_pad)
     if block_n is None:
@@ -628,7 +630,7 @@ def _attn_config(
     if num_warps is None:
         num_warps = 8 if (fp32 or block_m >= 128) else (2 if rows_rule and rows > 16 else 4)
     if num_stages is None:
-        num_stages = (2 if rows > 4 else 3) if rows_rule else 2
+        num_stages = (2 if rows > 4 else 3) if rows_rule else (3 if block_m >= 64 and not fp32 else 2)
     first_n = split_grain if 16 <= split_grain < block_n and split_grain == next_pow2(split_grain) else block_n
     return AttnConfig(g_pad, hd_pad, block_q, block_m, block_n, num_warps, num_stages, split_grain, first_n)
 
