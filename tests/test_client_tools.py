@@ -231,6 +231,7 @@ def test_run_perf_passes_the_stability_check_it_is_given(tmp_path, monkeypatch):
         run_perf.main(["--stability-percentage", "ten"])
 
 
+@pytest.mark.unit
 def test_served_benchmark_prompts_have_no_nul():
     """benchmarks/served.py decodes random token ids into prompts; perf_analyzer reads its input data's strings
     up to the first NUL, so a prompt that began with one reached the server empty ("text_input is empty"),
