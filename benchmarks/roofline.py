@@ -31,7 +31,8 @@ import time
 import torch
 
 from benchmarks.graph_timing import graph_ms, replay_ms
-from ouro_backend import EngineConfig, LLMEngine, SamplingParams
+from benchmarks.prompt_work import fresh_prompt_ms, prompt_flops
+from ouro_backend import EngineConfig, LLMEngine
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.kernels import projections
 from ouro_backend.model.sampler import SamplerMode
@@ -159,20 +160,10 @@ def main() -> None:
     rep["kernels"] = kernels
     rep["ops_sum_loop_ms"] = sums
     # a fresh 2,048-token prompt, all four loops, one engine step (the chunk is max_num_batched_tokens)
-    rng = random.Random(int(time.time()))
-    times = []
-    for i in range(4):
-        ids = [rng.randrange(3, cfg.vocab_size) for _ in range(2048)]
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        eng.add_request(f"p{i}", ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
-        while eng.get_num_unfinished_requests():
-            eng.step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t) * 1e3)
+    rng = random.Random(time.time_ns())
+    times = [fresh_prompt_ms(eng, 2048, rng, f"p{i}") for i in range(4)]
     ms = statistics.median(times[1:])  # the first compiles and sizes the eager path
-    T, nh, hd, L = 2048, cfg.num_attention_heads, cfg.head_dim, cfg.num_hidden_layers
-    flops = cfg.num_loops * (2 * T * loop_bytes / 2 + L * 2 * T * T * nh * hd) + 2 * head_bytes / 2
+    flops = sum(prompt_flops(eng, 2048))
     rep["prompt_chunk_2048_ms"] = round(ms, 3)
     rep["prompt_chunk_2048_tflops"] = round(flops / (ms * 1e-3) / 1e12, 1)
     rep["prompt_chunk_2048_pct_of_peak"] = round(100 * flops / (ms * 1e-3) / (args.bf16_tflops * 1e12), 1)

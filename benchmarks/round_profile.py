@@ -28,7 +28,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.graph_timing import replay_ms
-from ouro_backend import EngineConfig, LLMEngine, SamplingParams
+from benchmarks.prompt_work import fresh_prompt_ms, prompt_flops
+from ouro_backend import EngineConfig, LLMEngine
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.model.sampler import SamplerMode
 
@@ -80,28 +81,13 @@ def summarize(prof, n: int, top_n: int = 12) -> dict:
 
 def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
     """One fresh prompt of ``tokens`` tokens through the engine's own steps (max_tokens 1), profiled after an
-    unprofiled one of the same length (compiles, sizes the eager path); prompts random, never seen before."""
-    cfg, m = eng.runner.model.cfg, eng.runner.model
+    unprofiled one of the same length (compiles, sizes the eager path)."""
     rng = random.Random(time.time_ns())
-
-    def run(tag: str) -> float:
-        ids = [rng.randrange(3, cfg.vocab_size) for _ in range(tokens)]
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        eng.add_request(tag, ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
-        while eng.get_num_unfinished_requests():
-            eng.step()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) * 1e3
-
-    run("warm-up")
+    fresh_prompt_ms(eng, tokens, rng, "warm-up")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall_ms = run("profiled")
+        wall_ms = fresh_prompt_ms(eng, tokens, rng, "profiled")
     rep = dict(prompt_tokens=tokens, wall_ms=round(wall_ms, 3), **summarize(prof, 1, top_n=25))
-    loop_params = sum(t.numel() for layer in m.layers for t in vars(layer).values())
-    T, L, nh, hd = tokens, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim
-    gemm_flops = cfg.num_loops * 2 * T * loop_params + 2 * m.lm_head.numel()  # the LM head: the last token
-    attn_flops = cfg.num_loops * L * 2 * T * T * nh * hd  # QK^T and PV, causal (half of 4 T^2 nh hd)
+    gemm_flops, attn_flops = prompt_flops(eng, tokens)
     us = rep["kernel_us_by_kind"]
     for kind, flops in (("gemm", gemm_flops), ("attention", attn_flops)):
         if us.get(kind):
