@@ -831,6 +831,21 @@ def test_kernels_compile_for_sm90():
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("rows,tokens,ctx", [(1, 64, 0), (2, 32, 40)])
+def test_prefill_attn_sweep_lays_out_sdpa_as_the_paged_kernel_reads(rows, tokens, ctx):
+    """benchmarks/kernels/prefill_attn_sweep.py's SDPA side (its speed yardstick) attends over the same keys, in
+    the same causal alignment, as `paged_attention` over the scattered blocks: a fresh prompt (is_causal) and a
+    chunk after cached tokens (bottom-right mask), compared on the CPU (the torch reference)."""
+    from benchmarks.kernels.prefill_attn_sweep import Case
+
+    case = Case(rows, tokens, ctx, device="cpu", layers=1)
+    run, out = case.sdpa()
+    run()
+    kc, vc = case.kv[0, 0], case.kv[0, 1]
+    ref = K.paged_attention_ref(case.q, kc, vc, case.cu, case.lens, case.tables, 128**-0.5, tokens)
+    torch.testing.assert_close(out().float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_aot_check_compiles_a_sweeps_candidates(tmp_path):
     """``--sweep``: only the candidates of a sweep JSON, each at its row count (defer_sum at 3 rows here), with
     and without the fused SiLU; one the shape cannot take (an empty split of K) fails alone, by name, and one
