@@ -241,7 +241,8 @@ def main() -> int:
         "--perf-analyzer-max-threads",
         type=int,
         default=None,
-        help="perf_analyzer's --max-threads (default: perf_analyzer's own, 16 in concurrency mode)",
+        help="perf_analyzer's --max-threads (default: perf_analyzer's own; with --concurrency-range, max(16, the "
+        "concurrency), one gRPC stream a thread when streaming)",
     )
     p.add_argument(
         "--perf-analyzer-stability",
@@ -514,8 +515,8 @@ def main() -> int:
         served = per_model[args.models[0]]
         pa = None
         if not args.skip_perf_analyzer:
-            pa_options = ["--stability-percentage", f"{args.perf_analyzer_stability:g}", "--max-trials", "10"]
             # run_perf.py's own options, then perf_analyzer's after "--"
+            pa_options = ["--stability-percentage", f"{args.perf_analyzer_stability:g}", "--max-trials", "10"]
             if args.perf_analyzer_warmup is not None:
                 pa_options += ["--warmup-request-count", str(args.perf_analyzer_warmup)]
             if args.perf_analyzer_max_threads is not None:
