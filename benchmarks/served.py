@@ -70,6 +70,33 @@ def make_prompt(model: str, length: int, seed: int = 0) -> tuple[str, list[int]]
 DEPTH_SEARCH_RUNS = 6  # --depth: untimed runs of the bisection
 
 
+def prompt_plan(model: str, args) -> dict:
+    """Every request's prompt. Within each engine no two requests share one, so no timed run is served
+    from a prefix cache: the served warm-up's and repeats' (texts, through load.py) per served model, and,
+    unless --skip-direct / --stand-in, engine-direct's (token ids): the untimed --depth search's of their own
+    seeds, then with --direct-prompts served (the default) the ids of the first served model's repeat i for
+    direct repeat i. Engine-direct and the server are two engines (two processes, two prefix caches), so each
+    still prefills every prompt once; the gate's depth depends on the prompts, so both sides then run the
+    same tokens at the same depth and the ratio compares the same work. --direct-prompts own gives
+    engine-direct prompts of seeds no served request uses.
+    Returns {"served": {model: [warm-up texts, repeat 0's, ...]}, "direct": ids or None, "prompt_tokens"}."""
+    n, per_phase = args.requests, (args.repeats + 1) * args.requests
+    served_prompts = make_prompts(model, args.input_len, per_phase * len(args.models), seed=1_000_000)
+    served = {
+        name: [[t for t, _ in served_prompts[(m * (args.repeats + 1) + i) * n :][:n]] for i in range(args.repeats + 1)]
+        for m, name in enumerate(args.models)
+    }
+    direct = None
+    if not (args.skip_direct or args.stand_in):
+        search = DEPTH_SEARCH_RUNS * n if args.depth else 0
+        own = args.repeats * n if args.direct_prompts == "own" else 0
+        direct = [ids for _, ids in make_prompts(model, args.input_len, search + own, seed=3_000_000)]
+        if args.direct_prompts == "served":
+            direct += [ids for _, ids in served_prompts[n : (args.repeats + 1) * n]]  # model 0's repeats
+    prompt_tokens = statistics.mean(len(ids) for _, ids in served_prompts)
+    return dict(served=served, direct=direct, prompt_tokens=prompt_tokens)
+
+
 def direct(args) -> None:
     from ouro_backend import EngineConfig, LLMEngine, SamplingParams
     from ouro_backend.entrypoints.bench import median_of, run_closed_loop, threshold_for_depth
@@ -280,6 +307,13 @@ def main() -> int:
     p.add_argument("--models", nargs="+", default=["ouro"], help="served models to load-test")
     p.add_argument("--skip-direct", action="store_true", help="served only (diagnostics)")
     p.add_argument(
+        "--direct-prompts",
+        choices=("served", "own"),
+        default="served",
+        help="engine-direct's timed prompts: the served repeats' own (default: the same tokens, so the gate runs "
+        "at the same depth on both sides; two engines, each prefills every prompt once) or prompts of their own",
+    )
+    p.add_argument(
         "--stand-in",
         action="store_true",
         help="replace the model (benchmarks/stand_in_engine.py) to measure the serving path alone "
@@ -329,25 +363,19 @@ def main() -> int:
         from ouro_backend.model.toy import ensure_toy_checkpoint
 
         model = ensure_toy_checkpoint()
-    # Every request of every phase and repeat gets a prompt of its own (distinct seeds), so no timed run
-    # is served from the prefix cache: the process loop's (token ids), the served warm-up's and repeats'
-    # (texts, through load.py) and perf_analyzer's (its input data entries, sent in turn).
-    per_phase = (args.repeats + 1) * args.requests
-    served_prompts = make_prompts(model, args.input_len, per_phase * len(args.models), seed=1_000_000)
-    served_texts = iter([t for t, _ in served_prompts])
-    prompt_files: dict[str, list[Path]] = {}  # per served model: the warm-up's, then each repeat's
-    for name in args.models:
-        prompt_files[name] = []
-        for i in range(args.repeats + 1):
-            path = out / (f"prompts_{name}_warmup.json" if i == 0 else f"prompts_{name}_{i - 1}.json")
-            path.write_text(json.dumps([next(served_texts) for _ in range(args.requests)]))
-            prompt_files[name].append(path)
-    if not (args.skip_direct or args.stand_in):
-        runs = args.repeats + (DEPTH_SEARCH_RUNS if args.depth else 0)
-        ids = [ids for _, ids in make_prompts(model, args.input_len, runs * args.requests, seed=3_000_000)]
-        (out / "direct_prompt_ids.json").write_text(json.dumps(ids))
-    elif args.depth:
+    if args.depth and (args.skip_direct or args.stand_in):
         raise SystemExit("--depth finds the threshold on the engine-direct side: not with --skip-direct or --stand-in")
+    plan = prompt_plan(model, args)
+    prompt_files: dict[str, list[Path]] = {}  # per served model: the warm-up's, then each repeat's
+    for name, texts in plan["served"].items():
+        prompt_files[name] = []
+        for i, batch in enumerate(texts):
+            path = out / (f"prompts_{name}_warmup.json" if i == 0 else f"prompts_{name}_{i - 1}.json")
+            path.write_text(json.dumps(batch))
+            prompt_files[name].append(path)
+    if plan["direct"] is not None:
+        (out / "direct_prompt_ids.json").write_text(json.dumps(plan["direct"]))
+    per_phase = (args.repeats + 1) * args.requests
     if args.process:
         ids = [ids for _, ids in make_prompts(model, args.input_len, per_phase, seed=0)]
         (out / "prompt_ids.json").write_text(json.dumps(ids))
@@ -356,7 +384,7 @@ def main() -> int:
         pa_prompts.write_text(
             json.dumps([t for t, _ in make_prompts(model, args.input_len, args.perf_analyzer_prompts, seed=2_000_000)])
         )
-    prompt_tokens = statistics.mean(len(ids) for _, ids in served_prompts)
+    prompt_tokens = plan["prompt_tokens"]
     print(
         f"prompts: {per_phase} distinct per served phase, {prompt_tokens:.1f} tokens on average; "
         f"{args.requests} requests x {args.output_len} tokens at concurrency {args.concurrency}",

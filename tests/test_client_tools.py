@@ -243,6 +243,47 @@ def test_served_benchmark_prompts_have_no_nul():
     assert text and "\x00" not in text and 0 < len(ids) <= 128
 
 
+@pytest.mark.unit
+def test_served_benchmark_direct_runs_the_served_repeats_prompts():
+    """benchmarks/served.py: engine-direct's repeat i prefills the token ids the server makes of the first
+    served model's repeat i (the gate's depth depends on the prompts, so both sides run the same work), after
+    the --depth search's prompts of its own; no prompt repeats within an engine; --direct-prompts own shares
+    none with the server."""
+    import argparse
+
+    from benchmarks.served import DEPTH_SEARCH_RUNS, prompt_plan
+    from ouro_backend.model.tokenizer import load_tokenizer
+    from ouro_backend.serving.protocol import tokenize_arrays
+
+    tok = load_tokenizer(str(DEMO_MODEL))
+    base = dict(input_len=12, requests=3, repeats=2, models=["ouro", "ouro_ensemble"], skip_direct=False)
+    args = argparse.Namespace(**base, stand_in=False, depth=None, direct_prompts="served")
+    plan = prompt_plan(str(DEMO_MODEL), args)
+    served = plan["served"]
+    assert [len(b) for b in served["ouro"]] == [3, 3, 3] and len(served["ouro_ensemble"]) == 3
+    texts = [t for batches in served.values() for b in batches for t in b]
+    assert len(set(texts)) == len(texts) == 18
+
+    def server_ids_of(batch: list[str]) -> list[list[int]]:
+        return [tokenize_arrays(tok, t)["input_ids"].reshape(-1).tolist() for t in batch]
+
+    server_ids = server_ids_of(served["ouro"][1] + served["ouro"][2])
+    assert plan["direct"] == server_ids
+
+    args.depth = 2.0
+    with_search = prompt_plan(str(DEMO_MODEL), args)["direct"]
+    search = DEPTH_SEARCH_RUNS * 3
+    assert with_search[search:] == server_ids and len(with_search) == search + 6
+    assert not any(ids in server_ids for ids in with_search[:search])
+
+    args.depth, args.direct_prompts = None, "own"
+    own = prompt_plan(str(DEMO_MODEL), args)["direct"]
+    every_served = server_ids_of(texts)
+    assert len(own) == 6 and not any(ids in every_served for ids in own)
+    args.stand_in = True
+    assert prompt_plan(str(DEMO_MODEL), args)["direct"] is None
+
+
 # ---- 2. run_genai_perf.py: the served model's tokenizer by default ----
 
 
