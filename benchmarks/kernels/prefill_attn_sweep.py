@@ -103,15 +103,20 @@ def main() -> None:
     ap.add_argument("--bf16-tflops", type=float, default=990.0)
     ap.add_argument("--grid", help="only these configs (names as printed, e.g. m128_n64_w8_st2)")
     ap.add_argument("--out", help="JSON, rewritten after every case")
+    ap.add_argument(
+        "--save-outputs", help="torch.save the default config's output of every case here (to compare builds bitwise)"
+    )
     args = ap.parse_args()
     grid = GRID if not args.grid else [c for c in GRID if name(c) in args.grid.split(",")]
     report: dict = {"device": torch.cuda.get_device_name(), "bf16_tflops": args.bf16_tflops, "cases": {}}
+    saved: dict[str, torch.Tensor] = {}
     for spec in args.cases.split(","):
         rows, rest = spec.split("x")
         tokens, ctx = rest.split("+")
         case = Case(int(rows), int(tokens), int(ctx))
         case.call(0, {})
         ref = case.out.float().clone()
+        saved[case.label] = case.out.cpu().clone()
         res: dict = {"flops": case.flops, "configs": {}}
 
         def record(label: str, us: float, out: torch.Tensor, res=res, case=case, ref=ref) -> None:
@@ -142,6 +147,8 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
+        if args.save_outputs:
+            torch.save(saved, args.save_outputs)
 
 
 if __name__ == "__main__":

@@ -270,9 +270,13 @@ def _paged_attn_kernel(
     PREFETCH_KV: tl.constexpr,
     DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R). One program = BLOCK_Q query tokens of one row x the
+    # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R), or with HEAVY_FIRST (prompt launches, no splits)
+    # (q_tiles * num_kv_heads, 1, R): kv heads vary fastest and a row's last q tiles (the most keys) come
+    # first, so the longest programs start in the first wave and the short ones fill the tail.
+    # One program = BLOCK_Q query tokens of one row x the
     # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
     # PREFETCH_KV (decode with RoPE; the caller's promise that the kernel launched just before this one
     # writes none of them): the row's metadata, the rotation and the split's first tile of cached keys
@@ -282,10 +286,16 @@ def _paged_attn_kernel(
         pdl_enter(PDL)
     CACHE: tl.constexpr = ".cg" if PREFETCH_KV else ""
     pid0 = tl.program_id(0)
-    kvh = tl.program_id(1)
     row = tl.program_id(2)
-    q_tile = pid0 // NUM_SPLITS
-    split = pid0 % NUM_SPLITS
+    if HEAVY_FIRST:
+        NUM_KV_HEADS: tl.constexpr = NUM_HEADS // QUERIES_PER_KV
+        kvh = pid0 % NUM_KV_HEADS
+        q_tile = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid0 // NUM_KV_HEADS
+        split = 0
+    else:
+        kvh = tl.program_id(1)
+        q_tile = pid0 // NUM_SPLITS
+        split = pid0 % NUM_SPLITS
 
     q_start = tl.load(cu_q_ptr + row, cache_modifier=CACHE)
     n_q = tl.load(cu_q_ptr + row + 1, cache_modifier=CACHE) - q_start
@@ -674,12 +684,14 @@ def paged_attention(
     (written into ``out`` when given; any strides for q and out).
 
     ``max_seqlen_q`` (host int) must be >= every row's query count; the grid is
-    ``(cdiv(max_seqlen_q, BLOCK_Q) * num_splits, num_kv_heads, R)`` and tiles past a row's end exit at
-    once, so nothing depends on device data (CUDA-graph capturable). ``num_splits > 1`` is split-K
-    (flash-decoding): each split handles a slice of the KV range and the last split of a tile to finish
-    merges them by LSE. Default: chosen from the shapes (only for ``max_seqlen_q == 1`` on CUDA). fp32
-    accumulation; for fp32 inputs the dots are IEEE fp32 (no TF32); for bf16/fp16 the softmax probabilities
-    are rounded to the KV dtype before the P@V dot (as FlashAttention does).
+    ``(cdiv(max_seqlen_q, BLOCK_Q) * num_splits, num_kv_heads, R)``, or ``(q_tiles * num_kv_heads, 1, R)``
+    for a launch of several q tiles without splits (prompt chunks: the tiles with the most keys first), and
+    tiles past a row's end exit at once, so nothing depends on device data (CUDA-graph capturable).
+    ``num_splits > 1`` is split-K (flash-decoding): each split handles a slice of the KV range and the last
+    split of a tile to finish merges them by LSE. Default: chosen from the shapes (only for
+    ``max_seqlen_q == 1`` on CUDA). fp32 accumulation; for fp32 inputs the dots are IEEE fp32 (no TF32); for
+    bf16/fp16 the softmax probabilities are rounded to the KV dtype before the P@V dot (as FlashAttention
+    does).
 
     Pad rows: a row with ``seq_len == 0`` reads no KV and outputs zeros (NaN-free even if its block
     table row is garbage); a row with ``n_r == 0`` writes nothing.
@@ -800,7 +812,9 @@ def _launch(
         pos, cs, kn, vn, slot = rope
         rope_strides = (cs.stride(0), *kn.stride(), *vn.stride())
     dot_prec = "ieee" if fp32 else "tf32"  # "tf32" is ignored for 16-bit operands
-    _paged_attn_kernel[(q_tiles * num_splits, kvh, R)](
+    heavy_first = q_tiles > 1 and num_splits == 1
+    grid = (q_tiles * kvh, 1, R) if heavy_first else (q_tiles * num_splits, kvh, R)
+    _paged_attn_kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -833,6 +847,7 @@ def _launch(
         PREFETCH_KV=prefetch_kv,
         DOT_PREC=dot_prec,
         INTERP=kernel_is_interpreted(_paged_attn_kernel),
+        HEAVY_FIRST=heavy_first,
         **cfg.launch_args(),
         enable_fp_fusion=not (fp32 or rope is not None),  # RoPE rounds as the rope kernels (compiled without)
         **pdl_launch(_paged_attn_kernel, q.device),
