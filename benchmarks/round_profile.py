@@ -12,7 +12,8 @@ a function of its rows (with the capture's attention lengths, not a run's), whic
 ``--prompt-tokens N`` profiles instead one fresh N-token prompt end to end (all four loops, max_tokens 1, the
 engine's own steps: eager above `cuda_graph_max_tokens`), after one unprofiled warm-up prompt: its wall time,
 the GPU kernels by kind and the top kernels, with the GEMMs' and attention's TFLOP/s against ``--bf16-tflops``
-(what holds a prompt chunk below its share of peak FLOP/s).
+(what holds a prompt chunk below its share of peak FLOP/s), and the attention launches grouped by grid
+(`attention_launches`: the chunk's own launches apart from the decode rows' beside them).
 
     python3 benchmarks/round_profile.py [--out FILE.json] [--hbm-tb-s 4.8]
     python3 benchmarks/round_profile.py --prompt-tokens 2048 [--out FILE.json]
@@ -20,7 +21,10 @@ the GPU kernels by kind and the top kernels, with the GEMMs' and attention's TFL
 
 import argparse
 import json
+import os
 import random
+import statistics
+import tempfile
 import time
 from collections import defaultdict
 
@@ -79,6 +83,29 @@ def summarize(prof, n: int, top_n: int = 12) -> dict:
     )
 
 
+def launches_by_grid(trace: dict, kind: str) -> list[dict]:
+    """The kernel launches of one kind in a torch.profiler chrome trace (`export_chrome_trace`'s JSON), grouped by
+    kernel name and grid: one kernel's launches of different shapes (a prompt chunk's attention and the decode
+    rows' beside it) are told apart. Each group: name, grid, launches, total us, median us; longest first."""
+    groups: dict[tuple[str, tuple[int, ...]], list[float]] = defaultdict(list)
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") != "kernel" or kind_of(ev.get("name", "")) != kind:
+            continue
+        grid = tuple(ev.get("args", {}).get("grid", ()))
+        groups[(ev["name"][:80], grid)].append(float(ev.get("dur", 0.0)))
+    out = [
+        dict(
+            name=name,
+            grid=list(grid),
+            launches=len(d),
+            total_us=round(sum(d), 1),
+            median_us=round(statistics.median(d), 2),
+        )
+        for (name, grid), d in groups.items()
+    ]
+    return sorted(out, key=lambda g: -g["total_us"])
+
+
 def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
     """One fresh prompt of ``tokens`` tokens through the engine's own steps (max_tokens 1), profiled after an
     unprofiled one of the same length (compiles, sizes the eager path)."""
@@ -87,6 +114,10 @@ def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         wall_ms = fresh_prompt_ms(eng, tokens, rng, "profiled")
     rep = dict(prompt_tokens=tokens, wall_ms=round(wall_ms, 3), **summarize(prof, 1, top_n=25))
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+        with open(os.path.join(tmp, "trace.json")) as f:
+            rep["attention_launches"] = launches_by_grid(json.load(f), "attention")
     gemm_flops, attn_flops = prompt_flops(eng, tokens)
     us = rep["kernel_us_by_kind"]
     for kind, flops in (("gemm", gemm_flops), ("attention", attn_flops)):

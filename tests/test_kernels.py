@@ -846,6 +846,33 @@ def test_prefill_attn_sweep_lays_out_sdpa_as_the_paged_kernel_reads(rows, tokens
     torch.testing.assert_close(out().float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_round_profile_tells_attention_launches_apart_by_grid():
+    """benchmarks/round_profile.py --prompt-tokens: a chunk's attention launches and the decode rows' launches of
+    the same kernel beside them are grouped apart by grid (from the profiler's chrome trace), other kinds and
+    non-kernel events left out, the longest group first."""
+    from benchmarks.round_profile import launches_by_grid
+
+    def kernel(name, grid, dur, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "dur": dur, "args": {"grid": grid, "block": [128, 1, 1]}}
+
+    trace = {
+        "traceEvents": [
+            kernel("_paged_attn_kernel", [512, 1, 1], 70.0),
+            kernel("_paged_attn_kernel", [1, 16, 64], 3.0),
+            kernel("_paged_attn_kernel", [512, 1, 1], 74.0),
+            kernel("_paged_attn_kernel", [1, 16, 64], 5.0),
+            kernel("_paged_attn_kernel", [512, 1, 1], 90.0),
+            kernel("nvjet_sm90_tst_192x192", [66, 2, 1], 200.0),
+            kernel("_paged_attn_kernel", [512, 1, 1], 1.0, cat="cuda_runtime"),
+        ]
+    }
+    assert launches_by_grid(trace, "attention") == [
+        dict(name="_paged_attn_kernel", grid=[512, 1, 1], launches=3, total_us=234.0, median_us=74.0),
+        dict(name="_paged_attn_kernel", grid=[1, 16, 64], launches=2, total_us=8.0, median_us=4.0),
+    ]
+    assert launches_by_grid(trace, "gemm")[0]["launches"] == 1 and launches_by_grid({}, "attention") == []
+
+
 def test_aot_check_compiles_a_sweeps_candidates(tmp_path):
     """``--sweep``: only the candidates of a sweep JSON, each at its row count (defer_sum at 3 rows here), with
     and without the fused SiLU; one the shape cannot take (an empty split of K) fails alone, by name, and one
