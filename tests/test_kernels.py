@@ -326,7 +326,8 @@ def test_decode_split_eight_ways_takes_multiples_of_32_keys():
 def test_decode_launch_rules_by_rows():
     """A 16-bit decode's first tile is one 32-key grain where the splits take grains below a tile (else a
     tile); 3 stages up to 4 rows, 2 from 5; 4 warps up to 16 rows, 2 from 17; fp32 keeps its defaults; a 16-bit
-    prompt chunk takes 64-row tiles, 3 stages and 4 warps, speculation's few verify queries 2 stages.
+    prompt chunk takes 64-row tiles, 3 stages and 4 warps, speculation's few verify queries 2 stages, and a launch
+    of several q tiles without splits the heavy-first grid.
     `splits_for` on 132 SMs at 16 kv heads: 8 / 4 / 4 / 4 / 2 splits at 1 / 2 / 3 / 4 / 5-8 rows, none from 9."""
     from ouro_backend.kernels.attention import _attn_config, splits_for
 
@@ -339,6 +340,10 @@ def test_decode_launch_rules_by_rows():
     assert cfg(1, 8, grain=16) == (16, 3, 4) and cfg(1, 8, block_n=32) == (32, 3, 4)
     assert cfg(64, fp32=True) == (64, 2, 8) and cfg(64, max_q=512)[1:] == (3, 4) and cfg(8, max_q=5)[1:] == (2, 4)
     assert _attn_config(512, 1, 128, False, None, None, None, None, rows=4).block_m == 64
+    # a prompt chunk's launch (several q tiles, no splits) runs heaviest first; decode and one q tile keep their order
+    prompt = _attn_config(512, 1, 128, False, None, None, None, None, rows=4)
+    assert prompt.heavy_first(512, 1) and not prompt.heavy_first(64, 1) and not prompt.heavy_first(512, 2)
+    assert not _attn_config(1, 1, 128, False, None, None, None, None, 8, rows=1).heavy_first(1, 8)
     assert [splits_for(rows * 16, 132) for rows in range(1, 10)] == [8, 4, 4, 4, 2, 2, 2, 2, 1]
 
 

@@ -88,7 +88,7 @@ def configs():
             PREFETCH_KV=rope_in,  # as the engine launches it
             DOT_PREC="ieee" if fp32 else "tf32",
             INTERP=False,
-            HEAVY_FIRST=-(-max_q // c.block_q) > 1 and splits == 1,  # as `attention._launch` sets it
+            HEAVY_FIRST=c.heavy_first(max_q, splits),
         )
         for p in ("q", "o", "kn", "vn"):
             a.update(_strides(p, "nhd"))

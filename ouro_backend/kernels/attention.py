@@ -587,6 +587,11 @@ class AttnConfig(NamedTuple):
     split_grain: int  # a KV split's keys are a multiple of this
     first_n: int  # keys of a split's first tile (read ahead of the PDL wait with prefetch_kv)
 
+    def heavy_first(self, max_seqlen_q: int, num_splits: int) -> bool:
+        """Whether a launch runs its q tiles heaviest first (`_paged_attn_kernel`'s HEAVY_FIRST grid): several q
+        tiles a row and no KV splits, that is a prompt chunk's launch; decode launches keep their order."""
+        return triton.cdiv(max_seqlen_q, self.block_q) > 1 and num_splits == 1
+
     def launch_args(self) -> dict[str, int]:
         """`_paged_attn_kernel`'s compile-time arguments this config sets (the rest come from the call's shapes),
         and the launch's warps and stages: the one place a new field is bound, for `_launch` and for the
@@ -610,7 +615,8 @@ def _attn_config(
 ) -> AttnConfig:  # fmt: skip
     """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
     16x64 / 4 warps / 3 stages, bf16 prefill 64x64 / 4 warps / 3 stages (the fastest of
-    benchmarks/kernels/prefill_attn_sweep.py's grid at 1 x 2,048 and 16 x 128 prompt tokens; 2 stages below
+    benchmarks/kernels/prefill_attn_sweep.py's grid at 1 x 2,048 and 16 x 128 prompt tokens, measured before
+    the heavy-first launch order; 2 stages below
     64 query rows, as speculation's verify rows); fp32 ("ieee" dots, no tensor cores, register-hungry) decode
     16x64 / 8 warps, prefill 32x64 / 8 warps. A 16-bit decode of ``rows`` rows
     (one query a row) takes 2 stages from 5 rows and 2 warps from 17 (the best measured alone at 8-64 rows;
@@ -812,7 +818,7 @@ def _launch(
         pos, cs, kn, vn, slot = rope
         rope_strides = (cs.stride(0), *kn.stride(), *vn.stride())
     dot_prec = "ieee" if fp32 else "tf32"  # "tf32" is ignored for 16-bit operands
-    heavy_first = q_tiles > 1 and num_splits == 1
+    heavy_first = cfg.heavy_first(max_seqlen_q, num_splits)
     grid = (q_tiles * kvh, 1, R) if heavy_first else (q_tiles * num_splits, kvh, R)
     _paged_attn_kernel[grid](
         q,
