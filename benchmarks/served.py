@@ -71,30 +71,44 @@ DEPTH_SEARCH_RUNS = 6  # --depth: untimed runs of the bisection
 
 
 def prompt_plan(model: str, args) -> dict:
-    """Every request's prompt. Within each engine no two requests share one, so no timed run is served
-    from a prefix cache: the served warm-up's and repeats' (texts, through load.py) per served model, and,
-    unless --skip-direct / --stand-in, engine-direct's (token ids): the untimed --depth search's of their own
-    seeds, then with --direct-prompts served (the default) the ids of the first served model's repeat i for
-    direct repeat i. Engine-direct and the server are two engines (two processes, two prefix caches), so each
-    still prefills every prompt once; the gate's depth depends on the prompts, so both sides then run the
-    same tokens at the same depth and the ratio compares the same work. --direct-prompts own gives
-    engine-direct prompts of seeds no served request uses.
-    Returns {"served": {model: [warm-up texts, repeat 0's, ...]}, "direct": ids or None, "prompt_tokens"}."""
-    n, per_phase = args.requests, (args.repeats + 1) * args.requests
-    served_prompts = make_prompts(model, args.input_len, per_phase * len(args.models), seed=1_000_000)
+    """Every request's prompt, each seed range its own, so that within an engine no two requests share one
+    and no timed run is served from a prefix cache:
+    - "served": per served model, the warm-up's then each repeat's texts (through load.py);
+    - "direct": engine-direct's token ids unless --skip-direct / --stand-in: the untimed --depth search's of
+      their own seeds, then with --direct-prompts served (the default) the ids of the first served model's
+      repeat i for direct repeat i. Engine-direct and the server are two engines (two processes, two prefix
+      caches), so each still prefills every prompt once; the gate's depth depends on the prompts, so both
+      sides run the same tokens at the same depth and the ratio compares the same work. --direct-prompts own
+      gives engine-direct prompts no served request uses;
+    - "process": the --process loop's ids (its own engine), else None;
+    - "perf_analyzer": its input data's texts (sent in turn), else None;
+    - "prompt_tokens": the served prompts' mean length."""
+    n, phases = args.requests, args.repeats + 1
+
+    def prompts(count: int, seed: int) -> list[tuple[str, list[int]]]:
+        return make_prompts(model, args.input_len, count, seed=seed)
+
+    served_prompts = prompts(phases * n * len(args.models), 1_000_000)
     served = {
-        name: [[t for t, _ in served_prompts[(m * (args.repeats + 1) + i) * n :][:n]] for i in range(args.repeats + 1)]
+        name: [[t for t, _ in served_prompts[(m * phases + i) * n : (m * phases + i + 1) * n]] for i in range(phases)]
         for m, name in enumerate(args.models)
     }
     direct = None
     if not (args.skip_direct or args.stand_in):
         search = DEPTH_SEARCH_RUNS * n if args.depth else 0
         own = args.repeats * n if args.direct_prompts == "own" else 0
-        direct = [ids for _, ids in make_prompts(model, args.input_len, search + own, seed=3_000_000)]
+        direct = [ids for _, ids in prompts(search + own, 3_000_000)]
         if args.direct_prompts == "served":
-            direct += [ids for _, ids in served_prompts[n : (args.repeats + 1) * n]]  # model 0's repeats
-    prompt_tokens = statistics.mean(len(ids) for _, ids in served_prompts)
-    return dict(served=served, direct=direct, prompt_tokens=prompt_tokens)
+            direct += [ids for _, ids in served_prompts[n : phases * n]]  # model 0's repeats
+    return dict(
+        served=served,
+        direct=direct,
+        process=[ids for _, ids in prompts(phases * n, 0)] if args.process else None,
+        perf_analyzer=None
+        if args.skip_perf_analyzer
+        else [t for t, _ in prompts(args.perf_analyzer_prompts, 2_000_000)],
+        prompt_tokens=statistics.mean(len(ids) for _, ids in served_prompts),
+    )
 
 
 def direct(args) -> None:
@@ -375,15 +389,12 @@ def main() -> int:
             prompt_files[name].append(path)
     if plan["direct"] is not None:
         (out / "direct_prompt_ids.json").write_text(json.dumps(plan["direct"]))
-    per_phase = (args.repeats + 1) * args.requests
-    if args.process:
-        ids = [ids for _, ids in make_prompts(model, args.input_len, per_phase, seed=0)]
-        (out / "prompt_ids.json").write_text(json.dumps(ids))
+    if plan["process"] is not None:
+        (out / "prompt_ids.json").write_text(json.dumps(plan["process"]))
     pa_prompts = out / "prompts_perf_analyzer.json"
-    if not args.skip_perf_analyzer:
-        pa_prompts.write_text(
-            json.dumps([t for t, _ in make_prompts(model, args.input_len, args.perf_analyzer_prompts, seed=2_000_000)])
-        )
+    if plan["perf_analyzer"] is not None:
+        pa_prompts.write_text(json.dumps(plan["perf_analyzer"]))
+    per_phase = (args.repeats + 1) * args.requests
     prompt_tokens = plan["prompt_tokens"]
     print(
         f"prompts: {per_phase} distinct per served phase, {prompt_tokens:.1f} tokens on average; "

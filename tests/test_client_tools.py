@@ -248,7 +248,7 @@ def test_served_benchmark_direct_runs_the_served_repeats_prompts():
     """benchmarks/served.py: engine-direct's repeat i prefills the token ids the server makes of the first
     served model's repeat i (the gate's depth depends on the prompts, so both sides run the same work), after
     the --depth search's prompts of its own; no prompt repeats within an engine; --direct-prompts own shares
-    none with the server."""
+    none with the server, nor do the --process loop's and perf_analyzer's prompts."""
     import argparse
 
     from benchmarks.served import DEPTH_SEARCH_RUNS, prompt_plan
@@ -257,7 +257,8 @@ def test_served_benchmark_direct_runs_the_served_repeats_prompts():
 
     tok = load_tokenizer(str(DEMO_MODEL))
     base = dict(input_len=12, requests=3, repeats=2, models=["ouro", "ouro_ensemble"], skip_direct=False)
-    args = argparse.Namespace(**base, stand_in=False, depth=None, direct_prompts="served")
+    pa = dict(skip_perf_analyzer=False, perf_analyzer_prompts=4)
+    args = argparse.Namespace(**base, **pa, stand_in=False, depth=None, direct_prompts="served", process=True)
     plan = prompt_plan(str(DEMO_MODEL), args)
     served = plan["served"]
     assert [len(b) for b in served["ouro"]] == [3, 3, 3] and len(served["ouro_ensemble"]) == 3
@@ -269,6 +270,9 @@ def test_served_benchmark_direct_runs_the_served_repeats_prompts():
 
     server_ids = server_ids_of(served["ouro"][1] + served["ouro"][2])
     assert plan["direct"] == server_ids
+    assert len(plan["perf_analyzer"]) == 4 and not set(plan["perf_analyzer"]) & set(texts)
+    every_served = server_ids_of(texts)
+    assert len(plan["process"]) == 9 and not any(ids in every_served for ids in plan["process"])
 
     args.depth = 2.0
     with_search = prompt_plan(str(DEMO_MODEL), args)["direct"]
@@ -278,10 +282,9 @@ def test_served_benchmark_direct_runs_the_served_repeats_prompts():
 
     args.depth, args.direct_prompts = None, "own"
     own = prompt_plan(str(DEMO_MODEL), args)["direct"]
-    every_served = server_ids_of(texts)
     assert len(own) == 6 and not any(ids in every_served for ids in own)
-    args.stand_in = True
-    assert prompt_plan(str(DEMO_MODEL), args)["direct"] is None
+    args.stand_in, args.process, args.skip_perf_analyzer = True, False, True
+    assert [prompt_plan(str(DEMO_MODEL), args)[k] for k in ("direct", "process", "perf_analyzer")] == [None] * 3
 
 
 # ---- 2. run_genai_perf.py: the served model's tokenizer by default ----
