@@ -204,6 +204,34 @@ def test_paged_attention_varlen(H, kvh, hd, dtype, splits, block_m, block_n):
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
+PACKED_CASES = [  # (query tokens a row, seq_lens, q tokens past the rows')
+    ([5, 0, 9, 1, 4, 0, 13, 3, 0], [5, 2, 15, 7, 4, 0, 20, 3, 0], 6),
+    ([8, 5], [8, 11], 0),  # the grid's last tile holds queries: the last row's second
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ns,seq_lens,extra", PACKED_CASES)
+def test_paged_attention_packed_tiles_find_their_rows(dtype, ns, seq_lens, extra):
+    """A prompt launch packs its rows' q tiles (row r's first at cu_q[r] // BLOCK_Q + r): rows whose starts fall
+    mid-tile, empty rows between and at the end, one-token rows, rows of exactly one and of several tiles, a
+    q buffer longer than the rows use (a mixed graph's token bucket) and a grid whose last tile is not empty,
+    against the reference."""
+    gen = torch.Generator().manual_seed(4242 + extra)
+    H, kvh, hd, bs = 4, 1, 32, 4  # G = 4 -> BLOCK_Q = 4 at block_m 16
+    q, kc, vc, cu, sl, bt = _make_batch(ns, seq_lens, H, kvh, hd, bs, dtype, gen)
+    pad = torch.randn(extra, H, hd, generator=gen).to(dtype).to(DEV)
+    qp = torch.cat([q, pad])  # tokens past cu[-1]: more packed tiles than the rows hold
+    out = torch.full(qp.shape, float("nan"), dtype=dtype, device=DEV)
+    K.paged_attention(qp, kc, vc, cu, sl, bt, hd**-0.5, 16, out=out, num_splits=1, block_m=16, block_n=16)
+    ref = K.paged_attention_ref(q, kc, vc, cu, sl, bt, hd**-0.5, 16)
+    got = out[: q.shape[0]]
+    assert torch.isfinite(got).all(), "a query token no packed tile wrote"
+    assert torch.isnan(out[q.shape[0] :]).all(), "a packed tile wrote past the rows' tokens"
+    tol = dict(rtol=1e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got.float(), ref.float(), **tol)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 5])
 def test_paged_attention_decode(splits):
     gen = torch.Generator().manual_seed(7 + splits)
@@ -327,7 +355,7 @@ def test_decode_launch_rules_by_rows():
     """A 16-bit decode's first tile is one 32-key grain where the splits take grains below a tile (else a
     tile); 3 stages up to 4 rows, 2 from 5; 4 warps up to 16 rows, 2 from 17; fp32 keeps its defaults; a 16-bit
     prompt chunk takes 64-row tiles, 3 stages and 4 warps, speculation's few verify queries 2 stages, and a launch
-    of several q tiles without splits the heavy-first grid.
+    of several q tiles without splits the packed, heavy-first grid.
     `splits_for` on 132 SMs at 16 kv heads: 8 / 4 / 4 / 4 / 2 splits at 1 / 2 / 3 / 4 / 5-8 rows, none from 9."""
     from ouro_backend.kernels.attention import _attn_config, splits_for
 
@@ -340,10 +368,10 @@ def test_decode_launch_rules_by_rows():
     assert cfg(1, 8, grain=16) == (16, 3, 4) and cfg(1, 8, block_n=32) == (32, 3, 4)
     assert cfg(64, fp32=True) == (64, 2, 8) and cfg(64, max_q=512)[1:] == (3, 4) and cfg(8, max_q=5)[1:] == (2, 4)
     assert _attn_config(512, 1, 128, False, None, None, None, None, rows=4).block_m == 64
-    # a prompt chunk's launch (several q tiles, no splits) runs heaviest first; decode and one q tile keep their order
+    # a prompt chunk's launch (several q tiles, no splits) packs its tiles; decode and one q tile keep their grid
     prompt = _attn_config(512, 1, 128, False, None, None, None, None, rows=4)
-    assert prompt.heavy_first(512, 1) and not prompt.heavy_first(64, 1) and not prompt.heavy_first(512, 2)
-    assert not _attn_config(1, 1, 128, False, None, None, None, None, 8, rows=1).heavy_first(1, 8)
+    assert prompt.packed_tiles(512, 1) and not prompt.packed_tiles(64, 1) and not prompt.packed_tiles(512, 2)
+    assert not _attn_config(1, 1, 128, False, None, None, None, None, 8, rows=1).packed_tiles(1, 8)
     assert [splits_for(rows * 16, 132) for rows in range(1, 10)] == [8, 4, 4, 4, 2, 2, 2, 2, 1]
 
 
@@ -1194,3 +1222,15 @@ def test_linear_table_configs_on_real_shapes(shape, M):
     assert torch.isfinite(y).all() and err < 5e-3, (cfg.name, err)
     if cfg.split_k > 1:
         assert torch.equal(K.linear(x, w, silu_x=silu_x, config=cfg), y)
+
+
+def test_prefill_attn_sweep_graph_rows_launch_gives_the_rows_output():
+    """benchmarks/kernels/prefill_attn_sweep.py's ``--graph-rows``: the case padded with empty rows and launched
+    for the whole query buffer (as a mixed graph launches it) gives bitwise the output of the plain launch."""
+    from benchmarks.kernels.prefill_attn_sweep import Case
+
+    plain, padded = (Case(2, 32, 40, device="cpu", layers=1, graph_rows=g) for g in (0, 5))
+    assert padded.lens.tolist() == [72, 72, 0, 0, 0] and padded.max_q == 64 and padded.cu.tolist()[-1] == 64
+    plain.call(0, {})
+    padded.call(0, {})
+    assert torch.equal(plain.out, padded.out)

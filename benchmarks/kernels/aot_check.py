@@ -77,6 +77,7 @@ def configs():
             slot_ptr="*i64",
             qk_scale="fp32",
             num_tokens="i32",
+            num_rows="i32",
             stride_bt="i32",
             stride_cs="i32",
             NUM_HEADS=H,
@@ -88,7 +89,7 @@ def configs():
             PREFETCH_KV=rope_in,  # as the engine launches it
             DOT_PREC="ieee" if fp32 else "tf32",
             INTERP=False,
-            HEAVY_FIRST=c.heavy_first(max_q, splits),
+            PACKED_TILES=c.packed_tiles(max_q, splits),
         )
         for p in ("q", "o", "kn", "vn"):
             a.update(_strides(p, "nhd"))

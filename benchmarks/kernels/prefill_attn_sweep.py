@@ -8,6 +8,8 @@ heads of 128; block size 16, each row's blocks scattered over the cache), causal
 ``--replays``) and TFLOP/s (QK^T and PV of the causal part: 2 x queries x keys seen x heads x head dim x 2). Each
 output is compared with the default config's (bitwise, and the largest difference); SDPA's with the default's too
 (a wrong layout would show; `tests/test_kernels.py` checks the layout against the reference on the CPU).
+``--graph-rows N`` launches each case as a mixed CUDA graph does: its rows followed by empty ones up to N,
+and ``max_seqlen_q`` the whole query buffer (the graph's token bucket), not one row's tokens.
 
     PYTHONPATH=$PWD python3 benchmarks/kernels/prefill_attn_sweep.py --cases 1x2048+0,4x512+512 --out attn.json
 """
@@ -33,7 +35,9 @@ GRID = [
 
 
 class Case:
-    def __init__(self, rows: int, tokens: int, ctx: int, device: str = "cuda", layers: int = LAYERS):
+    def __init__(
+        self, rows: int, tokens: int, ctx: int, device: str = "cuda", layers: int = LAYERS, graph_rows: int = 0
+    ):
         dev, dt = torch.device(device), torch.bfloat16
         self.layers = layers
         self.rows, self.tokens, self.ctx = rows, tokens, ctx
@@ -45,6 +49,15 @@ class Case:
         self.tables = perm.view(rows, per_row)  # scattered blocks, as a busy cache holds them
         self.cu = torch.arange(0, rows * tokens + 1, tokens, device=dev, dtype=torch.int32)
         self.lens = torch.full((rows,), seq, device=dev, dtype=torch.int32)
+        self.max_q = tokens
+        self.launch_tables = self.tables
+        if graph_rows > rows:  # empty rows after the case's, as a mixed graph's launch has them
+            pad = graph_rows - rows
+            self.cu = torch.cat([self.cu, self.cu[-1:].expand(pad)])
+            self.lens = torch.cat([self.lens, self.lens.new_zeros(pad)])
+            self.launch_tables = torch.cat([self.tables, self.tables.new_zeros(pad, per_row)])
+            self.max_q = rows * tokens
+        self.graph_rows = graph_rows
         self.q = torch.randn(rows * tokens, H, HD, device=dev, dtype=dt, generator=gen)
         self.out = torch.empty_like(self.q)
         keys_seen = sum(ctx + i + 1 for i in range(tokens))  # causal: query i sees ctx + i + 1 keys
@@ -52,11 +65,14 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"{self.rows}x{self.tokens}+{self.ctx}"
+        padded = f" in {self.graph_rows}" if self.graph_rows > self.rows else ""
+        return f"{self.rows}x{self.tokens}+{self.ctx}{padded}"
 
     def call(self, layer: int, cfg: dict) -> None:
         kc, vc = self.kv[layer, 0], self.kv[layer, 1]
-        paged_attention(self.q, kc, vc, self.cu, self.lens, self.tables, HD**-0.5, self.tokens, out=self.out, **cfg)
+        paged_attention(
+            self.q, kc, vc, self.cu, self.lens, self.launch_tables, HD**-0.5, self.max_q, out=self.out, **cfg
+        )
 
     def time_us(self, cfg: dict, replays: int) -> float:
         return graph_ms(lambda: [self.call(layer, cfg) for layer in range(self.layers)], replays) * 1e3 / self.layers
@@ -100,6 +116,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="1x2048+0,4x512+512", help="ROWSxTOKENS+CONTEXT, comma-separated")
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--graph-rows", type=int, default=0, help="pad each case with empty rows to N (a mixed graph's)")
     ap.add_argument("--bf16-tflops", type=float, default=990.0)
     ap.add_argument("--grid", help="only these configs (names as printed, e.g. m128_n64_w8_st2)")
     ap.add_argument("--out", help="JSON, rewritten after every case")
@@ -113,7 +130,7 @@ def main() -> None:
     for spec in args.cases.split(","):
         rows, rest = spec.split("x")
         tokens, ctx = rest.split("+")
-        case = Case(int(rows), int(tokens), int(ctx))
+        case = Case(int(rows), int(tokens), int(ctx), graph_rows=args.graph_rows)
         case.call(0, {})
         ref = case.out.float().clone()
         saved[case.label] = case.out.cpu().clone()
@@ -125,24 +142,24 @@ def main() -> None:
             res["configs"][label] = dict(us=round(us, 2), tflops=round(tf, 1), max_rel_diff=err, bitwise_equal=same)
             pct = 100 * tf / args.bf16_tflops
             diff = "bitwise equal" if same else f"max rel. diff {err:.1e}"
-            print(f"{case.label:14s} {label:20s} {us:9.2f} us {tf:7.1f} TFLOP/s {pct:5.1f}%  {diff}", flush=True)
+            print(f"{case.label:20s} {label:20s} {us:9.2f} us {tf:7.1f} TFLOP/s {pct:5.1f}%  {diff}", flush=True)
 
         record("default", case.time_us({}, args.replays), ref)
         try:
             run, out = case.sdpa()
             record("torch_sdpa", graph_ms(run, args.replays) * 1e3 / case.layers, out())
         except Exception as e:  # no flash backend for this shape: recorded, not fatal
-            print(f"{case.label:14s} torch_sdpa: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            print(f"{case.label:20s} torch_sdpa: {type(e).__name__}: {str(e)[:160]}", flush=True)
         for cfg in grid:
             try:
                 us = case.time_us(cfg, args.replays)
             except Exception as e:  # a config the kernel cannot take (shared memory, registers): not fatal
-                print(f"{case.label:14s} {name(cfg)}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                print(f"{case.label:20s} {name(cfg)}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 continue
             case.call(0, cfg)
             record(name(cfg), us, case.out)
         best = min(res["configs"].items(), key=lambda kv: kv[1]["us"])
-        print(f"{case.label:14s} fastest: {best[0]} {best[1]}", flush=True)
+        print(f"{case.label:20s} fastest: {best[0]} {best[1]}", flush=True)
         report["cases"][case.label] = res
         if args.out:
             with open(args.out, "w") as f:

@@ -232,6 +232,7 @@ def _paged_attn_kernel(
     slot_ptr,
     qk_scale,  # softmax scale * log2(e)
     num_tokens,
+    num_rows,
     stride_qn,
     stride_qh,
     stride_qd,
@@ -270,12 +271,15 @@ def _paged_attn_kernel(
     PREFETCH_KV: tl.constexpr,
     DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr,
+    PACKED_TILES: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R), or with HEAVY_FIRST (prompt launches, no splits)
-    # (q_tiles * num_kv_heads, 1, R): kv heads vary fastest and a row's last q tiles (the most keys) come
-    # first, so the longest programs start in the first wave and the short ones fill the tail.
+    # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R), or with PACKED_TILES (prompt launches, no splits)
+    # ((num_tokens // BLOCK_Q + R) * num_kv_heads, 1, 1): every row's q tiles packed one after another (row r's
+    # first at cu_q[r] // BLOCK_Q + r, `_tile_row`), so a launch has a program for each tile that holds queries
+    # plus at most one empty one a row, not R x the longest row's tiles (a mixed graph's launch is sized for
+    # its whole token bucket in every one of its rows). Kv heads vary fastest and the tiles run last first:
+    # a row's last q tiles (the most keys) start in the first wave and the short ones fill the tail.
     # One program = BLOCK_Q query tokens of one row x the
     # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
     # PREFETCH_KV (decode with RoPE; the caller's promise that the kernel launched just before this one
@@ -286,13 +290,15 @@ def _paged_attn_kernel(
         pdl_enter(PDL)
     CACHE: tl.constexpr = ".cg" if PREFETCH_KV else ""
     pid0 = tl.program_id(0)
-    row = tl.program_id(2)
-    if HEAVY_FIRST:
+    if PACKED_TILES:
         NUM_KV_HEADS: tl.constexpr = NUM_HEADS // QUERIES_PER_KV
         kvh = pid0 % NUM_KV_HEADS
-        q_tile = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid0 // NUM_KV_HEADS
+        t = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid0 // NUM_KV_HEADS
+        row = _tile_row(cu_q_ptr, t, num_rows, BLOCK_Q)
+        q_tile = t - (tl.load(cu_q_ptr + row) // BLOCK_Q + row)
         split = 0
     else:
+        row = tl.program_id(2)
         kvh = tl.program_id(1)
         q_tile = pid0 // NUM_SPLITS
         split = pid0 % NUM_SPLITS
@@ -434,6 +440,22 @@ def _paged_attn_kernel(
                 INTERP,
             )
             tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")  # re-arm
+
+
+@triton.jit
+def _tile_row(cu_q_ptr, t, num_rows, BLOCK_Q: tl.constexpr):
+    """The row whose packed q tiles hold tile ``t``: the last r with cu_q[r] // BLOCK_Q + r <= t (binary search).
+    NOTE row r has ceil(n_r / BLOCK_Q) tiles and r + 1 starts at least that many, and at least one, later, so the
+    starts increase strictly and a grid of num_tokens // BLOCK_Q + R tiles covers every row."""
+    lo = 0
+    hi = num_rows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_q_ptr + mid) // BLOCK_Q + mid <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
 
 
 @triton.jit
@@ -587,9 +609,9 @@ class AttnConfig(NamedTuple):
     split_grain: int  # a KV split's keys are a multiple of this
     first_n: int  # keys of a split's first tile (read ahead of the PDL wait with prefetch_kv)
 
-    def heavy_first(self, max_seqlen_q: int, num_splits: int) -> bool:
-        """Whether a launch runs its q tiles heaviest first (`_paged_attn_kernel`'s HEAVY_FIRST grid): several q
-        tiles a row and no KV splits, that is a prompt chunk's launch; decode launches keep their order."""
+    def packed_tiles(self, max_seqlen_q: int, num_splits: int) -> bool:
+        """Whether a launch packs its rows' q tiles, heaviest first (`_paged_attn_kernel`'s PACKED_TILES grid):
+        several q tiles a row and no KV splits, that is a prompt chunk's launch; decode launches keep theirs."""
         return triton.cdiv(max_seqlen_q, self.block_q) > 1 and num_splits == 1
 
     def launch_args(self) -> dict[str, int]:
@@ -690,9 +712,10 @@ def paged_attention(
     (written into ``out`` when given; any strides for q and out).
 
     ``max_seqlen_q`` (host int) must be >= every row's query count; the grid is
-    ``(cdiv(max_seqlen_q, BLOCK_Q) * num_splits, num_kv_heads, R)``, or ``(q_tiles * num_kv_heads, 1, R)``
-    for a launch of several q tiles without splits (prompt chunks: the tiles with the most keys first), and
-    tiles past a row's end exit at once, so nothing depends on device data (CUDA-graph capturable).
+    ``(cdiv(max_seqlen_q, BLOCK_Q) * num_splits, num_kv_heads, R)``, or ``((N // BLOCK_Q + R) * num_kv_heads,)``
+    for a launch of several q tiles without splits (prompt chunks: every row's tiles packed, the tiles with the
+    most keys first), and tiles past a row's end exit at once, so the grid depends on no device data
+    (CUDA-graph capturable).
     ``num_splits > 1`` is split-K (flash-decoding): each split handles a slice of the KV range and the last
     split of a tile to finish merges them by LSE. Default: chosen from the shapes (only for
     ``max_seqlen_q == 1`` on CUDA). fp32 accumulation; for fp32 inputs the dots are IEEE fp32 (no TF32); for
@@ -818,8 +841,8 @@ def _launch(
         pos, cs, kn, vn, slot = rope
         rope_strides = (cs.stride(0), *kn.stride(), *vn.stride())
     dot_prec = "ieee" if fp32 else "tf32"  # "tf32" is ignored for 16-bit operands
-    heavy_first = cfg.heavy_first(max_seqlen_q, num_splits)
-    grid = (q_tiles * kvh, 1, R) if heavy_first else (q_tiles * num_splits, kvh, R)
+    packed = cfg.packed_tiles(max_seqlen_q, num_splits)
+    grid = ((N // cfg.block_q + R) * kvh, 1, 1) if packed else (q_tiles * num_splits, kvh, R)
     _paged_attn_kernel[grid](
         q,
         k_cache,
@@ -838,6 +861,7 @@ def _launch(
         slot,
         float(scale) * _LOG2E,
         N,
+        R,
         *q.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
@@ -853,7 +877,7 @@ def _launch(
         PREFETCH_KV=prefetch_kv,
         DOT_PREC=dot_prec,
         INTERP=kernel_is_interpreted(_paged_attn_kernel),
-        HEAVY_FIRST=heavy_first,
+        PACKED_TILES=packed,
         **cfg.launch_args(),
         enable_fp_fusion=not (fp32 or rope is not None),  # RoPE rounds as the rope kernels (compiled without)
         **pdl_launch(_paged_attn_kernel, q.device),
