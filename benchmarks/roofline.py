@@ -15,8 +15,8 @@ The second line is the same code with the decode-projection kernel and programma
 - ``decode_loop``: one decode round's graph (one loop for every row, gate, LM head, sampling) replayed
   alone, by rows (the engine's capture lengths); ``floor_loop_ms`` is the loop's weights alone over
   ``--hbm-tb-s`` (the LM head's bytes are ``lm_head_bytes``; KV reads are not counted).
-- ``prompt_chunk_2048_ms``: one engine step of a fresh 2,048-token prompt (all four loops, max_tokens 1),
-  median of 3, with its TFLOP/s.
+- ``prompt_chunk_2048_ms``: a fresh 2,048-token prompt through the engine's steps (all four loops, max_tokens
+  1) until its token is on the host (`benchmarks.prompt_work.fresh_prompt_ms`), median of 3, with its TFLOP/s.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def main() -> None:
             print(f"  {x['name']:58s} {x['time_us']:8.2f} us  {x['pct_of_peak']:5.1f}% of peak", flush=True)
     rep["kernels"] = kernels
     rep["ops_sum_loop_ms"] = sums
-    # a fresh 2,048-token prompt, all four loops, one engine step (the chunk is max_num_batched_tokens)
+    # a fresh 2,048-token prompt, all four loops, one chunk (max_num_batched_tokens)
     rng = random.Random(time.time_ns())
     times = [fresh_prompt_ms(eng, 2048, rng, f"p{i}") for i in range(4)]
     ms = statistics.median(times[1:])  # the first compiles and sizes the eager path

@@ -10,7 +10,8 @@ a function of its rows (with the capture's attention lengths, not a run's), whic
 `ideal_rounds` says how much a drained round saves.
 
 ``--prompt-tokens N`` profiles instead one fresh N-token prompt end to end (all four loops, max_tokens 1, the
-engine's own steps: eager above `cuda_graph_max_tokens`), after one unprofiled warm-up prompt: its wall time,
+engine's own steps: eager above `cuda_graph_max_tokens`), after one unprofiled warm-up prompt: its wall time
+(and `wall_ms_unprofiled`, the median of three fresh prompts timed without the profiler),
 the GPU kernels by kind and the top kernels, with the GEMMs' and attention's TFLOP/s against ``--bf16-tflops``
 (what holds a prompt chunk below its share of peak FLOP/s), and the attention launches grouped by grid
 (`attention_launches`: the chunk's own launches apart from the decode rows' beside them).
@@ -111,9 +112,15 @@ def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
     unprofiled one of the same length (compiles, sizes the eager path)."""
     rng = random.Random(time.time_ns())
     fresh_prompt_ms(eng, tokens, rng, "warm-up")
+    plain = [fresh_prompt_ms(eng, tokens, rng, f"plain{i}") for i in range(3)]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         wall_ms = fresh_prompt_ms(eng, tokens, rng, "profiled")
-    rep = dict(prompt_tokens=tokens, wall_ms=round(wall_ms, 3), **summarize(prof, 1, top_n=25))
+    rep = dict(
+        prompt_tokens=tokens,
+        wall_ms=round(wall_ms, 3),
+        wall_ms_unprofiled=round(statistics.median(plain), 3),
+        **summarize(prof, 1, top_n=25),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
         with open(os.path.join(tmp, "trace.json")) as f:
