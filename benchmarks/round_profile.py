@@ -18,6 +18,10 @@ the GPU kernels by kind and the top kernels, with the GEMMs' and attention's TFL
 
     python3 benchmarks/round_profile.py [--out FILE.json] [--hbm-tb-s 4.8]
     python3 benchmarks/round_profile.py --prompt-tokens 2048 [--out FILE.json]
+    python3 benchmarks/round_profile.py --prompt-tokens 2048 --busy 16 [--steps 12] [--out FILE.json]
+
+``--busy C`` profiles a running engine instead (`busy_profile`): C such prompts at once, a window of steps timed
+by the launch timer alone and one under the profiler too.
 """
 
 import argparse
@@ -34,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.graph_timing import replay_ms
 from benchmarks.prompt_work import fresh_prompt_ms, prompt_flops
-from ouro_backend import EngineConfig, LLMEngine
+from ouro_backend import EngineConfig, LLMEngine, SamplingParams
 from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
 from ouro_backend.model.sampler import SamplerMode
 
@@ -137,16 +141,63 @@ def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
     return rep
 
 
+def busy_profile(eng: LLMEngine, tokens: int, concurrency: int, steps: int) -> dict:
+    """A running engine: ``concurrency`` fresh prompts of ``tokens`` tokens (64 output tokens each) added at once,
+    8 steps to fill it, then ``steps`` steps with the launch timer on (each launch's device ms from CUDA events,
+    as ouro-bench takes them), then ``steps`` more under torch.profiler as well; the requests are aborted after.
+    Tells whether a kernel times the same inside running rounds as in a lone prompt's."""
+    rng = random.Random(time.time_ns())
+    vocab = eng.runner.model.cfg.vocab_size
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    for i in range(concurrency):
+        eng.add_request(f"busy{i}", [rng.randrange(3, vocab) for _ in range(tokens)], params)
+    for _ in range(8):
+        eng.step()
+    timer = eng.runner.timer
+
+    def window(label: str) -> dict:
+        timer.enabled = True
+        timer.take()
+        t = time.perf_counter()
+        for _ in range(steps):
+            eng.step()
+        wall = time.perf_counter() - t
+        _, busy, launches = timer.take()
+        timer.enabled = False
+        rounds = [(round(sec * 1e3, 3), prompt, rows) for sec, prompt, rows, _, _ in launches]
+        ms = {"wall_ms": round(wall * 1e3, 2), "busy_ms": round(busy * 1e3, 2), "launches": rounds}
+        return {f"{label}_{k}": v for k, v in ms.items()}
+
+    rep: dict = dict(prompt_tokens=tokens, concurrency=concurrency, steps=steps, **window("plain"))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        rep.update(window("profiled"))
+    rep.update(summarize(prof, 1, top_n=15))
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+        with open(os.path.join(tmp, "trace.json")) as f:
+            rep["attention_launches"] = launches_by_grid(json.load(f), "attention")
+    for i in range(concurrency):
+        eng.abort_request(f"busy{i}")
+    while eng.get_num_unfinished_requests():
+        eng.step()
+    return rep
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--hbm-tb-s", type=float, default=4.8)
     ap.add_argument("--bf16-tflops", type=float, default=990.0)
     ap.add_argument("--prompt-tokens", type=int, default=0, help="profile one fresh prompt of N tokens instead")
+    ap.add_argument("--busy", type=int, default=0, help="with --prompt-tokens: C such prompts at once (busy_profile)")
+    ap.add_argument("--steps", type=int, default=12, help="--busy: steps a window")
     args = ap.parse_args()
     eng = LLMEngine(EngineConfig.from_strings({"model": ensure_shape_checkpoint("ouro-1.4b")}))
     if args.prompt_tokens:
-        rep = prompt_profile(eng, args.prompt_tokens, args.bf16_tflops)
+        if args.busy:
+            rep = busy_profile(eng, args.prompt_tokens, args.busy, args.steps)
+        else:
+            rep = prompt_profile(eng, args.prompt_tokens, args.bf16_tflops)
         print(json.dumps(rep, indent=1))
         if args.out:
             with open(args.out, "w") as f:

@@ -906,6 +906,26 @@ def test_round_profile_tells_attention_launches_apart_by_grid():
     assert launches_by_grid(trace, "gemm")[0]["launches"] == 1 and launches_by_grid({}, "attention") == []
 
 
+def test_round_profile_busy_window_runs_and_leaves_the_engine_empty(toy_path, monkeypatch):
+    """benchmarks/round_profile.py --busy: the window steps a running engine (prompt chunks and decode rows) under
+    the profiler, then aborts its requests: none is left and every KV block is free. On the CPU the profiler
+    records CPU ops (no CUDA activity) and the launch timer is off, so only the mechanics are checked here."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import benchmarks.round_profile as rp
+    from ouro_backend import LLMEngine
+    from ouro_backend.config import EngineConfig
+
+    monkeypatch.setattr(rp, "profile", lambda activities: profile(activities=[ProfilerActivity.CPU]))
+    eng = LLMEngine(
+        EngineConfig(model=toy_path, block_size=4, device="cpu", dtype="float32", num_blocks=512, max_num_seqs=8,
+                     max_num_batched_tokens=64)
+    )  # fmt: skip
+    rep = rp.busy_profile(eng, 40, 4, 3)
+    assert rep["concurrency"] == 4 and rep["plain_launches"] == [] and rep["plain_wall_ms"] > 0
+    assert eng.get_num_unfinished_requests() == 0 and eng.kv.pool.num_available == eng.kv.num_blocks
+
+
 def test_aot_check_compiles_a_sweeps_candidates(tmp_path):
     """``--sweep``: only the candidates of a sweep JSON, each at its row count (defer_sum at 3 rows here), with
     and without the fused SiLU; one the shape cannot take (an empty split of K) fails alone, by name, and one
