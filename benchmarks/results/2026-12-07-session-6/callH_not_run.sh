@@ -2,7 +2,8 @@
 # Session 2026-12-07 #6, call H, prepared and not run (no device time left; issue 30): inside a running engine, do prompt attention launches take what the sweep
 # says? `round_profile.py --prompt-tokens 2048 --busy 16`: 16 fresh 2,048-token prompts at once, a window of 12
 # steps timed by the launch timer (as ouro-bench), then 12 more under torch.profiler; new (the packed grid) / head
-# (main c1ce666's attention.py in .calls/attention_head.py), A/B/A/B. Carrying .device-bundle.
+# (main c1ce666's attention.py: `mkdir -p .calls && git show c1ce666:ouro_backend/kernels/attention.py >
+# .calls/attention_head.py`), A/B/A/B. Carrying .device-bundle.
 set -u
 DL=${DL:-185}
 source benchmarks/device_call.sh cH
