@@ -30,7 +30,7 @@ from ouro_backend.kernels.attention import paged_attention
 LAYERS, H, KVH, HD, BS = 24, 16, 16, 128, 16
 GRID = [
     dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
-    for bm, bn, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3))
+    for bm, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
 ]
 
 
