@@ -82,6 +82,29 @@ def test_stop_on_token_drops_the_extra_round(toy_path, device):
     assert_same(asyn, sync)
 
 
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_one_token_request_runs_its_prompt_and_no_decode_round(toy_path, device):
+    """max_tokens 1: the token comes from the prompt's last loop, so no decode round is launched behind it
+    (asynchronous scheduling plans the next launch before that token is back). Alone: exactly its prompt's
+    loops; beside a longer request: the same outputs as synchronous rounds."""
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    kw = dict(device="cuda", attention_backend="triton") if device == "cuda" else {}
+    eng = make_engine(toy_path, async_scheduling=True, **kw)
+    eng.runner.record_logits = False
+    launches = eng.counters["steps"]
+    eng.add_request("a", PROMPTS[0], one)
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += eng.step()
+    assert eng.counters["steps"] - launches == eng.runner.model.cfg.num_loops  # one launch a prompt loop
+    assert outs[-1].finish_reason == "length"
+    assert len(outs[-1].token_ids) == 1 and eng.kv.pool.num_available == eng.kv.num_blocks
+    workload = [(PROMPTS[0], one), WORKLOAD[0], (PROMPTS[2], one)]
+    sync, _ = run(toy_path, False, workload, device=device)
+    asyn, _ = run(toy_path, True, workload, device=device)
+    assert_same(asyn, sync)
+
+
 def test_abort_with_a_round_in_flight(toy_path):
     eng = make_engine(toy_path, async_scheduling=True)
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, exit_threshold=1.0)

@@ -281,6 +281,24 @@ def test_decode_rows_span_every_running_request_past_its_prompt():
     assert plan.num_rounds == 1 and chunks(plan) == [("c", 2, 0, 2, 1)] and plan.decode_slots == [0, 1]
 
 
+def test_a_request_that_ends_with_its_prompt_takes_no_decode_row():
+    """max_tokens 1: the prompt's last loop makes the only token, so the plans made while it comes back (the
+    next launch is planned before the read-back) give the request no decode row; alone, they have no work.
+    A request allowed two tokens beside it decodes as usual."""
+    s = make(num_blocks=64, max_num_seqs=3, max_num_batched_tokens=16)
+    a, b = req("a", 4, max_tokens=1), req("b", 4, max_tokens=2, start=200)
+    s.add(a)
+    run_prefill(s)
+    plan = step(s)
+    assert plan.decode_slots == [] and not plan.has_work and a.status is Status.RUNNING
+    s.add(b)
+    run_prefill(s)
+    assert step(s).decode_slots == [1]  # b's row; a's token is still on its way
+    emit(a)
+    s.finish(a, FinishReason.LENGTH)
+    assert step(s).decode_slots == [1] and s.free_slots == [0, 2] and not a.ends_with_its_prompt
+
+
 def test_speculative_steps_replace_decode_rounds_when_there_is_no_prompt_work():
     s = make(
         num_blocks=64,

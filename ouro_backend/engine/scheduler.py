@@ -298,13 +298,18 @@ class Scheduler:
         if not preempted:  # a step that preempts does not resume anyone (no thrashing)
             self._swap_in(swap_in)
         # Running requests hold slots (no per-row check on this path). A row parked for its deep chunk is idle:
-        # it takes no decode row, so its chunk can always get budget once enough rows have parked.
+        # it takes no decode row, so its chunk can always get budget once enough rows have parked. NOTE a request
+        # that ends with its prompt (max_tokens 1) takes none either while its token is on its way back (this
+        # plan is made before that read-back under asynchronous scheduling); the device has stopped its row.
         decode = cast(
             "list[int]",
             [
                 s.slot
                 for s in self.running
-                if s.slot not in self.chunks and s.slot not in self.deep_waiting and not s.in_prefill
+                if s.slot not in self.chunks
+                and s.slot not in self.deep_waiting
+                and not s.in_prefill
+                and not s.ends_with_its_prompt
             ],
         )
         budget = self.max_tokens - len(decode)

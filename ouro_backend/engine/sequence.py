@@ -69,6 +69,11 @@ class Sequence:
         return self.num_prefilled < self.prefill_target
 
     @property
+    def ends_with_its_prompt(self) -> bool:
+        """A fresh request allowed one token: the prompt's last loop makes it, and nothing is left to decode."""
+        return self.params.max_tokens == 1 and not self.output_ids
+
+    @property
     def resuming(self) -> bool:
         """Readmitted after a recompute preemption (it has tokens): its prefill ends on a token it already
         has, which is not sampled again."""
