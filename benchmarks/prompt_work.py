@@ -13,9 +13,8 @@ from ouro_backend import LLMEngine, SamplingParams
 
 def fresh_prompt_ms(eng: LLMEngine, tokens: int, rng: random.Random, request_id: str) -> float:
     """Wall ms of one prompt of ``tokens`` random token ids (never seen before, so no prefix-cache hit) run to
-    its one output token (all four loops, greedy), the engine stepping until that token is on the host. With
-    asynchronous scheduling the engine has launched a decode round for the row by then (it learns that the
-    request is done from that token); the round is drained after the clock stops."""
+    its one output token (all four loops, greedy), the engine stepping until that token is on the host; the
+    device is drained after the clock stops."""
     ids = [rng.randrange(3, eng.runner.model.cfg.vocab_size) for _ in range(tokens)]
     torch.cuda.synchronize()
     t = time.perf_counter()
