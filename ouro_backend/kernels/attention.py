@@ -276,10 +276,11 @@ def _paged_attn_kernel(
 ):
     # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R), or with PACKED_TILES (prompt launches, no splits)
     # ((num_tokens // BLOCK_Q + R) * num_kv_heads, 1, 1): every row's q tiles packed one after another (row r's
-    # first at cu_q[r] // BLOCK_Q + r, `_tile_row`), so a launch has a program for each tile that holds queries
-    # plus at most one empty one a row, not R x the longest row's tiles (a mixed graph's launch is sized for
-    # its whole token bucket in every one of its rows). Kv heads vary fastest and the tiles run last first:
-    # a row's last q tiles (the most keys) start in the first wave and the short ones fill the tail.
+    # first at cu_q[r] // BLOCK_Q + r, `_tile_row`): a program for each tile that holds queries, at most one
+    # empty one a row and one per BLOCK_Q tokens of q past the rows' (a graph's padding). The rectangular grid
+    # would give every row max_seqlen_q's tiles, and a mixed graph's launch has max_num_seqs rows and its
+    # token bucket as max_seqlen_q. Kv heads vary fastest and the tiles run last first: a row's last q tiles
+    # (the most keys) start in the first wave and the short ones fill the tail.
     # One program = BLOCK_Q query tokens of one row x the
     # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
     # PREFETCH_KV (decode with RoPE; the caller's promise that the kernel launched just before this one
