@@ -111,6 +111,14 @@ def launches_by_grid(trace: dict, kind: str) -> list[dict]:
     return sorted(out, key=lambda g: -g["total_us"])
 
 
+def attention_launches(prof) -> list[dict]:
+    """A finished profile's attention launches grouped by grid (`launches_by_grid`, from its chrome trace)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+        with open(os.path.join(tmp, "trace.json")) as f:
+            return launches_by_grid(json.load(f), "attention")
+
+
 def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
     """One fresh prompt of ``tokens`` tokens through the engine's own steps (max_tokens 1), profiled after an
     unprofiled one of the same length (compiles, sizes the eager path)."""
@@ -125,10 +133,7 @@ def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
         wall_ms_unprofiled=round(statistics.median(plain), 3),
         **summarize(prof, 1, top_n=25),
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
-        with open(os.path.join(tmp, "trace.json")) as f:
-            rep["attention_launches"] = launches_by_grid(json.load(f), "attention")
+    rep["attention_launches"] = attention_launches(prof)
     gemm_flops, attn_flops = prompt_flops(eng, tokens)
     us = rep["kernel_us_by_kind"]
     for kind, flops in (("gemm", gemm_flops), ("attention", attn_flops)):
@@ -172,10 +177,7 @@ def busy_profile(eng: LLMEngine, tokens: int, concurrency: int, steps: int) -> d
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         rep.update(window("profiled"))
     rep.update(summarize(prof, 1, top_n=15))
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
-        with open(os.path.join(tmp, "trace.json")) as f:
-            rep["attention_launches"] = launches_by_grid(json.load(f), "attention")
+    rep["attention_launches"] = attention_launches(prof)
     for i in range(concurrency):
         eng.abort_request(f"busy{i}")
     while eng.get_num_unfinished_requests():
