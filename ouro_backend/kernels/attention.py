@@ -296,15 +296,15 @@ def _paged_attn_kernel(
         kvh = pid0 % NUM_KV_HEADS
         t = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid0 // NUM_KV_HEADS
         row = _tile_row(cu_q_ptr, t, num_rows, BLOCK_Q)
-        q_tile = t - (tl.load(cu_q_ptr + row) // BLOCK_Q + row)
+        q_start = tl.load(cu_q_ptr + row)
+        q_tile = t - (q_start // BLOCK_Q + row)
         split = 0
     else:
         row = tl.program_id(2)
         kvh = tl.program_id(1)
         q_tile = pid0 // NUM_SPLITS
         split = pid0 % NUM_SPLITS
-
-    q_start = tl.load(cu_q_ptr + row, cache_modifier=CACHE)
+        q_start = tl.load(cu_q_ptr + row, cache_modifier=CACHE)
     n_q = tl.load(cu_q_ptr + row + 1, cache_modifier=CACHE) - q_start
     seq_len = tl.load(seq_lens_ptr + row, cache_modifier=CACHE)
     ctx = seq_len - n_q  # position of the row's first query token
@@ -638,8 +638,8 @@ def _attn_config(
 ) -> AttnConfig:  # fmt: skip
     """Launch config. Defaults checked with ptxas for sm_90 at hd=128 (no register spills): bf16 decode
     16x64 / 4 warps / 3 stages, bf16 prefill 64x64 / 4 warps / 3 stages (the fastest of
-    benchmarks/kernels/prefill_attn_sweep.py's grid at 1 x 2,048 and 16 x 128 prompt tokens, measured before
-    the heavy-first launch order; 2 stages below
+    benchmarks/kernels/prefill_attn_sweep.py's grid at 1 x 2,048 and 16 x 128 prompt tokens, and of five on the
+    packed grid as a mixed graph launches it; 2 stages below
     64 query rows, as speculation's verify rows); fp32 ("ieee" dots, no tensor cores, register-hungry) decode
     16x64 / 8 warps, prefill 32x64 / 8 warps. A 16-bit decode of ``rows`` rows
     (one query a row) takes 2 stages from 5 rows and 2 warps from 17 (the best measured alone at 8-64 rows;
