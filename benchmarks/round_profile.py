@@ -39,7 +39,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.graph_timing import replay_ms
 from benchmarks.prompt_work import fresh_prompt_ms, prompt_flops
 from ouro_backend import EngineConfig, LLMEngine, SamplingParams
-from ouro_backend.entrypoints.bench import ensure_shape_checkpoint
+from ouro_backend.entrypoints.bench import ensure_shape_checkpoint, gpu_by_launch
 from ouro_backend.model.sampler import SamplerMode
 
 KINDS = [
@@ -148,8 +148,9 @@ def prompt_profile(eng: LLMEngine, tokens: int, peak_tflops: float) -> dict:
 
 def busy_profile(eng: LLMEngine, tokens: int, concurrency: int, steps: int) -> dict:
     """A running engine: ``concurrency`` fresh prompts of ``tokens`` tokens (64 output tokens each) added at once,
-    8 steps to fill it, then ``steps`` steps with the launch timer on (each launch's device ms from CUDA events,
-    as ouro-bench takes them), then ``steps`` more under torch.profiler as well; the requests are aborted after.
+    8 steps to fill it, then ``steps`` steps with the launch timer on (each launch's device time from CUDA events,
+    by kind of launch as ouro-bench reports it: `gpu_by_launch`), then ``steps`` more under torch.profiler as
+    well; the requests are aborted after.
     Tells whether a kernel times the same inside running rounds as in a lone prompt's."""
     rng = random.Random(time.time_ns())
     vocab = eng.runner.model.cfg.vocab_size
@@ -169,8 +170,8 @@ def busy_profile(eng: LLMEngine, tokens: int, concurrency: int, steps: int) -> d
         wall = time.perf_counter() - t
         _, busy, launches = timer.take()
         timer.enabled = False
-        rounds = [(round(sec * 1e3, 3), prompt, rows) for sec, prompt, rows, _, _ in launches]
-        ms = {"wall_ms": round(wall * 1e3, 2), "busy_ms": round(busy * 1e3, 2), "launches": rounds}
+        by_kind = {kind: k for kind, k in gpu_by_launch(launches).items() if k["launches"]}
+        ms = {"wall_ms": round(wall * 1e3, 2), "busy_ms": round(busy * 1e3, 2), "by_kind": by_kind}
         return {f"{label}_{k}": v for k, v in ms.items()}
 
     rep: dict = dict(prompt_tokens=tokens, concurrency=concurrency, steps=steps, **window("plain"))

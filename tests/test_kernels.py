@@ -922,7 +922,7 @@ def test_round_profile_busy_window_runs_and_leaves_the_engine_empty(toy_path, mo
                      max_num_batched_tokens=64)
     )  # fmt: skip
     rep = rp.busy_profile(eng, 40, 4, 3)
-    assert rep["concurrency"] == 4 and rep["plain_launches"] == [] and rep["plain_wall_ms"] > 0
+    assert rep["concurrency"] == 4 and rep["plain_by_kind"] == {} and rep["plain_wall_ms"] > 0
     assert eng.get_num_unfinished_requests() == 0 and eng.kv.pool.num_available == eng.kv.num_blocks
 
 

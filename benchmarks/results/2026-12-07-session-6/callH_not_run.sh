@@ -16,10 +16,9 @@ PYTHONPATH=$NEW timeout -k 5 $(cap 150) python3 -c "from ouro_backend.entrypoint
 for v in new1 head1 new2 head2; do
   PYTHONPATH=$(path $v) timeout -k 5 $(cap 45) python3 benchmarks/round_profile.py --prompt-tokens 2048 --busy 16 --steps 12 --out $R/busy_$v.json > $R/busy_$v.log 2>&1
   python3 -c "
-import json, statistics as st; d=json.load(open('$R/busy_$v.json'))
+import json; d=json.load(open('$R/busy_$v.json'))
 for w in ('plain', 'profiled'):
-    mixed = [ms for ms, p, rows in d[w + '_launches'] if p]
-    print('$v', w, 'busy', d[w + '_busy_ms'], 'launches', len(d[w + '_launches']), 'prompt launches', len(mixed), 'median ms', mixed and round(st.median(mixed), 3))
+    print('$v', w, 'busy', d[w + '_busy_ms'], {k: (g['launches'], round(g['ms_per_round'], 3)) for k, g in d[w + '_by_kind'].items()})
 print('$v', d['kernel_us_by_kind'].get('attention'), [(g['grid'], g['launches'], g['median_us']) for g in d['attention_launches']])" 2>&1 | tail -3; t
 done
 # 32-key tiles: 146 registers and 49 KB of shared memory a block (aot_check, sm_90), so 3 blocks per SM instead
