@@ -355,7 +355,7 @@ def test_decode_launch_rules_by_rows():
     """A 16-bit decode's first tile is one 32-key grain where the splits take grains below a tile (else a
     tile); 3 stages up to 4 rows, 2 from 5; 4 warps up to 16 rows, 2 from 17; fp32 keeps its defaults; a 16-bit
     prompt chunk takes 64-row tiles, 3 stages and 4 warps, speculation's few verify queries 2 stages, and a launch
-    of several q tiles without splits the packed, heavy-first grid.
+    of several q tiles without splits the packed grid.
     `splits_for` on 132 SMs at 16 kv heads: 8 / 4 / 4 / 4 / 2 splits at 1 / 2 / 3 / 4 / 5-8 rows, none from 9."""
     from ouro_backend.kernels.attention import _attn_config, splits_for
 

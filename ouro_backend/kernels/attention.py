@@ -279,8 +279,10 @@ def _paged_attn_kernel(
     # first at cu_q[r] // BLOCK_Q + r, `_tile_row`): a program for each tile that holds queries, at most one
     # empty one a row and one per BLOCK_Q tokens of q past the rows' (a graph's padding). The rectangular grid
     # would give every row max_seqlen_q's tiles, and a mixed graph's launch has max_num_seqs rows and its
-    # token bucket as max_seqlen_q. Kv heads vary fastest and the tiles run last first: a row's last q tiles
-    # (the most keys) start in the first wave and the short ones fill the tail.
+    # token bucket as max_seqlen_q. Kv heads vary fastest and the tiles run last first, the last row's first: a
+    # row's last q tiles (the most of its keys) start before its first ones. NOTE across rows that is not heaviest
+    # first: a running engine's chunk is a prompt's continuation (row 0, keys cached before it) then new prompts,
+    # and the continuation's tiles, which see the most keys, start last (docs/engine.md, the packed grid's row).
     # One program = BLOCK_Q query tokens of one row x the
     # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
     # PREFETCH_KV (decode with RoPE; the caller's promise that the kernel launched just before this one
@@ -611,8 +613,8 @@ class AttnConfig(NamedTuple):
     first_n: int  # keys of a split's first tile (read ahead of the PDL wait with prefetch_kv)
 
     def packed_tiles(self, max_seqlen_q: int, num_splits: int) -> bool:
-        """Whether a launch packs its rows' q tiles, heaviest first (`_paged_attn_kernel`'s PACKED_TILES grid):
-        several q tiles a row and no KV splits, that is a prompt chunk's launch; decode launches keep theirs."""
+        """Whether a launch packs its rows' q tiles, last first (`_paged_attn_kernel`'s PACKED_TILES grid): several
+        q tiles a row and no KV splits, that is a prompt chunk's launch; decode launches keep theirs."""
         return triton.cdiv(max_seqlen_q, self.block_q) > 1 and num_splits == 1
 
     def launch_args(self) -> dict[str, int]:
@@ -714,8 +716,8 @@ def paged_attention(
 
     ``max_seqlen_q`` (host int) must be >= every row's query count; the grid is
     ``(cdiv(max_seqlen_q, BLOCK_Q) * num_splits, num_kv_heads, R)``, or ``((N // BLOCK_Q + R) * num_kv_heads,)``
-    for a launch of several q tiles without splits (prompt chunks: every row's tiles packed, the tiles with the
-    most keys first), and tiles past a row's end exit at once, so the grid depends on no device data
+    for a launch of several q tiles without splits (prompt chunks: every row's tiles packed and run last first),
+    and tiles past a row's end exit at once, so the grid depends on no device data
     (CUDA-graph capturable).
     ``num_splits > 1`` is split-K (flash-decoding): each split handles a slice of the KV range and the last
     split of a tile to finish merges them by LSE. Default: chosen from the shapes (only for
