@@ -245,6 +245,31 @@ def test_paged_attention_decode(splits):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
 
 
+def test_paged_attention_splits_past_the_context_write_nothing(monkeypatch):
+    """Splits with no keys exit before their partials and do not arrive; the merge reads only the used splits'
+    partials. The partial buffers start as NaN, so a merge that read an unused one would poison the output, and
+    one that waited for all splits would never write it. Rows of 1, 9 and 37 keys over 8 splits of 4-key grains,
+    a pad row (seq_len 0), in fp32 and bf16."""
+    gen = torch.Generator().manual_seed(23)
+    H, kvh, hd, bs = 4, 2, 16, 4
+    for dtype in (torch.float32, torch.bfloat16):
+        q, kc, vc, cu, sl, bt = _make_batch([1, 1, 1, 1], [1, 9, 37, 5], H, kvh, hd, bs, dtype, gen)
+        sl[3] = 0
+        ref = K.paged_attention_ref(q, kc, vc, cu, sl, bt, 0.3, 1)
+        empty = torch.empty
+
+        def poisoned(*shape, **kw):
+            t = empty(*shape, **kw)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+
+        monkeypatch.setattr(torch, "empty", poisoned)
+        out = K.paged_attention(q, kc, vc, cu, sl, bt, 0.3, 1, num_splits=8, block_n=16, split_grain=4)
+        monkeypatch.setattr(torch, "empty", empty)
+        assert torch.isfinite(out).all() and (out[3] == 0).all()
+        tol = dict(rtol=1e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out.float(), ref.float(), **tol)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_paged_attention_pad_row_zero_len(splits):
     """A CUDA-graph pad row (one query, seq_len 0, garbage block table) reads nothing and yields zeros."""

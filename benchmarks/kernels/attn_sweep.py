@@ -44,15 +44,20 @@ GRID = [
 
 class Case:
     """Random caches of 24 layers for ``rows`` decode rows at ``ctx`` positions, and the engine's call at that
-    row count (fused up to FUSED_ROPE_MAX_ROWS rows)."""
+    row count (fused up to FUSED_ROPE_MAX_ROWS rows). ``live``: only the first this many rows hold keys; the
+    others are idle rows of ``idle_len`` keys (as a graph's rows past those running: 1 in the engine's decode
+    inputs, 0 a pad row), all on block 0."""
 
-    def __init__(self, rows: int, ctx: int):
+    def __init__(self, rows: int, ctx: int, live: int | None = None, idle_len: int = 1):
         dev, dt = torch.device("cuda"), torch.bfloat16
+        live = rows if live is None else min(live, rows)
         per_row = (ctx + BS - 1) // BS
-        self.kv = torch.randn(LAYERS, 2, rows * per_row, BS, KVH, HD, device=dev, dtype=dt)
-        self.tables = torch.arange(rows * per_row, device=dev, dtype=torch.int32).view(rows, per_row)
+        self.kv = torch.randn(LAYERS, 2, max(live, 1) * per_row, BS, KVH, HD, device=dev, dtype=dt)
+        self.tables = torch.zeros(rows, per_row, device=dev, dtype=torch.int32)
+        self.tables[:live] = torch.arange(live * per_row, device=dev, dtype=torch.int32).view(live, per_row)
         self.cu = torch.arange(rows + 1, device=dev, dtype=torch.int32)
-        self.lens = torch.full((rows,), ctx, device=dev, dtype=torch.int32)
+        self.lens = torch.full((rows,), idle_len, device=dev, dtype=torch.int32)
+        self.lens[:live] = ctx
         self.q = torch.randn(rows, KVH, HD, device=dev, dtype=dt)
         self.k, self.v = torch.randn(2, rows, KVH, HD, device=dev, dtype=dt)
         self.pos = torch.full((rows,), ctx - 1, device=dev, dtype=torch.int64)
@@ -60,7 +65,7 @@ class Case:
         self.cos_sin = build_cos_sin_cache(ctx, HD, 10000.0, device=dev)
         self.out = torch.empty_like(self.q)
         self.fused = rows <= FUSED_ROPE_MAX_ROWS
-        self.bytes = LAYERS * rows * ctx * 2 * KVH * HD * 2
+        self.bytes = LAYERS * live * ctx * 2 * KVH * HD * 2
 
     def call(self, layer: int, cfg: dict) -> None:
         kc, vc = self.kv[layer, 0], self.kv[layer, 1]
@@ -101,13 +106,17 @@ def config_backend(cfg: dict | None) -> type:
 def name(cfg: dict | None) -> str:
     if cfg is None:
         return "default"
-    return f"n{cfg['block_n']}_w{cfg['num_warps']}_st{cfg['num_stages']}_s{cfg['num_splits']}"
+    grain = f"_g{cfg['split_grain']}" if cfg.get("split_grain") else ""
+    return f"n{cfg['block_n']}_w{cfg['num_warps']}_st{cfg['num_stages']}_s{cfg['num_splits']}{grain}"
 
 
 def parse(label: str) -> dict:
-    """`name`'s inverse: ``n64_w2_st3_s1`` -> the config."""
-    n, w, st, sp = label.split("_")
-    return dict(block_n=int(n[1:]), num_warps=int(w[1:]), num_stages=int(st[2:]), num_splits=int(sp[1:]))
+    """`name`'s inverse: ``n64_w2_st3_s1`` -> the config (``_g256``: splits of multiples of 256 keys)."""
+    n, w, st, sp, *grain = label.split("_")
+    cfg = dict(block_n=int(n[1:]), num_warps=int(w[1:]), num_stages=int(st[2:]), num_splits=int(sp[1:]))
+    if grain:
+        cfg["split_grain"] = int(grain[0][1:])
+    return cfg
 
 
 def sweep(case: Case, grid: list[dict], replays: int) -> list[tuple[float, dict | None]]:
@@ -141,6 +150,8 @@ def main() -> None:
     ap.add_argument("--hbm-tb-s", type=float, default=4.8)
     ap.add_argument("--loop-context", type=int, default=0, help="the loop check's context (0: the first swept)")
     ap.add_argument("--skip-loop", action="store_true")
+    ap.add_argument("--live", default="", help="comma-separated: rows that hold keys (default all; the rest idle)")
+    ap.add_argument("--idle-len", type=int, default=1, help="keys of an idle row (1 as the engine, 0 a pad row)")
     ap.add_argument("--out", help="JSON, rewritten after every case (a call cut short keeps what it measured)")
     args = ap.parse_args()
     t0 = time.time()
@@ -150,42 +161,46 @@ def main() -> None:
     loop_ctx = args.loop_context or contexts[0]
     loop = None if args.skip_loop else Loop(loop_ctx, max(rows_list))
     res: dict = {"device": torch.cuda.get_device_name(), "hbm_tb_s": args.hbm_tb_s, "alone": [], "loop": []}
-    for ctx in contexts:
-        for rows in rows_list:
-            case = Case(rows, ctx)
-            times = sweep(case, grid, args.replays)
-            per_launch = case.bytes // LAYERS
-            pct = lambda us: round(100 * per_launch / (us * 1e-6) / (args.hbm_tb_s * 1e12), 1)  # noqa: E731
-            dflt = next(us for us, c in times if c is None)
-            row = dict(
-                rows=rows,
-                context=ctx,
-                fused=case.fused,
-                kv_bytes_a_launch=per_launch,
-                default_us=round(dflt, 2),
-                default_pct_of_hbm=pct(dflt),
-                ranked=[dict(config=name(c), us=round(us, 2), pct_of_hbm=pct(us)) for us, c in times[:8]],
-            )
-            res["alone"].append(row)
-            top = ", ".join(f"{r['config']} {r['us']} ({r['pct_of_hbm']}%)" for r in row["ranked"][:4])
-            print(f"rows={rows:3d} ctx={ctx:5d} default {dflt:7.2f} us ({pct(dflt)}%) | best: {top}", flush=True)
-            del case
-            torch.cuda.empty_cache()
-            if loop is not None and ctx == loop_ctx:
-                cands = [None, *[c for _, c in times if c is not None][: args.top]]
-                inputs, ref_out = loop.inputs(rows), None
-                for cfg in cands:
-                    loop.m.backend = config_backend(cfg)
-                    ms, out = loop.time(inputs, 30)
-                    ref_out = out if ref_out is None else ref_out
-                    err = rel_err(out, ref_out)
-                    res["loop"].append(dict(rows=rows, context=ctx, config=name(cfg), loop_ms=round(ms, 4), diff=err))
-                    print(f"loop rows={rows:3d} ctx={ctx:5d} {name(cfg):22s} {ms:.4f} ms (diff {err:.1e})", flush=True)
-                loop.m.backend = TritonBackend
-            res["elapsed_s"] = round(time.time() - t0, 1)
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump(res, f, indent=1)
+    lives = [int(x) for x in args.live.split(",")] if args.live else [None]
+    for ctx, rows, live in itertools.product(contexts, rows_list, lives):
+        if live is not None and live > rows:
+            continue
+        case = Case(rows, ctx, live, args.idle_len)
+        times = sweep(case, grid, args.replays)
+        per_launch = case.bytes // LAYERS
+        pct = lambda us: round(100 * per_launch / (us * 1e-6) / (args.hbm_tb_s * 1e12), 1)  # noqa: E731
+        dflt = next(us for us, c in times if c is None)
+        row = dict(
+            rows=rows,
+            live=rows if live is None else live,
+            context=ctx,
+            fused=case.fused,
+            kv_bytes_a_launch=per_launch,
+            default_us=round(dflt, 2),
+            default_pct_of_hbm=pct(dflt),
+            ranked=[dict(config=name(c), us=round(us, 2), pct_of_hbm=pct(us)) for us, c in times],
+        )
+        res["alone"].append(row)
+        top = ", ".join(f"{r['config']} {r['us']} ({r['pct_of_hbm']}%)" for r in row["ranked"][:4])
+        head = f"rows={rows:3d} live={row['live']:3d} ctx={ctx:5d}"
+        print(f"{head} default {dflt:7.2f} us ({pct(dflt)}%) | best: {top}", flush=True)
+        del case
+        torch.cuda.empty_cache()
+        if loop is not None and ctx == loop_ctx and live is None:
+            cands = [None, *[c for _, c in times if c is not None][: args.top]]
+            inputs, ref_out = loop.inputs(rows), None
+            for cfg in cands:
+                loop.m.backend = config_backend(cfg)
+                ms, out = loop.time(inputs, 30)
+                ref_out = out if ref_out is None else ref_out
+                err = rel_err(out, ref_out)
+                res["loop"].append(dict(rows=rows, context=ctx, config=name(cfg), loop_ms=round(ms, 4), diff=err))
+                print(f"loop rows={rows:3d} ctx={ctx:5d} {name(cfg):22s} {ms:.4f} ms (diff {err:.1e})", flush=True)
+            loop.m.backend = TritonBackend
+        res["elapsed_s"] = round(time.time() - t0, 1)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -330,6 +330,12 @@ def _paged_attn_kernel(
     chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), SPLIT_GRAIN) * SPLIT_GRAIN
     kv_lo = split * chunk
     kv_hi = tl.minimum(kv_lo + chunk, kv_end)
+    # splits that hold keys (split 0 always: a pad row's zeros come out of the merge); the rest exit at once,
+    # write no partials and do not arrive, so a short context's grid costs little more than unsplit
+    num_used = tl.maximum(tl.cdiv(kv_end, tl.maximum(chunk, 1)), 1)
+    if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr branch around a runtime one)
+        if split >= num_used:
+            return
     bt_row = bt_ptr + row.to(tl.int64) * stride_bt
     kvh64 = kvh.to(tl.int64)
     if PREFETCH_KV:  # the first tile: FIRST_N keys (<= BLOCK_N)
@@ -423,7 +429,7 @@ def _paged_attn_kernel(
         tl.debug_barrier()  # every thread's partial stores happen before the release below
         tile = (row * tl.num_programs(1) + kvh) * (tl.num_programs(0) // NUM_SPLITS) + q_tile
         arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == NUM_SPLITS - 1:  # the other splits' partials are visible (acquire)
+        if arrived == num_used - 1:  # the other used splits' partials are visible (acquire)
             _combine_splits(
                 o_part_ptr,
                 lse_part_ptr,
@@ -437,6 +443,7 @@ def _paged_attn_kernel(
                 stride_on,
                 stride_oh,
                 stride_od,
+                num_used,
                 NUM_HEADS,
                 HEAD_DIM,
                 NUM_SPLITS,
@@ -518,25 +525,31 @@ def _online_softmax_step(
 @triton.jit
 def _combine_splits(
     o_part_ptr, lse_part_ptr, out_ptr, num_tokens, tok, head, row_valid, offs_d64, d_mask,
-    stride_on, stride_oh, stride_od, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    INTERP: tl.constexpr,
+    stride_on, stride_oh, stride_od, num_used, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
-    """Merge the splits' partials of one tile's (token, head) rows by their LSE and store the output."""
+    """Merge the partials of one tile's (token, head) rows from its first ``num_used`` splits (the others hold
+    no keys and wrote none) by their LSE and store the output."""
     mask = row_valid[:, None] & d_mask[None, :]
     m = tl.full(row_valid.shape, -1.0e30, tl.float32)
     for s in tl.static_range(NUM_SPLITS):
         base = (s * num_tokens + tok) * NUM_HEADS + head
-        m = tl.maximum(m, tl.load(lse_part_ptr + base, mask=row_valid, other=float("-inf"), cache_modifier=".cg"))
+        used = row_valid & (tl.full(row_valid.shape, s, tl.int32) < num_used)
+        m = tl.maximum(m, tl.load(lse_part_ptr + base, mask=used, other=float("-inf"), cache_modifier=".cg"))
     # split 0 always holds key 0, which every query sees, so m is finite - except for a pad row with
     # seq_len 0 (no keys at all): then every weight is 0 and the output is 0, as without splits
     den = tl.zeros(row_valid.shape, tl.float32)
     acc = tl.zeros(mask.shape, tl.float32)
     for s in tl.static_range(NUM_SPLITS):
         base = (s * num_tokens + tok) * NUM_HEADS + head
-        w = tl.exp2(tl.load(lse_part_ptr + base, mask=row_valid, other=float("-inf"), cache_modifier=".cg") - m)
+        used = row_valid & (tl.full(row_valid.shape, s, tl.int32) < num_used)
+        w = tl.exp2(tl.load(lse_part_ptr + base, mask=used, other=float("-inf"), cache_modifier=".cg") - m)
         den += w
         o = tl.load(
-            o_part_ptr + base[:, None] * HEAD_DIM + offs_d64[None, :], mask=mask, other=0.0, cache_modifier=".cg"
+            o_part_ptr + base[:, None] * HEAD_DIM + offs_d64[None, :],
+            mask=used[:, None] & d_mask[None, :],
+            other=0.0,
+            cache_modifier=".cg",
         )
         acc += w[:, None] * o
     res = acc / tl.where(den > 0, den, 1.0)[:, None]
@@ -710,6 +723,7 @@ def paged_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    split_grain: int | None = None,
 ) -> torch.Tensor:
     """Causal flash attention of ``q [N, H, hd]`` over paged KV; returns ``[N, H, hd]`` in q.dtype
     (written into ``out`` when given; any strides for q and out).
@@ -719,8 +733,9 @@ def paged_attention(
     for a launch of several q tiles without splits (prompt chunks: every row's tiles packed and run last first),
     and tiles past a row's end exit at once, so the grid depends on no device data
     (CUDA-graph capturable).
-    ``num_splits > 1`` is split-K (flash-decoding): each split handles a slice of the KV range and the last
-    split of a tile to finish merges them by LSE. Default: chosen from the shapes (only for
+    ``num_splits > 1`` is split-K (flash-decoding): each split handles a slice of the KV range (a multiple of
+    ``split_grain`` keys, default `_attn_config`'s), splits past a row's keys exit at once, and the last split
+    of a tile to finish merges the used ones by LSE. Default: chosen from the shapes (only for
     ``max_seqlen_q == 1`` on CUDA). fp32 accumulation; for fp32 inputs the dots are IEEE fp32 (no TF32); for
     bf16/fp16 the softmax probabilities are rounded to the KV dtype before the P@V dot (as FlashAttention
     does).
@@ -737,7 +752,7 @@ def paged_attention(
         )
     _launch(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, out, None,
-        num_splits, block_m, block_n, num_warps, num_stages,
+        num_splits, block_m, block_n, num_warps, num_stages, split_grain=split_grain,
     )  # fmt: skip
     return out
 
