@@ -889,18 +889,20 @@ def test_kernels_compile_for_sm90():
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("rows,tokens,ctx", [(1, 64, 0), (2, 32, 40)])
-def test_prefill_attn_sweep_lays_out_sdpa_as_the_paged_kernel_reads(rows, tokens, ctx):
+@pytest.mark.parametrize("spec", ["1x64+0", "2x32+40", "1x20+37/2x16+0"])
+def test_prefill_attn_sweep_lays_out_sdpa_as_the_paged_kernel_reads(spec):
     """benchmarks/kernels/prefill_attn_sweep.py's SDPA side (its speed yardstick) attends over the same keys, in
-    the same causal alignment, as `paged_attention` over the scattered blocks: a fresh prompt (is_causal) and a
-    chunk after cached tokens (bottom-right mask), compared on the CPU (the torch reference)."""
-    from benchmarks.kernels.prefill_attn_sweep import Case
+    the same causal alignment, as `paged_attention` over the scattered blocks: a fresh prompt (is_causal), a
+    chunk after cached tokens (bottom-right mask), and rows of both kinds in one case (a chunk that continues a
+    prompt, then new ones), compared on the CPU (the torch reference)."""
+    from benchmarks.kernels.prefill_attn_sweep import Case, parse_case
 
-    case = Case(rows, tokens, ctx, device="cpu", layers=1)
+    case = Case(parse_case(spec), device="cpu", layers=1)
+    assert case.label == spec
     run, out = case.sdpa()
     run()
     kc, vc = case.kv[0, 0], case.kv[0, 1]
-    ref = K.paged_attention_ref(case.q, kc, vc, case.cu, case.lens, case.tables, 128**-0.5, tokens)
+    ref = K.paged_attention_ref(case.q, kc, vc, case.cu, case.lens, case.tables, 128**-0.5, case.max_q)
     torch.testing.assert_close(out().float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
@@ -1274,7 +1276,7 @@ def test_prefill_attn_sweep_graph_rows_launch_gives_the_rows_output():
     for the whole query buffer (as a mixed graph launches it) gives bitwise the output of the plain launch."""
     from benchmarks.kernels.prefill_attn_sweep import Case
 
-    plain, padded = (Case(2, 32, 40, device="cpu", layers=1, graph_rows=g) for g in (0, 5))
+    plain, padded = (Case([(32, 40)] * 2, device="cpu", layers=1, graph_rows=g) for g in (0, 5))
     assert padded.lens.tolist() == [72, 72, 0, 0, 0] and padded.max_q == 64 and padded.cu.tolist()[-1] == 64
     plain.call(0, {})
     padded.call(0, {})

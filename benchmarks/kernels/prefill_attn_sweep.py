@@ -2,8 +2,9 @@
 torch's SDPA (FlashAttention) on the same keys laid out contiguously: how far the paged prefill kernel is
 from a well-kept library's, and which tile, warps and stages close it.
 
-A case is ``rows`` prompts of ``tokens`` new tokens each after ``ctx`` cached ones (the 1.4B shape: 16 heads, 16 kv
-heads of 128; block size 16, each row's blocks scattered over the cache), causal. Every config runs 24 launches
+A case is rows of ``tokens`` new tokens each after ``ctx`` cached ones, alike (``4x512+512``) or not
+(``1314+586/730+0``: `parse_case`) (the 1.4B shape: 16 heads, 16 kv heads of 128; block size 16, each row's
+blocks scattered over the cache), causal. Every config runs 24 launches
 (one per layer, each over its own layer's KV) captured as one CUDA graph: us a launch (median of
 ``--replays``) and TFLOP/s (QK^T and PV of the causal part: 2 x queries x keys seen x heads x head dim x 2). Each
 output is compared with the default config's (bitwise, and the largest difference); SDPA's with the default's too
@@ -34,39 +35,52 @@ GRID = [
 ]
 
 
+def parse_case(spec: str) -> list[tuple[int, int]]:
+    """A case's rows as (tokens, ctx): ``ROWSxTOKENS+CONTEXT`` parts joined by ``/`` (``ROWSx`` may be left out):
+    ``4x512+512``, or ``1314+586/730+0``, a chunk that continues a prompt after 586 cached tokens, then a new
+    prompt's first 730 (how the scheduler fills a chunk: continuing chunks first)."""
+    shapes: list[tuple[int, int]] = []
+    for part in spec.split("/"):
+        count, _, rest = part.rpartition("x")
+        tokens, ctx = rest.split("+")
+        shapes += [(int(tokens), int(ctx))] * int(count or 1)
+    return shapes
+
+
 class Case:
-    def __init__(
-        self, rows: int, tokens: int, ctx: int, device: str = "cuda", layers: int = LAYERS, graph_rows: int = 0
-    ):
+    def __init__(self, shapes: list[tuple[int, int]], device: str = "cuda", layers: int = LAYERS, graph_rows: int = 0):
         dev, dt = torch.device(device), torch.bfloat16
-        self.layers = layers
-        self.rows, self.tokens, self.ctx = rows, tokens, ctx
-        seq = ctx + tokens
-        per_row = (seq + BS - 1) // BS
+        self.layers, self.shapes = layers, shapes
+        rows = len(shapes)
+        per_row = [(ctx + tokens + BS - 1) // BS for tokens, ctx in shapes]
         gen = torch.Generator(device=dev).manual_seed(0)
-        self.kv = torch.randn(layers, 2, rows * per_row, BS, KVH, HD, device=dev, dtype=dt, generator=gen)
-        perm = torch.randperm(rows * per_row, device=dev, generator=gen).to(torch.int32)
-        self.tables = perm.view(rows, per_row)  # scattered blocks, as a busy cache holds them
-        self.cu = torch.arange(0, rows * tokens + 1, tokens, device=dev, dtype=torch.int32)
-        self.lens = torch.full((rows,), seq, device=dev, dtype=torch.int32)
-        self.max_q = tokens
+        self.kv = torch.randn(layers, 2, sum(per_row), BS, KVH, HD, device=dev, dtype=dt, generator=gen)
+        perm = torch.randperm(sum(per_row), device=dev, generator=gen).to(torch.int32)
+        self.tables = torch.zeros(rows, max(per_row), device=dev, dtype=torch.int32)
+        for r, first in enumerate(itertools.accumulate([0, *per_row[:-1]])):
+            self.tables[r, : per_row[r]] = perm[first : first + per_row[r]]  # scattered, as a busy cache holds them
+        tokens = torch.tensor([0] + [t for t, _ in shapes], device=dev)
+        self.cu = tokens.cumsum(0).to(torch.int32)
+        self.lens = torch.tensor([t + c for t, c in shapes], device=dev, dtype=torch.int32)
+        self.max_q = max(t for t, _ in shapes)
         self.launch_tables = self.tables
         if graph_rows > rows:  # empty rows after the case's, as a mixed graph's launch has them
             pad = graph_rows - rows
             self.cu = torch.cat([self.cu, self.cu[-1:].expand(pad)])
             self.lens = torch.cat([self.lens, self.lens.new_zeros(pad)])
-            self.launch_tables = torch.cat([self.tables, self.tables.new_zeros(pad, per_row)])
-            self.max_q = rows * tokens
+            self.launch_tables = torch.cat([self.tables, self.tables.new_zeros(pad, self.tables.shape[1])])
+            self.max_q = int(self.cu[-1])
         self.graph_rows = graph_rows
-        self.q = torch.randn(rows * tokens, H, HD, device=dev, dtype=dt, generator=gen)
+        self.q = torch.randn(int(self.cu[-1]), H, HD, device=dev, dtype=dt, generator=gen)
         self.out = torch.empty_like(self.q)
-        keys_seen = sum(ctx + i + 1 for i in range(tokens))  # causal: query i sees ctx + i + 1 keys
-        self.flops = rows * keys_seen * H * HD * 2 * 2
+        keys_seen = sum(t * c + t * (t + 1) // 2 for t, c in shapes)  # causal: query i sees ctx + i + 1 keys
+        self.flops = keys_seen * H * HD * 2 * 2
 
     @property
     def label(self) -> str:
-        padded = f" in {self.graph_rows}" if self.graph_rows > self.rows else ""
-        return f"{self.rows}x{self.tokens}+{self.ctx}{padded}"
+        padded = f" in {self.graph_rows}" if self.graph_rows > len(self.shapes) else ""
+        runs = [(len(list(g)), shape) for shape, g in itertools.groupby(self.shapes)]
+        return "/".join(f"{n}x{t}+{c}" for n, (t, c) in runs) + padded
 
     def call(self, layer: int, cfg: dict) -> None:
         kc, vc = self.kv[layer, 0], self.kv[layer, 1]
@@ -79,33 +93,40 @@ class Case:
 
     def sdpa(self):
         """torch SDPA (its FlashAttention backend on a GPU) on contiguous [rows, heads, seq, hd] copies of the
-        keys: (a function that runs it over every layer, a function that returns layer 0's output in the paged
-        kernel's layout). The queries sit at the end of each row (bottom-right causal alignment, as a chunk after
-        cached tokens)."""
-        seq = self.ctx + self.tokens
-        blocks = self.tables.long()
+        keys, one call per run of rows of the same shape: (a function that runs it over every layer, a function
+        that returns layer 0's output in the paged kernel's layout). The queries sit at the end of each row
+        (bottom-right causal alignment, as a chunk after cached tokens)."""
+        groups = []  # (queries [n, H, tokens, HD], keys and values of each layer, mask or None)
+        r = 0
+        for (tokens, ctx), g in itertools.groupby(self.shapes):
+            n, seq = len(list(g)), ctx + tokens
+            blocks = self.tables[r : r + n, : (seq + BS - 1) // BS].long()
 
-        def contiguous(cache: torch.Tensor) -> torch.Tensor:
-            return cache[blocks].reshape(self.rows, -1, KVH, HD)[:, :seq].transpose(1, 2).contiguous()
+            def contiguous(cache: torch.Tensor, blocks=blocks, n=n, seq=seq) -> torch.Tensor:
+                return cache[blocks].reshape(n, -1, KVH, HD)[:, :seq].transpose(1, 2).contiguous()
 
-        ks = [contiguous(self.kv[layer, 0]) for layer in range(self.layers)]
-        vs = [contiguous(self.kv[layer, 1]) for layer in range(self.layers)]
-        q = self.q.view(self.rows, self.tokens, H, HD).transpose(1, 2).contiguous()
-        mask = None
-        if self.ctx:  # bottom-right causal: query i sees keys < ctx + i + 1
-            i = torch.arange(self.tokens, device=q.device)[:, None]
-            mask = torch.arange(seq, device=q.device)[None, :] <= self.ctx + i
-        outs: list[torch.Tensor] = []
+            q0 = int(self.cu[r])
+            q = self.q[q0 : q0 + n * tokens].view(n, tokens, H, HD).transpose(1, 2).contiguous()
+            mask = None
+            if ctx:  # bottom-right causal: query i sees keys < ctx + i + 1
+                i = torch.arange(tokens, device=q.device)[:, None]
+                mask = torch.arange(seq, device=q.device)[None, :] <= ctx + i
+            kvs = [(contiguous(self.kv[layer, 0]), contiguous(self.kv[layer, 1])) for layer in range(self.layers)]
+            groups.append((q, kvs, mask))
+            r += n
+        outs: list[list[torch.Tensor]] = []
 
         def run() -> None:
             outs.clear()
-            for k, v in zip(ks, vs):
-                if mask is None:
-                    outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True))
-                else:
-                    outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+            for q, kvs, mask in groups:
+                outs.append(
+                    [F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask) for k, v in kvs]
+                )
 
-        return run, lambda: outs[0].transpose(1, 2).reshape(self.rows * self.tokens, H, HD)
+        def layer0() -> torch.Tensor:
+            return torch.cat([o[0].transpose(1, 2).reshape(-1, H, HD) for o in outs])
+
+        return run, layer0
 
 
 def name(cfg: dict) -> str:
@@ -114,7 +135,9 @@ def name(cfg: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="1x2048+0,4x512+512", help="ROWSxTOKENS+CONTEXT, comma-separated")
+    ap.add_argument(
+        "--cases", default="1x2048+0,4x512+512", help="ROWSxTOKENS+CONTEXT[/...] (`parse_case`), comma-separated"
+    )
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--graph-rows", type=int, default=0, help="pad each case with empty rows to N (a mixed graph's)")
     ap.add_argument("--bf16-tflops", type=float, default=990.0)
@@ -128,9 +151,7 @@ def main() -> None:
     report: dict = {"device": torch.cuda.get_device_name(), "bf16_tflops": args.bf16_tflops, "cases": {}}
     saved: dict[str, torch.Tensor] = {}
     for spec in args.cases.split(","):
-        rows, rest = spec.split("x")
-        tokens, ctx = rest.split("+")
-        case = Case(int(rows), int(tokens), int(ctx), graph_rows=args.graph_rows)
+        case = Case(parse_case(spec), graph_rows=args.graph_rows)
         case.call(0, {})
         ref = case.out.float().clone()
         saved[case.label] = case.out.cpu().clone()

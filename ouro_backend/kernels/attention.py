@@ -276,13 +276,12 @@ def _paged_attn_kernel(
 ):
     # grid: (q_tiles * NUM_SPLITS, num_kv_heads, R), or with PACKED_TILES (prompt launches, no splits)
     # ((num_tokens // BLOCK_Q + R) * num_kv_heads, 1, 1): every row's q tiles packed one after another (row r's
-    # first at cu_q[r] // BLOCK_Q + r, `_tile_row`): a program for each tile that holds queries, at most one
+    # slots from cu_q[r] // BLOCK_Q + r, `_tile_row`): a program for each tile that holds queries, at most one
     # empty one a row and one per BLOCK_Q tokens of q past the rows' (a graph's padding). The rectangular grid
     # would give every row max_seqlen_q's tiles, and a mixed graph's launch has max_num_seqs rows and its
-    # token bucket as max_seqlen_q. Kv heads vary fastest and the tiles run last first, the last row's first: a
-    # row's last q tiles (the most of its keys) start before its first ones. NOTE across rows that is not heaviest
-    # first: a running engine's chunk is a prompt's continuation (row 0, keys cached before it) then new prompts,
-    # and the continuation's tiles, which see the most keys, start last (docs/engine.md, the packed grid's row).
+    # token bucket as max_seqlen_q. Kv heads vary fastest, rows run in order and each row's tiles last first,
+    # so the tiles with the most keys start in the first wave: a row's last tiles see the most of its keys, and
+    # the scheduler puts the chunks that continue a prompt (keys cached before them) ahead of new prompts'.
     # One program = BLOCK_Q query tokens of one row x the
     # G query heads sharing one kv head (tile row m -> token m // G_PAD, head m % G_PAD), one KV split.
     # PREFETCH_KV (decode with RoPE; the caller's promise that the kernel launched just before this one
@@ -296,10 +295,11 @@ def _paged_attn_kernel(
     if PACKED_TILES:
         NUM_KV_HEADS: tl.constexpr = NUM_HEADS // QUERIES_PER_KV
         kvh = pid0 % NUM_KV_HEADS
-        t = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid0 // NUM_KV_HEADS
+        t = pid0 // NUM_KV_HEADS
         row = _tile_row(cu_q_ptr, t, num_rows, BLOCK_Q)
         q_start = tl.load(cu_q_ptr + row)
-        q_tile = t - (q_start // BLOCK_Q + row)
+        q_end = tl.load(cu_q_ptr + row + 1)
+        q_tile = q_end // BLOCK_Q + row - t  # row r's slots cu_q[r] // BLOCK_Q + r ... cu_q[r+1] // BLOCK_Q + r
         split = 0
     else:
         row = tl.program_id(2)
@@ -307,7 +307,8 @@ def _paged_attn_kernel(
         q_tile = pid0 // NUM_SPLITS
         split = pid0 % NUM_SPLITS
         q_start = tl.load(cu_q_ptr + row, cache_modifier=CACHE)
-    n_q = tl.load(cu_q_ptr + row + 1, cache_modifier=CACHE) - q_start
+        q_end = tl.load(cu_q_ptr + row + 1, cache_modifier=CACHE)
+    n_q = q_end - q_start
     seq_len = tl.load(seq_lens_ptr + row, cache_modifier=CACHE)
     ctx = seq_len - n_q  # position of the row's first query token
 
@@ -347,7 +348,7 @@ def _paged_attn_kernel(
         cos, sin = _rope_cos_sin(pos_ptr, cs_ptr, q_start, n_q > 0, offs_d64, d_mask, stride_cs, HEAD_DIM, CACHE)
     if PREFETCH_KV:
         pdl_enter(PDL)
-    if q_tile * BLOCK_Q >= n_q:
+    if (q_tile < 0) | (q_tile * BLOCK_Q >= n_q):  # a slot past the row's tiles, or past the last row's (packed)
         return
     q = tl.load(
         q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d64[None, :] * stride_qd,
@@ -626,8 +627,9 @@ class AttnConfig(NamedTuple):
     first_n: int  # keys of a split's first tile (read ahead of the PDL wait with prefetch_kv)
 
     def packed_tiles(self, max_seqlen_q: int, num_splits: int) -> bool:
-        """Whether a launch packs its rows' q tiles, last first (`_paged_attn_kernel`'s PACKED_TILES grid): several
-        q tiles a row and no KV splits, that is a prompt chunk's launch; decode launches keep theirs."""
+        """Whether a launch packs its rows' q tiles, rows in order and each row's last first
+        (`_paged_attn_kernel`'s PACKED_TILES grid): several q tiles a row and no KV splits, that is a prompt
+        chunk's launch; decode launches keep theirs."""
         return triton.cdiv(max_seqlen_q, self.block_q) > 1 and num_splits == 1
 
     def launch_args(self) -> dict[str, int]:
@@ -730,8 +732,8 @@ def paged_attention(
 
     ``max_seqlen_q`` (host int) must be >= every row's query count; the grid is
     ``(cdiv(max_seqlen_q, BLOCK_Q) * num_splits, num_kv_heads, R)``, or ``((N // BLOCK_Q + R) * num_kv_heads,)``
-    for a launch of several q tiles without splits (prompt chunks: every row's tiles packed and run last first),
-    and tiles past a row's end exit at once, so the grid depends on no device data
+    for a launch of several q tiles without splits (prompt chunks: every row's tiles packed, rows in order and
+    each row's last tiles first), and tiles past a row's end exit at once, so the grid depends on no device data
     (CUDA-graph capturable).
     ``num_splits > 1`` is split-K (flash-decoding): each split handles a slice of the KV range (a multiple of
     ``split_grain`` keys, default `_attn_config`'s), splits past a row's keys exit at once, and the last split
