@@ -50,7 +50,7 @@ class Case:
 
     def __init__(self, rows: int, ctx: int, live: int | None = None, idle_len: int = 1):
         dev, dt = torch.device("cuda"), torch.bfloat16
-        live = rows if live is None else min(live, rows)
+        live = rows if live is None else live
         per_row = (ctx + BS - 1) // BS
         self.kv = torch.randn(LAYERS, 2, max(live, 1) * per_row, BS, KVH, HD, device=dev, dtype=dt)
         self.tables = torch.zeros(rows, per_row, device=dev, dtype=torch.int32)
@@ -150,7 +150,12 @@ def main() -> None:
     ap.add_argument("--hbm-tb-s", type=float, default=4.8)
     ap.add_argument("--loop-context", type=int, default=0, help="the loop check's context (0: the first swept)")
     ap.add_argument("--skip-loop", action="store_true")
-    ap.add_argument("--live", default="", help="comma-separated: rows that hold keys (default all; the rest idle)")
+    ap.add_argument(
+        "--live",
+        default="",
+        help="comma-separated: rows that hold keys (default all; the rest idle; counts above --rows are skipped); "
+        "the loop check runs only for all rows live",
+    )
     ap.add_argument("--idle-len", type=int, default=1, help="keys of an idle row (1 as the engine, 0 a pad row)")
     ap.add_argument("--out", help="JSON, rewritten after every case (a call cut short keeps what it measured)")
     args = ap.parse_args()

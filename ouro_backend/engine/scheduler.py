@@ -313,6 +313,10 @@ class Scheduler:
             ],
         )
         budget = self.max_tokens - len(decode)
+        # NOTE chunk order: chunks mid-loops, deep chunks, the running prompts' next chunks, then new prompts. So
+        # the chunks that continue a prompt (most keys: their earlier tokens are cached) come first, and the
+        # prompt attention's packed grid, which starts rows in order (`attention._paged_attn_kernel`), starts
+        # their tiles in its first wave.
         prefill: list[PrefillChunk] = []
         for seq in self.running:
             chunk = self.chunks.get(seq.slot)
