@@ -217,7 +217,11 @@ def main() -> None:
         graphs={},
     )
     picks = [(f"decode {b} rows", r.graphs.decode[(b, 1, SamplerMode.GREEDY)]) for b in (1, 64)]
-    picks.append(("prompt 128 tokens", r.graphs.mixed[(128, SamplerMode.GREEDY)]))
+    picks += [
+        (f"prompt 128 tokens beside {d} rows", g)
+        for (d, t, mode), g in sorted(r.graphs.mixed.items(), key=lambda kv: kv[0][:2])
+        if t == 128 and mode == SamplerMode.GREEDY
+    ]
     ones = {b: g for (b, rounds, mode), g in r.graphs.decode.items() if rounds == 1 and mode == SamplerMode.GREEDY}
     report["round_ms_by_rows"] = {b: round(replay_ms(ones[b].graph, 50, 5), 4) for b in sorted(ones)}
     print("round ms by rows", report["round_ms_by_rows"])

@@ -11,6 +11,7 @@ from engine_helpers import make_recording_engine as make_engine
 from engine_helpers import ouro_exit, run_all
 
 from ouro_backend import SamplingParams
+from ouro_backend.engine import cuda_graphs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 LAYOUTS = ["last_exited", "shared"]
@@ -81,9 +82,13 @@ def delayed_exit(threshold, min_loops=1, max_loops=4):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", ["ouro", "ouro_delayed"])
-def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, layout, mode):
+@pytest.mark.parametrize("few_rows", [None, 4])
+def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, monkeypatch, layout, mode, few_rows):
     """Per-request thresholds and loop bounds in one batch, arriving at different steps, with graphs and
-    four rounds per launch: every request's tokens and depths equal the oracle's."""
+    four rounds per launch: every request's tokens and depths equal the oracle's. few_rows=4: mixed graphs
+    beside 4 bound rows as well (the engine's 8 slots are fewer than FEW_ROWS)."""
+    if few_rows is not None:
+        monkeypatch.setattr(cuda_graphs, "FEW_ROWS", few_rows)
     eng = gpu_engine(
         toy_path,
         "float32",
@@ -94,6 +99,13 @@ def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, layout, mo
         max_num_batched_tokens=16,
     )
     eng.runner.record_logits = False
+    replay_mixed, few_replays = eng.runner._replay_mixed, []
+
+    def counting_replay(graph, batch, h):
+        few_replays.append(graph.rows < eng.runner.graphs.max_rows)
+        return replay_mixed(graph, batch, h)
+
+    eng.runner._replay_mixed = counting_replay
     specs = [(0.5, 1, 4), (0.8, 2, 4), (0.3, 1, 3), (1.0, 1, 4), (0.6, 3, 4)]
     rule = ouro_exit if mode == "ouro" else delayed_exit
     outs = {}
@@ -118,6 +130,7 @@ def test_fp32_mixed_requests_staggered_equal_oracle(toy_path, oracle, layout, mo
         assert (outs[str(i)].token_ids, outs[str(i)].exit_depths) == (tokens, depths), (mode, i)
     assert eng.kv.pool.num_available == eng.kv.num_blocks
     assert eng.stats()["eager_launches"] == 0
+    assert any(few_replays) == (few_rows is not None), few_replays
 
 
 def test_fp32_trace_and_max_tokens_mid_launch(toy_path):

@@ -83,9 +83,15 @@ def test_graph_launches_equal_oracle(toy_path, oracle, emulated_graphs, layout, 
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_graph_launches_staggered_requests_equal_oracle(toy_path, oracle, emulated_graphs, layout):
+@pytest.mark.parametrize("few_rows", [None, 4])
+def test_graph_launches_staggered_requests_equal_oracle(
+    toy_path, oracle, emulated_graphs, monkeypatch, layout, few_rows
+):
     """Requests arrive every third step, then many at once, with per-request thresholds and loop bounds:
-    prompt chunks meet from none to all 8 decode rows, and the row graphs run slots that are not a range."""
+    prompt chunks meet from none to all 8 decode rows, and the row graphs run slots that are not a range.
+    few_rows=4: mixed graphs beside 4 bound rows too (FEW_ROWS is 16, more rows than this engine has)."""
+    if few_rows is not None:
+        monkeypatch.setattr(cuda_graphs, "FEW_ROWS", few_rows)
     eng = graph_engine(
         toy_path,
         kv_layout=layout,
@@ -102,6 +108,23 @@ def test_graph_launches_staggered_requests_equal_oracle(toy_path, oracle, emulat
         return bound[-1]
 
     graphs.bind_rows = recording_bind
+    # A mixed graph of bound rows must run every decode row of its round (a row it missed would only stall a
+    # round, with the same tokens): checked at each replay against the round's plan.
+    runner, plans, few_replays = eng.runner, [], []
+    mixed_round, replay_mixed = runner._mixed_round, runner._replay_mixed
+
+    def recording_mixed_round(plan, launch):
+        plans.append(list(plan.decode_slots))
+        return mixed_round(plan, launch)
+
+    def checked_replay(graph, batch, h):
+        if graph.rows < runner.graphs.max_rows:
+            ran = runner.graphs._rows[: graph.rows].tolist()
+            assert set(plans[-1]) <= set(ran), (plans[-1], ran)
+            few_replays.append(ran)
+        return replay_mixed(graph, batch, h)
+
+    runner._mixed_round, runner._replay_mixed = recording_mixed_round, checked_replay
     specs = [(0.5, 1, 4), (0.8, 2, 4), (0.3, 1, 3), (1.0, 1, 4), (0.6, 3, 4)]
     n = 11  # request i is request i % 5 again: its prompt, bounds and length
     requests = [
@@ -128,6 +151,10 @@ def test_graph_launches_staggered_requests_equal_oracle(toy_path, oracle, emulat
     assert eng.stats()["eager_launches"] == 0
     assert all(graph_replays(eng).values()), graph_replays(eng)
     assert any(rows is not None and rows != list(range(len(rows))) for rows in bound), "no scattered slots ran"
+    if few_rows is not None:  # and some of them ran scattered slots beside a chunk
+        assert any(ran != list(range(few_rows)) for ran in few_replays), few_replays
+    else:
+        assert not few_replays and {d for d, _, _ in graphs.mixed} == {8}
 
 
 def test_speculative_graphs_equal_oracle(toy_path, oracle, emulated_graphs):

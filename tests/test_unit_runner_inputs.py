@@ -7,7 +7,14 @@ from __future__ import annotations
 import torch
 
 from ouro_backend.config import KVLayout
-from ouro_backend.engine.cuda_graphs import graph_rows, row_buckets, token_buckets
+from ouro_backend.engine.cuda_graphs import (
+    FEW_ROWS,
+    FEW_ROWS_TOKENS,
+    graph_rows,
+    mixed_rows,
+    row_buckets,
+    token_buckets,
+)
 from ouro_backend.engine.kv_cache import KVCache
 from ouro_backend.engine.prompt_batch import prompt_batch
 from ouro_backend.engine.scheduler import PrefillChunk
@@ -80,6 +87,19 @@ def test_graph_rows_run_the_decode_rows_not_a_slot_range():
     assert graph_rows([5, 6, 7], owners(0, 1, 2, 3, 4, 5, 6, 7), [2, 8]) == list(range(8))
     assert graph_rows([0, 1, 2], owners(0, 1, 2), [1, 2]) is None  # no graph that large: eager
     assert graph_rows([0], owners(0), []) is None  # no graphs at all
+    # A mixed round with no decode rows: free slots only, else the lowest range.
+    assert graph_rows([], owners(0, 2), [4]) == [1, 3, 4, 5]
+    assert graph_rows([], owners(*range(8)), [4]) == [0, 1, 2, 3]
+
+
+def test_mixed_graph_rows():
+    """Mixed graphs of small prompt-token buckets are also captured beside FEW_ROWS bound rows."""
+    assert FEW_ROWS == 16 and FEW_ROWS_TOKENS == 512
+    assert mixed_rows(64, 16) == [64, 16]
+    assert mixed_rows(64, 512) == [64, 16]
+    assert mixed_rows(64, 640) == [64]
+    assert mixed_rows(16, 128) == [16]  # no more slots than that: one graph
+    assert mixed_rows(8, 128) == [8]
 
 
 def test_graph_buckets():

@@ -2,13 +2,16 @@
 
 Decode-only launches are captured per (row bucket, rounds per launch, sampler mode), state update and
 coda included; speculative steps per (row bucket, sampler mode), PENALIZE aside (the scheduler does not
-speculate then); rounds with prompt chunks per (prompt-
-token bucket, sampler mode), whose decode rows are every slot (idle ones masked by the decode state) and
-whose prompt tokens are padded to the bucket (pad tokens get KV slot -1: no write).
+speculate then); rounds with prompt chunks per (decode rows, prompt-token bucket, sampler mode)
+(`mixed_rows`): every slot as a decode row (idle ones masked by the decode state), and for small buckets
+also `FEW_ROWS` bound rows, so a round with a small chunk beside a few live rows does not pay for every
+slot. Prompt tokens are padded to the bucket (pad tokens get KV slot -1: no write).
 
-A row graph of b rows runs the slots in `rows[:b]` (`bind_rows`), so a plan's decode rows need not be a
-slot range. NOTE: every graph writes its outputs (the prompt tokens' loop output, the decode rows' logits)
-into buffers all graphs share, so a launch must read its graph's outputs before the next launch replays
+A row graph of b rows (decode, speculative, or a mixed graph of `FEW_ROWS`) runs the slots in `rows[:b]`
+(`bind_rows`), so a plan's decode rows need not be a slot range.
+
+NOTE: every graph writes its outputs (the prompt tokens' loop output, the decode rows' logits) into
+buffers all graphs share, so a launch must read its graph's outputs before the next launch replays
 another; in exchange the graphs' own intermediates are free to the next capture (docs/engine.md,
 "Measurements behind the design": graph memory).
 """
@@ -62,6 +65,18 @@ DecodeSteps = Callable[[torch.Tensor, torch.Tensor, SamplerMode], torch.Tensor |
 SpecStep = Callable[[torch.Tensor, torch.Tensor, SamplerMode], torch.Tensor]
 
 
+# Mixed graphs of prompt-token buckets up to FEW_ROWS_TOKENS are captured twice: with every slot as a decode
+# row and with FEW_ROWS bound rows (docs/engine.md, "Measurements behind the design").
+FEW_ROWS = 16
+FEW_ROWS_TOKENS = 512
+
+
+def mixed_rows(max_rows: int, tokens: int) -> list[int]:
+    """Decode-row counts of the mixed graphs of a prompt-token bucket: every slot, and FEW_ROWS bound rows
+    for small buckets when there are more slots than that."""
+    return [max_rows] + ([FEW_ROWS] if tokens <= FEW_ROWS_TOKENS and max_rows > FEW_ROWS else [])
+
+
 def row_buckets(max_rows: int) -> list[int]:
     """Row counts of the decode and speculative graphs."""
     return sorted({b for b in (1, 2, 4, 8, *range(16, max_rows + 1, 16), max_rows) if b <= max_rows})
@@ -94,7 +109,7 @@ def graph_rows(decode_slots: list[int], owners: list, sizes: list[int]) -> list[
     if b > n:  # decode slots have owners, so the free slots are the others
         rows += [s for s, owner in enumerate(owners) if owner is None][: b - n]
     if len(rows) < b:
-        span = max(decode_slots) + 1
+        span = max(decode_slots, default=-1) + 1
         ranged = [x for x in sizes if x >= span]
         return list(range(min(ranged))) if ranged else None
     return rows
@@ -128,7 +143,7 @@ class CudaGraphs:
         self.row_buckets = row_buckets(max_rows)
         self.token_buckets = token_buckets(max_graph_tokens)
         self.decode: dict[tuple[int, int, SamplerMode], Graph] = {}  # (rows, rounds, mode)
-        self.mixed: dict[tuple[int, SamplerMode], Graph] = {}  # (prompt tokens, mode)
+        self.mixed: dict[tuple[int, int, SamplerMode], Graph] = {}  # (decode rows, prompt tokens, mode)
         self.spec: dict[tuple[int, SamplerMode], Graph] = {}  # (rows, mode)
         self.memory = 0
         Tk = max(self.token_buckets, default=0)
@@ -136,13 +151,13 @@ class CudaGraphs:
         self._h = torch.zeros(Tk, hidden_size, dtype=dtype, device=dev)
         self._pos = torch.zeros(Tk, dtype=torch.int64, device=dev)
         self._kv_slot = torch.full((Tk,), -1, dtype=torch.int64, device=dev)
-        self._cu = torch.cat([torch.arange(max_rows + 1), torch.full((max_rows,), max_rows)]).int().to(dev)
+        self._cu = torch.zeros(2 * max_rows + 1, dtype=torch.int32, device=dev)  # set per capture (`_empty_cu`)
         self._lens = torch.ones(max_rows, dtype=torch.int32, device=dev)
         self._tables = torch.zeros(max_rows, state.max_blocks, dtype=torch.int32, device=dev)
         # The slots that row graphs run (`bind_rows`); `_bound` mirrors it on the host.
         self._rows = torch.arange(max_rows, dtype=torch.int64, device=dev)
         self._bound = list(range(max_rows))
-        self._all_rows = torch.arange(max_rows, dtype=torch.int64, device=dev)  # the mixed graphs' decode rows
+        self._all_rows = torch.arange(max_rows, dtype=torch.int64, device=dev)  # every-slot mixed graphs' rows
         # Every graph's outputs go to these shared buffers (module docstring).
         self._logits = torch.empty(max_rows, vocab_size, dtype=torch.float32, device=dev)
         self._out = torch.empty(Tk, hidden_size, dtype=dtype, device=dev)
@@ -165,12 +180,16 @@ class CudaGraphs:
         before = torch.cuda.memory_reserved(dev)
         # NOTE each round function binds its bucket and mode when it is made (`partial`), not when it is called.
         with _collector_paused():
-            R, idx = self.max_rows, self._all_rows
+            R = self.max_rows
             for mode in SamplerMode:
                 for t in reversed(self.token_buckets):
-                    pre = self.prompt_inputs(t, R)
-                    g, rec, (out, logits) = self._capture(partial(self._mixed_round, mixed_step, idx, pre, mode), 1)
-                    self.mixed[(t, mode)] = Graph(g, t, R, rec, logits, out, R)
+                    for d in mixed_rows(R, t):
+                        idx = self._all_rows if d == R else self._rows[:d]
+                        self._empty_cu(d)
+                        pre = self.prompt_inputs(t, R, d)
+                        fn = partial(self._mixed_round, mixed_step, idx, pre, mode)
+                        g, rec, (out, logits) = self._capture(fn, 1)
+                        self.mixed[(d, t, mode)] = Graph(g, t, d, rec, logits, out, R)
                 for rounds in sorted({1, rounds_per_launch}, reverse=True):
                     for b in reversed(self.row_buckets):
                         fn = partial(self._decode_rounds, decode_steps, self._rows[:b], mode)
@@ -221,32 +240,47 @@ class CudaGraphs:
         self._pool = g.pool()
         return g, rec, result
 
+    def _empty_cu(self, rows: int) -> None:
+        """Capture-time cu_seqlens: `rows` decode rows of one token, then empty chunks (a replay writes the
+        plan's over it)."""
+        self._cu[: rows + 1].copy_(torch.arange(rows + 1, dtype=torch.int32))
+        self._cu[rows + 1 :].fill_(rows)
+
     # ---- replay ----
-    def prompt_inputs(self, tokens: int, chunks: int) -> PromptInputs:
-        """The mixed graphs' static prompt-token inputs (after the graphs' decode rows, one per slot)."""
-        D = self._tables.shape[0]
+    def prompt_inputs(self, tokens: int, chunks: int, rows: int) -> PromptInputs:
+        """The mixed graphs' static prompt-token inputs, after `rows` decode rows."""
         return PromptInputs(
             self._h[:tokens],
             self._pos[:tokens],
             self._kv_slot[:tokens],
-            self._cu[: D + chunks + 1],
+            self._cu[: rows + chunks + 1],
             self._lens[:chunks],
             self._tables[:chunks],
             tokens,
         )
 
-    def bind_rows(self, decode_slots: list[int], owners: list) -> list[int] | None:
-        """Point the row graphs at these decode rows (`graph_rows`); returns the bound slots, or None."""
-        rows = graph_rows(decode_slots, owners, self.row_buckets)
+    def bind_rows(self, decode_slots: list[int], owners: list, sizes: list[int] | None = None) -> list[int] | None:
+        """Point the row graphs at these decode rows (`graph_rows` over `sizes`, by default the row buckets);
+        returns the bound slots, or None."""
+        rows = graph_rows(decode_slots, owners, self.row_buckets if sizes is None else sizes)
         if rows is not None and rows != self._bound[: len(rows)]:
             self._rows[: len(rows)].copy_(self.staging.to_device(rows, torch.long))
             self._bound[: len(rows)] = rows
         return rows
 
-    def mixed_graph(self, tokens: int, chunks: int, mode: SamplerMode) -> Graph | None:
-        """The smallest mixed graph that holds `tokens` prompt tokens in `chunks` chunks."""
-        best = None
-        for (t, m), g in self.mixed.items():
-            if m is mode and t >= tokens and g.prefill_rows >= chunks and (best is None or t < best.tokens):
-                best = g
-        return best
+    def mixed_graph(
+        self, tokens: int, chunks: int, mode: SamplerMode, decode_slots: list[int], owners: list
+    ) -> tuple[Graph, list[int]] | None:
+        """The mixed graph of the smallest bucket that holds `tokens` prompt tokens in `chunks` chunks, with
+        FEW_ROWS bound rows when it has them and they hold the decode slots (bound here), else every slot;
+        returns it and the slots its decode rows run, or None."""
+        t = min((t for t in self.token_buckets if t >= tokens), default=None)
+        if t is None or chunks > self.max_rows:
+            return None
+        few = self.mixed.get((FEW_ROWS, t, mode))
+        if few is not None and len(decode_slots) <= FEW_ROWS:
+            rows = self.bind_rows(decode_slots, owners, [FEW_ROWS])
+            if rows is not None:
+                return few, rows
+        every = self.mixed.get((self.max_rows, t, mode))
+        return (every, list(range(self.max_rows))) if every is not None else None

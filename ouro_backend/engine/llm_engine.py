@@ -163,11 +163,12 @@ class LLMEngine:
             assert g is not None
             log.info(
                 "captured CUDA graphs in %.1fs (%.0f MiB): decode launches of %s rows x %s rounds, "
-                "rounds with prompt chunks of up to %s tokens, speculative steps of %s rows",
+                "rounds with prompt chunks of up to %s tokens beside %s decode rows, speculative steps of %s rows",
                 time.monotonic() - t0,
                 g.memory / 2**20,
                 sorted({k[0] for k in g.decode}),
                 sorted({k[1] for k in g.decode}),
+                sorted({k[1] for k in g.mixed}),
                 sorted({k[0] for k in g.mixed}),
                 sorted({k[0] for k in g.spec}) or "none",
             )

@@ -375,15 +375,19 @@ class ModelRunner:
         if deep:
             self.stats.deep_rounds += 1
             self.stats.deep_rows += deep
-        graph = self._replayable(
-            self.graphs.mixed_graph(N, len(chunks), plan.sampler) if self.graphs is not None else None
+        picked = (
+            self.graphs.mixed_graph(N, len(chunks), plan.sampler, plan.decode_slots, plan.owners)
+            if self.graphs is not None
+            else None
         )
+        graph = self._replayable(picked[0]) if picked is not None else None
         D = graph.rows if graph is not None else len(plan.decode_slots)
         batch = prompt_batch(chunks, self.kv, D, self.max_blocks)
         h = self._prompt_hidden(chunks, batch)
         if graph is not None:
+            assert picked is not None
             out, logits, rec = self._replay_mixed(graph, batch, h)
-            dec_slots = list(range(D))
+            dec_slots = picked[1]
         else:
             out, logits, rec = self._run_mixed(plan, batch, h)
             dec_slots = plan.decode_slots
@@ -423,7 +427,7 @@ class ModelRunner:
         assert self.graphs is not None and graph.out is not None  # a mixed graph
         to, N, P = self.staging.to_device, batch.num_tokens, len(batch.lens)
         pad_tokens, pad_chunks = graph.tokens - N, graph.prefill_rows - P
-        pre = self.graphs.prompt_inputs(graph.tokens, graph.prefill_rows)
+        pre = self.graphs.prompt_inputs(graph.tokens, graph.prefill_rows, graph.rows)
         pre.h[:N].copy_(h)
         pre.pos.copy_(to(batch.positions + [0] * pad_tokens, torch.long))
         pre.kv_slot.copy_(to(batch.kv_slots + [-1] * pad_tokens, torch.long))
@@ -626,7 +630,8 @@ class ModelRunner:
     def capture_graphs(self, max_rows: int, max_graph_tokens: int, rounds_per_launch: int) -> None:
         """Capture the launches' CUDA graphs (`cuda_graphs.py`): decode-only launches per row bucket x {1,
         rounds_per_launch} rounds x sampler mode, speculative steps per row bucket, and rounds with prompt
-        chunks per prompt-token bucket, whose decode rows are all `max_rows` slots."""
+        chunks per prompt-token bucket beside all `max_rows` slots (and beside `FEW_ROWS` bound rows for small
+        buckets)."""
         cfg = self.model.cfg
         graphs = CudaGraphs(
             self.state,
