@@ -436,7 +436,10 @@ def main() -> int:
             env=env,
         )
         if res.returncode:
-            raise SystemExit(f"{flag} failed:\n{res.stderr[-3000:]}")
+            log = out / f"{flag.lstrip('-')}.stderr.txt"
+            log.write_text(res.stderr)
+            lines = [x for x in res.stderr.splitlines() if not x.startswith("frame #")]  # C++ stack frames
+            raise SystemExit(f"{flag} failed (its stderr: {log}):\n" + "\n".join(lines[-40:]))
         return json.loads(res.stdout.strip().splitlines()[-1])
 
     direct_res = None if args.skip_direct or args.stand_in else phase("--direct", "direct_prompt_ids.json")
