@@ -19,6 +19,7 @@ from engine_helpers import alone, assert_same, drive, make_recording_engine, our
 from ouro_backend import SamplingParams
 from ouro_backend.engine import cuda_graphs
 from ouro_backend.engine.staging import Staging
+from ouro_backend.model.sampler import SamplerMode
 
 LAYOUTS = ["last_exited", "shared"]
 
@@ -80,6 +81,27 @@ def test_graph_launches_equal_oracle(toy_path, oracle, emulated_graphs, layout, 
     if rounds > 1:
         assert stats["rounds"] > stats["launches"], "no launch ran several rounds"
     assert eng.kv.pool.num_available == eng.kv.num_blocks
+
+
+@pytest.mark.parametrize("few_rows", [4, 8])
+def test_mixed_graph_picks_bound_rows_only_below_every_slot(toy_path, emulated_graphs, monkeypatch, few_rows):
+    """A round whose decode rows fit in FEW_ROWS replays the graph of FEW_ROWS bound rows, which runs them; with
+    as many slots as FEW_ROWS there is only the every-slot graph, whose rows are the slots in order."""
+    monkeypatch.setattr(cuda_graphs, "FEW_ROWS", few_rows)
+    eng = graph_engine(toy_path, max_num_seqs=8, max_num_batched_tokens=32)
+    graphs = eng.runner.graphs
+    owners: list = [None] * 8
+    owners[5] = owners[2] = object()
+    with torch.inference_mode():  # as the runner calls it (the bound rows are an inference tensor)
+        graph, rows = graphs.mixed_graph(20, 1, SamplerMode.GREEDY, [5, 2], owners)
+        assert graph.tokens == 32
+        if few_rows == 4:
+            assert graph.rows == 4 and rows == [5, 2, 0, 1] == graphs._rows[:4].tolist()
+        else:
+            assert graph.rows == 8 and rows == list(range(8))
+        many = graphs.mixed_graph(20, 1, SamplerMode.GREEDY, [0, 1, 2, 3, 5], [object()] * 8)
+        assert many is not None and many[0].rows == 8 and many[1] == list(range(8))  # more than 4: every slot
+        assert graphs.mixed_graph(33, 1, SamplerMode.GREEDY, [], owners) is None  # past the largest bucket
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -277,7 +277,8 @@ class CudaGraphs:
         t = min((t for t in self.token_buckets if t >= tokens), default=None)
         if t is None or chunks > self.max_rows:
             return None
-        few = self.mixed.get((FEW_ROWS, t, mode))
+        # NOTE with max_rows <= FEW_ROWS, (FEW_ROWS, t, mode) can name the every-slot graph, which binds nothing.
+        few = self.mixed.get((FEW_ROWS, t, mode)) if self.max_rows > FEW_ROWS else None
         if few is not None and len(decode_slots) <= FEW_ROWS:
             rows = self.bind_rows(decode_slots, owners, [FEW_ROWS])
             if rows is not None:
