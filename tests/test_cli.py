@@ -286,3 +286,16 @@ def test_ouro_bench_min_output_len_draws_each_requests_length(toy_path, tmp_path
     assert r.returncode == 2 and "--min-output-len must be in [1, --output-len=4], got 5" in r.stderr
     r = run(["ouro_backend.entrypoints.bench", "--model", toy_path, "--eos-every", "3"])
     assert r.returncode == 2 and "--eos-every needs --natural-eos" in r.stderr
+
+
+def test_closed_loop_leaves_nothing_in_flight(toy_path):
+    """With async scheduling the step that finishes a run's last request has already launched more work; the
+    run collects it, so nothing is in flight after it (a following run would read it back first)."""
+    from engine_helpers import make_recording_engine
+
+    from ouro_backend.entrypoints.bench import run_closed_loop
+
+    eng = make_recording_engine(toy_path, async_scheduling=True)
+    res = run_closed_loop(eng, 6, 5, 4, 8, "full")
+    assert res["requests"] == 8 and res["generated_tokens"] == 40
+    assert not eng.has_unfinished_requests() and eng.kv.pool.num_available == eng.kv.num_blocks

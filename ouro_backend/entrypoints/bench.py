@@ -214,6 +214,11 @@ def run_closed_loop(
             "deep_rows",
         )
     }
+    # NOTE with async scheduling the last step launched work for requests that its read-back then finished:
+    # collect it here, after the counts, so a run leaves nothing in flight for the next run (whose first step
+    # would read it back) or for the process's exit.
+    while engine.has_unfinished_requests():
+        engine.step()
     spec_k = engine.config.spec_tokens
     gen = sum(len(o.token_ids) for o in outs)
     pre_t = sum(r[0] for r in rounds if r[1])
