@@ -147,9 +147,7 @@ def direct(args) -> None:
     for r in reps:
         r["threshold"] = threshold
     print(json.dumps(dict(median=median_of(reps), repeats=reps)), flush=True)
-    # Free the engine (graphs, pinned staging buffers) while CUDA is up. Left to the interpreter's exit, the
-    # C256 phase died after its report on an H100 (2026-12-07): a pinned buffer's free failed in
-    # createEvent during finalization, and the phase counted as failed.
+    # Free the engine (graphs, pinned staging buffers) here, while CUDA is up, not at the interpreter's exit.
     del eng
     gc.collect()
 

@@ -72,8 +72,9 @@ FEW_ROWS_TOKENS = 512
 
 
 def mixed_rows(max_rows: int, tokens: int) -> list[int]:
-    """Decode-row counts of the mixed graphs of a prompt-token bucket: every slot, and FEW_ROWS bound rows
-    for small buckets when there are more slots than that."""
+    """Decode-row counts of the mixed graphs of a prompt-token bucket, the every-slot count first, then bound
+    rows: FEW_ROWS for small buckets when there are more slots than that. Capture and the pick
+    (`CudaGraphs.mixed_graph`) both read it."""
     return [max_rows] + ([FEW_ROWS] if tokens <= FEW_ROWS_TOKENS and max_rows > FEW_ROWS else [])
 
 
@@ -271,17 +272,14 @@ class CudaGraphs:
     def mixed_graph(
         self, tokens: int, chunks: int, mode: SamplerMode, decode_slots: list[int], owners: list
     ) -> tuple[Graph, list[int]] | None:
-        """The mixed graph of the smallest bucket that holds `tokens` prompt tokens in `chunks` chunks, with
-        FEW_ROWS bound rows when it has them and they hold the decode slots (bound here), else every slot;
+        """The mixed graph of the smallest bucket that holds `tokens` prompt tokens in `chunks` chunks: one of
+        bound rows (`mixed_rows`) when they hold the decode slots (bound here), else the every-slot one;
         returns it and the slots its decode rows run, or None."""
         t = min((t for t in self.token_buckets if t >= tokens), default=None)
         if t is None or chunks > self.max_rows:
             return None
-        # NOTE with max_rows <= FEW_ROWS, (FEW_ROWS, t, mode) can name the every-slot graph, which binds nothing.
-        few = self.mixed.get((FEW_ROWS, t, mode)) if self.max_rows > FEW_ROWS else None
-        if few is not None and len(decode_slots) <= FEW_ROWS:
-            rows = self.bind_rows(decode_slots, owners, [FEW_ROWS])
-            if rows is not None:
-                return few, rows
-        every = self.mixed.get((self.max_rows, t, mode))
-        return (every, list(range(self.max_rows))) if every is not None else None
+        every, *bound = mixed_rows(self.max_rows, t)
+        rows = self.bind_rows(decode_slots, owners, bound) if bound else None
+        if rows is not None:
+            return self.mixed[(len(rows), t, mode)], rows
+        return self.mixed[(every, t, mode)], list(range(every))

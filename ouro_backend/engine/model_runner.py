@@ -380,14 +380,14 @@ class ModelRunner:
             if self.graphs is not None
             else None
         )
-        graph = self._replayable(picked[0]) if picked is not None else None
+        graph, graph_slots = picked if picked is not None else (None, [])
+        graph = self._replayable(graph)
         D = graph.rows if graph is not None else len(plan.decode_slots)
         batch = prompt_batch(chunks, self.kv, D, self.max_blocks)
         h = self._prompt_hidden(chunks, batch)
         if graph is not None:
-            assert picked is not None
             out, logits, rec = self._replay_mixed(graph, batch, h)
-            dec_slots = picked[1]
+            dec_slots = graph_slots
         else:
             out, logits, rec = self._run_mixed(plan, batch, h)
             dec_slots = plan.decode_slots
