@@ -7,6 +7,9 @@
 #   t       prints the seconds since the start ("t=N")
 #   left    the seconds until the deadline
 #   cap N   N, or what is left if less: a timeout that cannot outlive the call
+#   checkpoint [SHAPE]   the random-weight checkpoint of SHAPE (default ouro-1.4b), made if missing; prints its path
+#   bench NAME TREE CAP ARGS...   ouro-bench (--shape ouro-1.4b --baseline none --repeats 1 ARGS) run from TREE's
+#           root on TREE's code, at most CAP s: R/NAME.log and R/NAME.json; prints the result table and rc
 T0=$(date +%s)
 DL=${DL:-570}
 export PYTHONUNBUFFERED=1 OURO_CACHE_DIR=${OURO_CACHE_DIR:-/tmp/ourocache}
@@ -23,5 +26,22 @@ cap() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$R/host.txt" 2>&1 || echo "no GPU" >"$R/host.txt"
 HBM=4.8
 grep -q H100 "$R/host.txt" && HBM=3.35
+checkpoint() {
+  timeout -k 5 "$(cap 120)" python3 -c "from ouro_backend.entrypoints.bench import ensure_shape_checkpoint as e; print(e('${1:-ouro-1.4b}'))" \
+    2>"$R/checkpoint.log" | tail -1
+}
+bench() {
+  local name=$1 tree=$2 c=$3 rc
+  shift 3
+  local cmd="python3 -m ouro_backend.entrypoints.bench --shape ouro-1.4b --baseline none --repeats 1 $*"
+  echo "+ (cd $tree && $cmd)" >"$R/$name.log"
+  # `python3 -m` puts the working directory first on sys.path: run from the tree to run its code
+  (cd "$tree" && PYTHONPATH=$tree timeout -k 5 "$(cap "$c")" $cmd --label "$name" --out "$R/$name.json" >>"$R/$name.log" 2>&1)
+  rc=$?
+  echo "$name rc=$rc"
+  grep -A9 " in [0-9]* / out " "$R/$name.log" | cut -c1-250
+  grep -v "^frame" "$R/$name.log" | grep -i -A6 "error" | head -20 | cut -c1-300
+  return $rc
+}
 _device_call_pack() { (cd "$OUT" && tar czf "$(basename "$R").tgz" "$(basename "$R")" && rm -rf "$(basename "$R")"); }
 trap _device_call_pack EXIT

@@ -1,28 +1,20 @@
 #!/usr/bin/env bash
 # Session 2026-12-07 #9, call C (not run: no machine): call A's served C256 runs failed in engine-direct's phase
-# with a CUDA error whose message was cut off (branch `mixed-rows` tree). Here, on that tree: ouro-bench C256
-# 64/64 at 256 rows (issue 30's command); the tree before it (.calls/main_tree, c3a488c) too if it fails; then
-# served.py C256 full depth with the whole stderr kept. From the repository root, carrying .device-bundle.
+# with a CUDA error whose message was cut off (branch `mixed-rows` tree, now main). Here, on main: ouro-bench C256
+# 64/64 at 256 rows (issue 30's command); the tree before the 16-row mixed graphs (.calls/main_tree, c3a488c, as
+# in callD.sh) too if it fails; then served.py C256 full depth with the whole stderr kept. From the repository
+# root, carrying .device-bundle.
 set -u
 DL=${DL:-450}
 source benchmarks/device_call.sh cC
-R=$(realpath "$R")
 t; cat $R/host.txt
 NEW=$PWD
 ln -sfn $NEW/ouro_backend/models .calls/main_tree/ouro_backend/models
 export PYTHONPATH=$NEW
-timeout -k 5 $(cap 100) python3 -c "from ouro_backend.entrypoints.bench import ensure_shape_checkpoint as e; print(e('ouro-1.4b'))" > $R/checkpoint.log 2>&1
-B="python3 -m ouro_backend.entrypoints.bench --shape ouro-1.4b --baseline none --repeats 1"
-b() {  # name tree cap args...
-  local name=$1 tree=$2 c=$3; shift 3
-  echo "+ (cd $tree && $B $*)" > $R/$name.log
-  (cd $tree && PYTHONPATH=$tree timeout -k 5 $(cap $c) $B "$@" --label $name --out $R/$name.json >> $R/$name.log 2>&1); local r=$?
-  echo "$name rc=$r"; grep -v "^frame" $R/$name.log | grep -i -B2 -A3 "error" | head -20 | cut -c1-300
-  grep -h "captured CUDA graphs\|KV sizing" $R/$name.log | cut -c1-200; t
-  return $r
-}
+checkpoint; t
 W="--input-len 64 --output-len 64 --concurrency 256 --num-requests 1024 --workload full --engine-arg max_num_seqs=256"
-b c256_branch $NEW 150 $W || b c256_main $NEW/.calls/main_tree 150 $W
+bench c256_main $NEW 150 $W || bench c256_c3a488c $NEW/.calls/main_tree 150 $W
+t
 source .device-bundle/activate.sh > $R/activate.log 2>&1
 echo "+ python3 benchmarks/served.py --concurrency 256 --requests 1024 --input-len 64 --output-len 64 --repeats 1 --skip-perf-analyzer" > $R/served_c256_full.log
 [ $(left) -gt 150 ] && timeout -k 5 $(cap 200) python3 benchmarks/served.py --concurrency 256 --requests 1024 --input-len 64 --output-len 64 --repeats 1 \
